@@ -1,0 +1,1 @@
+"""Benchmarks: each yields :class:`mlmt_bench.types.Problem` records for a split."""

@@ -1,0 +1,184 @@
+"""Named, lazily imported components.
+
+One :class:`Registry` per component kind (benchmark, verifier, model, backend, algorithm).
+An entry is either an object or a ``"module:attribute"`` string that is imported on first
+use, so choosing ``backend: vllm`` imports vLLM and nothing else does.
+
+Third-party packages add entries through the entry-point group ``mlmt_bench.plugins``:
+each entry point names a callable ``register(registries: dict[str, Registry]) -> None``.
+Plugins are loaded the first time a name is missing or a listing is asked for.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from dataclasses import dataclass
+from typing import Any, Generic, Iterator, TypeVar
+
+from mlmt_bench.errors import UserError
+
+T = TypeVar("T")
+
+PLUGIN_GROUP = "mlmt_bench.plugins"
+
+
+@dataclass
+class Entry:
+    name: str
+    target: Any  # the object, or "module:attribute"
+    description: str
+    source: str = "builtin"  # "builtin" or the plugin's distribution name
+
+    @property
+    def is_lazy(self) -> bool:
+        return isinstance(self.target, str)
+
+
+class UnknownComponentError(UserError):
+    pass
+
+
+class Registry(Generic[T]):
+    """name -> component, with lazy imports and did-you-mean errors."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._entries: dict[str, Entry] = {}
+
+    def register(self, name: str, target: Any, description: str, *, source: str = "builtin",
+                 overwrite: bool = False) -> None:
+        if not description or "\n" in description:
+            raise ValueError(f"{self.kind} {name!r}: description must be one non-empty line")
+        if name in self._entries and not overwrite:
+            raise ValueError(f"{self.kind} {name!r} is already registered")
+        self._entries[name] = Entry(name, target, description, source)
+
+    def __contains__(self, name: str) -> bool:
+        if name in self._entries:
+            return True
+        load_plugins()
+        return name in self._entries
+
+    def names(self) -> list[str]:
+        load_plugins()
+        return sorted(self._entries)
+
+    def entries(self) -> Iterator[Entry]:
+        load_plugins()
+        for name in sorted(self._entries):
+            yield self._entries[name]
+
+    def entry(self, name: str) -> Entry:
+        if name not in self:
+            raise UnknownComponentError(self.unknown_message(name))
+        return self._entries[name]
+
+    def get(self, name: str) -> T:
+        """The component registered as ``name``, importing it if lazy."""
+        entry = self.entry(name)
+        if entry.is_lazy:
+            module_name, _, attr = entry.target.partition(":")
+            try:
+                module = importlib.import_module(module_name)
+                entry.target = getattr(module, attr) if attr else module
+            except ImportError as exc:
+                raise UserError(
+                    f"{self.kind} {name!r} needs a package that is not installed "
+                    f"({exc.name or exc}); see the README for the extra that provides it"
+                ) from exc
+        return entry.target
+
+    def unknown_message(self, name: str) -> str:
+        known = self.names()
+        close = difflib.get_close_matches(str(name), known, n=1, cutoff=0.5)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f"unknown {self.kind} {name!r}{hint} (known: {', '.join(known)})"
+
+
+benchmarks: Registry[Any] = Registry("benchmark")
+verifiers: Registry[Any] = Registry("verifier")
+models: Registry[Any] = Registry("model")
+backends: Registry[Any] = Registry("backend")
+algorithms: Registry[Any] = Registry("algorithm")
+
+REGISTRIES: dict[str, Registry[Any]] = {
+    "benchmark": benchmarks,
+    "verifier": verifiers,
+    "model": models,
+    "backend": backends,
+    "algorithm": algorithms,
+}
+
+_plugins_loaded = False
+
+
+def load_plugins() -> None:
+    """Call every ``mlmt_bench.plugins`` entry point once (idempotent)."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=PLUGIN_GROUP):
+        try:
+            register = ep.load()
+        except Exception as exc:  # a broken plugin must not break the tool
+            raise UserError(f"plugin {ep.name!r} ({ep.value}) failed to load: {exc}") from exc
+        source = ep.dist.name if ep.dist is not None else ep.name
+        _PluginView.current_source = source
+        try:
+            register({k: _PluginView(r, source) for k, r in REGISTRIES.items()})
+        finally:
+            _PluginView.current_source = "builtin"
+
+
+class _PluginView:
+    """What a plugin's ``register`` sees: ``registries["benchmark"].register(name, target, desc)``."""
+
+    current_source = "builtin"
+
+    def __init__(self, registry: Registry[Any], source: str) -> None:
+        self._registry = registry
+        self._source = source
+
+    def register(self, name: str, target: Any, description: str) -> None:
+        self._registry.register(name, target, description, source=self._source)
+
+
+def _builtin() -> None:
+    # Benchmarks (mlmt_bench/benchmarks/). Synthetic ones take a `difficulty` option.
+    b = benchmarks.register
+    b("math500", "mlmt_bench.benchmarks.math500:Math500", "MATH-500 competition maths (500 test problems)")
+    b("gsm8k", "mlmt_bench.benchmarks.gsm8k:GSM8K", "GSM8K grade-school maths word problems (test split)")
+    b("mbpp", "mlmt_bench.benchmarks.mbpp:MBPP", "MBPP full (974 tasks; prompt/train/validation/test by task id)")
+    b("mbpp-sanitized", "mlmt_bench.benchmarks.mbpp:MBPPSanitized", "MBPP sanitized (427 hand-checked tasks)")
+    b("gpqa-diamond", "mlmt_bench.benchmarks.gpqa:GPQADiamond", "GPQA diamond: 198 graduate science multiple-choice")
+    b("gpqa-main", "mlmt_bench.benchmarks.gpqa:GPQAMain", "GPQA main: 448 graduate science multiple-choice")
+    b("gpqa-extended", "mlmt_bench.benchmarks.gpqa:GPQAExtended", "GPQA extended: 546 graduate science multiple-choice")
+    b("synthetic-arith", "mlmt_bench.benchmarks.synthetic:SyntheticArith",
+      "multi-step integer arithmetic with written steps and a rule-based oracle critic")
+    # Verifiers (mlmt_bench/verifiers/).
+    v = verifiers.register
+    v("math", "mlmt_bench.verifiers.math:MathVerifier", "final-answer extraction + math-verify equivalence")
+    v("code", "mlmt_bench.verifiers.code:CodeVerifier", "runs code against tests in a resource-limited sandbox")
+    v("choice", "mlmt_bench.verifiers.choice:ChoiceVerifier", "multiple-choice letter extraction")
+    v("synthetic", "mlmt_bench.verifiers.synthetic:SyntheticVerifier", "exact integer answer of a synthetic problem")
+    # Policies (mlmt_bench/models/).
+    m = models.register
+    m("hf", "mlmt_bench.models.policy:load_hf_policy", "any HF causal LM from a hub name or local directory")
+    m("tiny", "mlmt_bench.models.policy:load_tiny_policy", "tiny Llama-architecture LM built from a preset config")
+    # Generation backends (mlmt_bench/rollout/).
+    k = backends.register
+    k("hf", "mlmt_bench.rollout.hf_backend:HFBackend", "transformers generate: batched, KV cache, left padding")
+    k("vllm", "mlmt_bench.rollout.vllm_backend:VLLMBackend", "vLLM offline engine (GPU only; pip install .[gpu])")
+    # Algorithms (mlmt_bench/algorithms/).
+    a = algorithms.register
+    a("grpo", "mlmt_bench.algorithms.grpo:GRPO", "GRPO: one turn, group-relative advantages")
+    a("self_correct", "mlmt_bench.algorithms.self_correct:SelfCorrect",
+      "single-level multi-turn self-correction (SCoRe-style two stages)")
+    a("mlmt", "mlmt_bench.algorithms.mlmt:MLMT", "MLMT-RL: bi-level feedback writer + refining solver")
+
+
+_builtin()

@@ -1,0 +1,1 @@
+"""Verifiers: judge a response to a problem and return a :class:`mlmt_bench.types.Verdict`."""
