@@ -1,0 +1,189 @@
+"""The ``mlmt-bench`` command line (Typer).
+
+Module import stays cheap (``--help`` must answer fast): every command imports what it needs
+inside its body.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import typer
+
+from mlmt_bench.errors import UserError
+
+app = typer.Typer(
+    name="mlmt-bench",
+    help="Benchmark and ablation suite for RL of LLM reasoning with textual feedback.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+
+
+class _State:
+    quiet = False
+    json = False
+    debug = False
+
+
+state = _State()
+
+
+def _emit(result: Any, human: Callable[[], None] | None = None) -> None:
+    """Print ``result`` as JSON in --json mode, else call ``human`` (unless --quiet)."""
+    if state.json:
+        sys.stdout.write(json.dumps(result, indent=2, default=str) + "\n")
+    elif human is not None and not state.quiet:
+        human()
+
+
+def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """One line on stderr and exit code 2 for bad input; the traceback only with --debug."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except UserError as exc:
+            if state.debug:
+                raise
+            msg = str(exc).replace("\n", " ")
+            if state.json:
+                sys.stdout.write(json.dumps({"error": msg}) + "\n")
+            sys.stderr.write(f"error: {msg}\n")
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            sys.stderr.write("interrupted\n")
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+@app.callback()
+def _root(
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only errors and final results."),
+    json_out: bool = typer.Option(False, "--json", help="Machine-readable JSON on stdout."),
+    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors."),
+) -> None:
+    state.quiet, state.json, state.debug = quiet, json_out, debug
+
+
+SetOption = typer.Option(None, "--set", "-s", help="Override a spec field: --set train.steps=5 (repeatable).")
+
+
+@app.command("list")
+@_user_errors
+def list_components(kind: Optional[str] = typer.Argument(None, help="Only this kind: benchmark, verifier, model, backend, algorithm.")) -> None:
+    """List registered components with their descriptions."""
+    from mlmt_bench import registry
+
+    kinds = registry.REGISTRIES
+    if kind is not None:
+        if kind not in kinds:
+            raise UserError(f"unknown kind {kind!r} (known: {', '.join(kinds)})")
+        kinds = {kind: kinds[kind]}
+    rows = [{"kind": k, "name": e.name, "description": e.description, "source": e.source}
+            for k, reg in kinds.items() for e in reg.entries()]
+
+    def human() -> None:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title="mlmt-bench components")
+        for col in ("kind", "name", "description", "source"):
+            table.add_column(col)
+        for r in rows:
+            table.add_row(r["kind"], r["name"], r["description"], r["source"])
+        Console().print(table)
+
+    _emit(rows, human)
+
+
+@app.command()
+@_user_errors
+def validate(
+    spec: Path = typer.Argument(..., help="Run or experiment spec (YAML)."),
+    overrides: Optional[list[str]] = SetOption,
+) -> None:
+    """Check a spec (fields, types, registry names, algorithm parameters) without running it."""
+    from mlmt_bench import spec as specs
+
+    loaded = specs.load_any(spec, overrides or [])
+    if isinstance(loaded, tuple):
+        exp, arms = loaded
+        result = {"spec": str(spec), "kind": "experiment", "name": exp.name, "arms": list(arms),
+                  "seeds": exp.seeds, "valid": True}
+    else:
+        result = {"spec": str(spec), "kind": "run", "name": loaded.name, "valid": True}
+    _emit(result, lambda: typer.echo(f"{spec}: valid {result['kind']} spec {result['name']!r}"))
+
+
+@app.command()
+@_user_errors
+def run(
+    spec: Optional[Path] = typer.Argument(None, help="Run or experiment spec (YAML)."),
+    overrides: Optional[list[str]] = SetOption,
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue a killed run from its last checkpoint."),
+) -> None:
+    """Train and evaluate a run spec (or every arm × seed of an experiment spec)."""
+    from mlmt_bench import runner
+    from mlmt_bench import spec as specs
+
+    if resume is not None:
+        if spec is not None or overrides:
+            raise UserError("--resume takes the spec from the run directory; give no SPEC or --set")
+        result = runner.resume_run(resume, progress=not state.quiet)
+    elif spec is None:
+        raise UserError("give a SPEC file or --resume RUN_DIR")
+    else:
+        loaded = specs.load_any(spec, overrides or [])
+        if isinstance(loaded, tuple):
+            from mlmt_bench import experiment
+
+            result = experiment.run_experiment(*loaded, progress=not state.quiet)
+        else:
+            result = runner.run(loaded, progress=not state.quiet)
+    _emit(result, lambda: typer.echo(f"run directory: {result['run_dir']}"))
+
+
+@app.command()
+@_user_errors
+def verify(
+    verifier: str = typer.Argument(..., help="Verifier name (see `mlmt-bench list verifier`)."),
+    input_path: Path = typer.Argument(..., metavar="IN.jsonl", help="Lines with a problem (or benchmark + id) and a response."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output JSONL: each input line plus its verdict."),
+    workers: Optional[int] = typer.Option(None, "--workers", "-j", help="Parallel workers (code verifier)."),
+) -> None:
+    """Score responses with a verifier, one JSON line in, one line with its verdict out."""
+    from mlmt_bench.verifiers.io import verify_file
+
+    summary = verify_file(verifier, input_path, out, workers=workers)
+    _emit(summary, lambda: typer.echo(
+        f"{summary['n']} scored, {summary['correct']} correct, mean reward {summary['mean_reward']:.3f} -> {out}"))
+
+
+@app.command()
+@_user_errors
+def bootstrap(
+    spec: Path = typer.Argument(..., help="Run or experiment spec with a `bootstrap:` section."),
+    overrides: Optional[list[str]] = SetOption,
+    evaluate: bool = typer.Option(True, "--eval/--no-eval", help="Report the warm start's accuracies."),
+) -> None:
+    """Supervised warm start of the tiny solver and critic (cached by content hash)."""
+    from mlmt_bench import runner
+
+    result = runner.bootstrap_from_spec(spec, overrides or [], evaluate=evaluate, progress=not state.quiet)
+    _emit(result, lambda: typer.echo(json.dumps(result, indent=2, default=str)))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

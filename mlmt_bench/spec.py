@@ -1,0 +1,383 @@
+"""Run specs: pydantic models, YAML loading with ``extends:``, ``--set a.b=c`` overrides.
+
+Every error is a :class:`UserError` whose message names the file, the field path, the bad
+value and what was expected, e.g.
+``registry/runs/x.yaml: algorithm.params.group_size: must be ≥ 2, got 1``.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from mlmt_bench.errors import UserError
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TemplateSpec(_Spec):
+    """Overrides of a benchmark's prompt templates (see :class:`mlmt_bench.types.PromptTemplates`)."""
+
+    attempt: str | None = None
+    feedback: str | None = None
+    refine: str | None = None
+    null_feedback: str | None = None
+
+
+class BenchmarkSpec(_Spec):
+    name: str
+    path: str | None = Field(None, description="data file or directory; default: search (see README)")
+    options: dict[str, Any] = Field(default_factory=dict, description="benchmark-specific options")
+    train_split: str = "train"
+    eval_split: str = "eval"
+    train_limit: int | None = Field(None, ge=1)
+    eval_limit: int | None = Field(None, ge=1)
+    verifier: str | None = Field(None, description="default: the benchmark's own")
+    templates: TemplateSpec = Field(default_factory=TemplateSpec)
+
+
+class LoraSpec(_Spec):
+    r: int = Field(8, ge=1)
+    alpha: int = Field(16, ge=1)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] | Literal["all-linear"] = Field(default_factory=lambda: ["q_proj", "v_proj"])
+
+
+class PolicySpec(_Spec):
+    model: str = Field("tiny", description="model registry name: tiny | hf | a plugin's")
+    path: str | None = Field(None, description="hub name or checkpoint dir; tiny: default from bootstrap")
+    lora: LoraSpec | None = None
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    lr: float = Field(1e-4, gt=0.0)
+    trainable: bool = True
+
+
+class PoliciesSpec(_Spec):
+    solver: PolicySpec = Field(default_factory=PolicySpec)
+    critic: PolicySpec | None = Field(None, description="the feedback writer; required by mlmt")
+
+
+class BackendSpec(_Spec):
+    name: str = "hf"
+    options: dict[str, Any] = Field(default_factory=dict)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(48, ge=1, description="per turn")
+    feedback_max_new_tokens: int | None = Field(None, ge=1, description="critic turn; default max_new_tokens")
+    stop: list[str] | None = None
+
+
+class AlgorithmSpec(_Spec):
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class TrainSpec(_Spec):
+    steps: int = Field(20, ge=0)
+    problems_per_step: int = Field(8, ge=1)
+    grad_accum: int = Field(1, ge=1)
+    grad_clip: float = Field(1.0, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    checkpoint_every: int = Field(0, ge=0, description="steps between checkpoints; 0 = only at the end")
+    token_budget: int | None = Field(None, ge=1, description="stop once this many tokens were generated")
+    deterministic: bool = True
+    threads: int | None = Field(None, ge=1, description="torch CPU threads; default all cores")
+
+
+class EvalSpec(_Spec):
+    every: int = Field(10, ge=0, description="steps between evaluations; 0 = only before and after")
+    limit: int | None = Field(None, ge=1)
+    temperature: float = Field(0.0, ge=0.0)
+    protocols: list[Literal["refine_all", "oracle_gated"]] = Field(
+        default_factory=lambda: ["refine_all", "oracle_gated"])
+    feedback_metrics: bool = Field(True, description="also run the paired null-feedback pass")
+    samples: int = Field(8, ge=0, description="full episodes written to samples.jsonl per evaluation")
+
+
+class RunSpec(_Spec):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")
+    seed: int = 0
+    output_dir: str = "runs"
+    benchmark: BenchmarkSpec
+    policies: PoliciesSpec = Field(default_factory=PoliciesSpec)
+    backend: BackendSpec = Field(default_factory=BackendSpec)
+    algorithm: AlgorithmSpec
+    train: TrainSpec = Field(default_factory=TrainSpec)
+    eval: EvalSpec = Field(default_factory=EvalSpec)
+    bootstrap: dict[str, Any] | None = Field(None, description="warm start of tiny policies (BootstrapConfig)")
+    description: str = ""
+
+
+class ExperimentSpec(_Spec):
+    """Several arms (run-spec overrides of one base) × seeds, compared in one report."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")
+    base: dict[str, Any]
+    arms: dict[str, dict[str, Any]] = Field(min_length=1)
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    output_dir: str = "runs"
+    equal_token_budget: bool = Field(True, description="every arm stops at the same generated-token count")
+    description: str = ""
+
+
+class SweepSpec(_Spec):
+    """An Optuna study over a run spec: ``space`` maps dotted field paths to distributions."""
+
+    name: str
+    run: str = Field(description="path of the run spec to tune, relative to this file")
+    metric: str = "acc@t2"
+    direction: Literal["maximize", "minimize"] = "maximize"
+    n_trials: int = Field(20, ge=1)
+    storage: str | None = Field(None, description="Optuna storage URL; default sqlite in the output dir")
+    sampler: Literal["tpe", "random", "grid"] = "tpe"
+    pruner: Literal["median", "none"] = "median"
+    space: dict[str, dict[str, Any]] = Field(min_length=1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Parse one YAML file into a mapping, with one-line errors for every way it can be wrong."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory, expected a YAML file") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not a text file (cannot decode as UTF-8)") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise UserError(f"{path}: invalid YAML: {where}{problem}") from None
+    if data is None:
+        raise UserError(f"{path}: empty file, expected a YAML mapping")
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a YAML mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` on top of ``base``; nested mappings merge, everything else is replaced."""
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def load_raw(path: Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A spec file with its ``extends:`` chain resolved (paths relative to the extending file)."""
+    path = Path(path)
+    resolved = path.resolve()
+    if resolved in _chain:
+        cycle = " -> ".join(str(p) for p in (*_chain, resolved))
+        raise UserError(f"{path}: circular extends: {cycle}")
+    data = read_yaml(path)
+    parent = data.pop("extends", None)
+    if parent is None:
+        return data
+    if not isinstance(parent, str):
+        raise UserError(f"{path}: extends: expected a file path, got {parent!r}")
+    parent_path = (path.parent / parent)
+    if not parent_path.exists():
+        raise UserError(f"{path}: extends: file not found: {parent_path}")
+    return deep_merge(load_raw(parent_path, (*_chain, resolved)), data)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"a.b.c=value"`` -> (["a", "b", "c"], value); the value is parsed as YAML (1 -> int, true -> bool)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise UserError(f"--set {text}: expected KEY.PATH=VALUE")
+    parts = key.strip().split(".")
+    if any(not p for p in parts):
+        raise UserError(f"--set {text}: empty component in field path {key!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str], model: type[BaseModel]) -> dict[str, Any]:
+    """Apply ``--set`` overrides; a path that names no field of ``model`` is an error."""
+    out = copy.deepcopy(data)
+    for text in overrides:
+        parts, value = parse_override(text)
+        _check_path(model, parts, text)
+        node = out
+        for p in parts[:-1]:
+            if not isinstance(node.get(p), dict):
+                node[p] = {}
+            node = node[p]
+        node[parts[-1]] = value
+    return out
+
+
+def _check_path(model: type[BaseModel], parts: list[str], text: str) -> None:
+    current: Any = model
+    for i, part in enumerate(parts):
+        fields = getattr(current, "model_fields", None)
+        if fields is None:
+            return  # inside a free-form mapping (options, params): checked when validated
+        if part not in fields:
+            close = difflib.get_close_matches(part, list(fields), n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]!r}?" if close else f" (fields: {', '.join(fields)})"
+            where = ".".join(parts[:i]) or "the spec"
+            raise UserError(f"--set {text}: {where} has no field {part!r}{hint}")
+        current = _model_of(fields[part].annotation)
+
+
+def _model_of(annotation: Any) -> Any:
+    """The pydantic model inside ``X``, ``X | None``; None for scalars and dicts."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+    return None
+
+
+def format_validation_error(source: str, exc: ValidationError, prefix: str = "",
+                            model: type[BaseModel] | None = None) -> str:
+    """The first pydantic error as ``source: field.path: what, got value``."""
+    err = exc.errors()[0]
+    loc = ".".join(str(x) for x in (prefix.split(".") if prefix else []) + list(err["loc"]))
+    ctx = err.get("ctx") or {}
+    kind = err["type"]
+    got = err.get("input")
+    if kind == "missing":
+        what = "required field is missing"
+    elif kind == "extra_forbidden":
+        what = "unknown field" + _field_hint(model, list(err["loc"]))
+    elif kind == "greater_than_equal":
+        what = f"must be ≥ {ctx.get('ge')}, got {got!r}"
+    elif kind == "greater_than":
+        what = f"must be > {ctx.get('gt')}, got {got!r}"
+    elif kind == "less_than_equal":
+        what = f"must be ≤ {ctx.get('le')}, got {got!r}"
+    elif kind == "less_than":
+        what = f"must be < {ctx.get('lt')}, got {got!r}"
+    elif kind == "literal_error":
+        what = f"must be one of {ctx.get('expected')}, got {got!r}"
+    elif kind == "string_pattern_mismatch":
+        what = f"must match {ctx.get('pattern')}, got {got!r}"
+    else:
+        what = f"{err['msg'][0].lower()}{err['msg'][1:]}, got {got!r}"
+    return f"{source}: {loc}: {what}" if loc else f"{source}: {what}"
+
+
+def _field_hint(model: type[BaseModel] | None, loc: list[Any]) -> str:
+    current: Any = model
+    for part in loc[:-1]:
+        fields = getattr(current, "model_fields", None)
+        if fields is None or part not in fields:
+            return ""
+        current = _model_of(fields[part].annotation)
+    fields = getattr(current, "model_fields", None)
+    if not fields:
+        return ""
+    close = difflib.get_close_matches(str(loc[-1]), list(fields), n=1, cutoff=0.5)
+    return f"; did you mean {close[0]!r}?" if close else f" (expected one of: {', '.join(fields)})"
+
+
+def validate_run(data: dict[str, Any], source: str) -> RunSpec:
+    """A :class:`RunSpec` with its registry names and algorithm parameters checked."""
+    from mlmt_bench import registry
+
+    try:
+        spec = RunSpec.model_validate(data)
+    except ValidationError as exc:
+        raise UserError(format_validation_error(source, exc, model=RunSpec)) from None
+    checks = [("benchmark.name", registry.benchmarks, spec.benchmark.name),
+              ("backend.name", registry.backends, spec.backend.name),
+              ("algorithm.name", registry.algorithms, spec.algorithm.name),
+              ("policies.solver.model", registry.models, spec.policies.solver.model)]
+    if spec.benchmark.verifier is not None:
+        checks.append(("benchmark.verifier", registry.verifiers, spec.benchmark.verifier))
+    if spec.policies.critic is not None:
+        checks.append(("policies.critic.model", registry.models, spec.policies.critic.model))
+    for where, reg, name in checks:
+        if name not in reg:
+            raise UserError(f"{source}: {where}: {reg.unknown_message(name)}")
+    params_model = algorithm_params_model(spec.algorithm.name)
+    try:
+        params = params_model.model_validate(spec.algorithm.params)
+    except ValidationError as exc:
+        raise UserError(format_validation_error(source, exc, "algorithm.params", params_model)) from None
+    spec.algorithm.params = params.model_dump()
+    if spec.algorithm.name == "mlmt" and params.variant not in ("shared_policy", "oracle_feedback", "null_feedback") \
+            and spec.policies.critic is None:
+        raise UserError(f"{source}: policies.critic: required by algorithm mlmt (variant {params.variant})")
+    return spec
+
+
+def algorithm_params_model(name: str) -> type[BaseModel]:
+    from mlmt_bench import registry
+    from mlmt_bench.algorithms.params import PARAMS
+
+    if name in PARAMS:
+        return PARAMS[name]
+    algo = registry.algorithms.get(name)  # a plugin: its class carries a Params model
+    params = getattr(algo, "Params", None)
+    if params is None:
+        raise UserError(f"algorithm {name!r} declares no Params model")
+    return params
+
+
+def is_experiment(data: dict[str, Any]) -> bool:
+    return "arms" in data
+
+
+def load_run_spec(path: Path | str, overrides: list[str] | None = None) -> RunSpec:
+    path = Path(path)
+    data = apply_overrides(load_raw(path), overrides or [], RunSpec)
+    return validate_run(data, str(path))
+
+
+def load_experiment(path: Path | str, overrides: list[str] | None = None) -> tuple[ExperimentSpec, dict[str, RunSpec]]:
+    """An experiment and its arms, each arm validated as a run spec (``--set`` applies to the base)."""
+    path = Path(path)
+    data = load_raw(path)
+    try:
+        exp = ExperimentSpec.model_validate(data)
+    except ValidationError as exc:
+        raise UserError(format_validation_error(str(path), exc, model=ExperimentSpec)) from None
+    base = apply_overrides(exp.base, overrides or [], RunSpec)
+    exp.base = base
+    arms: dict[str, RunSpec] = {}
+    for arm, over in exp.arms.items():
+        merged = deep_merge(base, over)
+        merged.setdefault("name", f"{exp.name}-{arm}")
+        merged["output_dir"] = exp.output_dir
+        arms[arm] = validate_run(merged, f"{path}: arms.{arm}")
+    return exp, arms
+
+
+def load_any(path: Path | str, overrides: list[str] | None = None) -> RunSpec | tuple[ExperimentSpec, dict[str, RunSpec]]:
+    path = Path(path)
+    data = load_raw(path)
+    if is_experiment(data):
+        return load_experiment(path, overrides)
+    return validate_run(apply_overrides(data, overrides or [], RunSpec), str(path))
+
+
+def dump_yaml(spec: BaseModel) -> str:
+    return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
