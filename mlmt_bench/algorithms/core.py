@@ -339,7 +339,9 @@ def token_logprobs(logits: Tensor, ids: Tensor) -> Tensor:
     largest temporary (never a second [B, T, V]).
     """
     if logits.dim() != 3 or ids.shape != logits.shape[:2]:
-        raise ValueError(f"need logits [B,T,V] and ids [B,T]; got {tuple(logits.shape)}, {tuple(ids.shape)}")
+        raise ValueError(
+            f"need logits [B,T,V] and ids [B,T]; got {tuple(logits.shape)}, {tuple(ids.shape)}"
+        )
     out = [
         torch.log_softmax(row, dim=-1).gather(-1, row_ids.unsqueeze(-1)).squeeze(-1)
         for row, row_ids in zip(_rows_in_float(logits), ids)
