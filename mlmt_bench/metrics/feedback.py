@@ -1,0 +1,253 @@
+"""Feedback metrics and cost accounting (METHOD.md "Metrics").
+
+Pure functions over per-problem / per-sample arrays (Python sequences or numpy
+arrays). Log-probabilities are in nats; token counts are integers; FLOPs are
+floating-point operations (approximate, see `flops_estimate`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+
+LeakKind = Literal["math", "code", "choice", "exact"]
+LEAK_KINDS: tuple[str, ...] = ("math", "code", "choice", "exact")
+
+
+def feedback_effect(
+    correct_with_g: Sequence[float] | np.ndarray, correct_with_null: Sequence[float] | np.ndarray
+) -> float:
+    """Causal value of feedback: paired mean of acc(y_hat | x, z, g) - acc(y_hat | x, z, g_null).
+
+    correct_with_g:    [N] correctness (bool / 0-1, or a mean reward in [0, 1]) of the
+                       refinement given the learned feedback g, per (x, z).
+    correct_with_null: [N] the same for the null feedback g_null on the *same* (x, z).
+    returns: mean over the N pairs of the difference, in [-1, 1] (accuracy points / 100).
+    """
+    a = np.asarray(correct_with_g, dtype=float)
+    b = np.asarray(correct_with_null, dtype=float)
+    if a.ndim != 1 or a.shape != b.shape:
+        raise ValueError(f"need two 1-D arrays of equal length, got {a.shape} and {b.shape}")
+    if a.size == 0:
+        raise ValueError("feedback_effect of no pairs is undefined")
+    return float(np.mean(a - b))
+
+
+def feedback_sensitivity(
+    logp_with_g: Sequence[float] | np.ndarray,
+    logp_with_null: Sequence[float] | np.ndarray,
+    n_tokens: Sequence[int] | np.ndarray,
+) -> float:
+    """How much the solver listens: mean per-token log pi_L(y|x,z,g) - log pi_L(y|x,z,g_null).
+
+    logp_with_g:    [S] log-prob (nats) of each sampled refinement y (sampled with g),
+                    summed over its tokens, under the context with g.
+    logp_with_null: [S] log-prob of the same token ids under the context with g_null.
+    n_tokens:       [S] number of tokens of each y (> 0).
+    returns: mean over the S samples of (logp_g - logp_null) / n_tokens, in nats/token.
+             Each sample weighs the same regardless of its length.
+    """
+    lg = np.asarray(logp_with_g, dtype=float)
+    ln = np.asarray(logp_with_null, dtype=float)
+    n = np.asarray(n_tokens, dtype=float)
+    if lg.ndim != 1 or lg.shape != ln.shape or lg.shape != n.shape:
+        raise ValueError(
+            f"need three 1-D arrays of equal length, got {lg.shape}, {ln.shape}, {n.shape}"
+        )
+    if lg.size == 0:
+        raise ValueError("feedback_sensitivity of no samples is undefined")
+    if (n <= 0).any():
+        raise ValueError("n_tokens must be positive for every sample")
+    return float(np.mean((lg - ln) / n))
+
+
+# --------------------------------------------------------------------------- leakage
+
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_LATEX_NOISE = re.compile(r"\\left|\\right|\\[!,;: ]|\$")
+
+
+def _unwrap_boxed(text: str) -> str:
+    """Replace every \\boxed{X} (balanced braces) by X."""
+    out = []
+    pos = 0
+    while (m := _BOXED.search(text, pos)) is not None:
+        out.append(text[pos : m.start()])
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        inner_end = i - 1 if depth == 0 else i
+        out.append(text[m.end() : inner_end])
+        pos = i
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def normalize_math_text(text: str) -> str:
+    """Light LaTeX normalisation shared by gold answers and feedback.
+
+    Unwraps \\boxed{...}/\\fbox{...}, drops `$`, \\left, \\right and LaTeX spacing commands
+    (\\! \\, \\; \\: "\\ "), maps \\dfrac/\\tfrac to \\frac, collapses whitespace runs to one
+    space and strips the ends.
+    """
+    s = _unwrap_boxed(text)
+    s = _LATEX_NOISE.sub("", s)
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    return re.sub(r"\s+", " ", s).strip()
+
+
+def normalize_math_answer(gold: str) -> str:
+    """Gold math answer as a whitespace-free string: `normalize_math_text`, no spaces, no
+    trailing period. E.g. "$\\boxed{\\dfrac{1}{2}}$" -> "\\frac{1}{2}", " 42. " -> "42"."""
+    return re.sub(r"\s+", "", normalize_math_text(gold)).rstrip(".")
+
+
+# Characters that, next to a candidate match, make it part of a larger expression:
+# "12", "x2", "2.5", "-2", "x^2", "3/2", "{2}" (inside \frac), "2,000", "2+x" ...
+_LEFT_GLUE = r"(?<![\w.^_{/\\+\-*])"
+_RIGHT_GLUE = r"(?![\w}^/*+\-]|\.\d|,\d{3})"
+# A number right after one of these words is an enumeration, not an answer: "step 2".
+_ORDINAL_CONTEXT = re.compile(
+    r"(?:\b(?:step|steps|line|lines|case|cases|part|item|eq|eqn|equation|stage|paragraph|"
+    r"attempt|turn|point|problem|question|no)\.?|#)\s*$",
+    re.IGNORECASE,
+)
+
+
+def _math_leaks(feedback: str, gold: str) -> bool:
+    g = normalize_math_answer(gold)
+    if not g:
+        return False
+    body = r"\s*".join(re.escape(c) for c in g)  # spaces inside the answer are free: "1 / 2"
+    pattern = re.compile(_LEFT_GLUE + body + _RIGHT_GLUE)
+    text = normalize_math_text(feedback)
+    for m in pattern.finditer(text):
+        if not _ORDINAL_CONTEXT.search(text[: m.start()]):
+            return True
+    return False
+
+
+_CODE_BLOCK = re.compile(r"```|^[ \t]*~~~|^[ \t]*def [A-Za-z_]\w*\s*\(", re.MULTILINE)
+
+
+def _normalize_choice(gold: str) -> str:
+    letter = re.sub(r"[\s()$]", "", gold).upper()
+    if not re.fullmatch(r"[A-Z]", letter):
+        raise ValueError(f"a choice gold must be one letter such as 'B' or '(B)', got {gold!r}")
+    return letter
+
+
+def _choice_leaks(feedback: str, gold: str) -> bool:
+    letter = re.escape(_normalize_choice(gold))
+    patterns = (
+        rf"\(\s*{letter}\s*\)",  # "(B)"
+        rf"\\boxed\{{\s*{letter}\s*\}}",  # "\boxed{B}"
+        rf"(?<!\w){letter}\)",  # "B) is right"
+        # "answer is B", "answer: (B", "option B", "choice B", "should be B"
+        rf"(?i:answer|option|choice|should\s+be)\s*(?i:is|:|=)?\s*:?\s*\(?\s*{letter}(?!\w)",
+    )
+    return any(re.search(p, feedback) for p in patterns)
+
+
+def _exact_leaks(feedback: str, gold: str) -> bool:
+    g = gold.strip()
+    if not g:
+        return False
+    return re.search(rf"(?<!\w){re.escape(g)}(?!\w)", feedback, re.IGNORECASE) is not None
+
+
+def is_leak(feedback: str, gold: str | None, kind: LeakKind) -> bool | None:
+    """Whether one feedback reveals the gold answer; None when it cannot be judged.
+
+    kind:
+      "math":   the normalised gold (see `normalize_math_answer`; spaces inside it are
+                optional in the feedback) appears as a *standalone* expression in the
+                normalised feedback: not glued to letters, digits, a decimal point,
+                `^ _ { } / * + -` or a thousands separator ("2" does not leak from
+                "12", "2.5", "x^2", "3/2", "-2", "\\frac{2}{3}"), and not right after an
+                enumeration word ("step 2", "case 2", "line 2", "#2"). This is a string
+                heuristic: equivalent forms ("0.5" for "1/2", "2,000" for "2000") are
+                missed, and a gold number used for something else ("x + 2") is counted.
+      "code":   the feedback contains a fenced code block (``` anywhere, ~~~ at a line
+                start) or a line starting `def name(`; the gold is not used.
+      "choice": the gold letter is named as an option: "(B)", "B)", "\\boxed{B}",
+                "answer is B", "answer: B", "option B", "choice B", "should be B". A bare
+                capital letter alone does not count (it is too often a word or a label).
+      "exact":  the stripped gold appears case-insensitively as a standalone token
+                (not glued to word characters).
+    Returns None for a gold that is None (math/choice/exact), since nothing can leak.
+    """
+    if kind not in LEAK_KINDS:
+        raise ValueError(f"unknown leakage kind {kind!r}; expected one of {LEAK_KINDS}")
+    if kind == "code":
+        return _CODE_BLOCK.search(feedback) is not None
+    if gold is None:
+        return None
+    if kind == "math":
+        return _math_leaks(feedback, gold)
+    if kind == "choice":
+        return _choice_leaks(feedback, gold)
+    return _exact_leaks(feedback, gold)
+
+
+def leakage_rate(feedbacks: Sequence[str], golds: Sequence[str | None], kind: LeakKind) -> float:
+    """Share of feedbacks that contain the gold answer (reward hacking by the critic).
+
+    feedbacks: [F] feedback texts; golds: [F] the gold answer of each one's problem (None
+    where there is none; ignored for kind "code").
+    returns: leaked / judged in [0, 1], where judged excludes feedbacks whose gold is None
+             (see `is_leak` for the rule per kind); NaN when nothing could be judged.
+    """
+    if len(feedbacks) != len(golds):
+        raise ValueError(f"{len(feedbacks)} feedbacks but {len(golds)} golds")
+    verdicts = [is_leak(f, g, kind) for f, g in zip(feedbacks, golds)]
+    judged = [v for v in verdicts if v is not None]
+    if not judged:
+        return float("nan")
+    return sum(judged) / len(judged)
+
+
+# --------------------------------------------------------------------------- cost
+
+
+def feedback_length_stats(
+    feedback_token_counts: Sequence[int] | np.ndarray,
+    all_generated_token_counts: Sequence[int] | np.ndarray,
+) -> dict[str, float | None]:
+    """Feedback length and its share of the generation budget.
+
+    feedback_token_counts:      [F] tokens generated per feedback g.
+    all_generated_token_counts: [E] tokens generated per episode by every policy (first
+                                attempt + feedback + refinement), so it includes the
+                                feedback tokens; the two arrays need not align.
+    returns: {"feedback_tokens": mean tokens per feedback (None if F = 0),
+              "feedback_share": sum(feedback) / sum(all) in [0, 1] (None if sum(all) = 0)}.
+    """
+    fb = np.asarray(feedback_token_counts, dtype=float)
+    total = float(np.sum(np.asarray(all_generated_token_counts, dtype=float)))
+    fb_sum = float(fb.sum())
+    if fb_sum > total:
+        raise ValueError(
+            f"feedback tokens ({fb_sum:.0f}) exceed all generated tokens ({total:.0f}); "
+            "all_generated_token_counts must include the feedback"
+        )
+    return {
+        "feedback_tokens": float(fb.mean()) if fb.size else None,
+        "feedback_share": fb_sum / total if total > 0 else None,
+    }
+
+
+def flops_estimate(params: int, generated_tokens: int, trained_tokens: int) -> float:
+    """Approximate compute: 2*P per generated token (forward) + 6*P per trained token
+    (forward + backward), P the parameter count of the model that ran. Returns FLOPs.
+
+    Attention FLOPs and prompt (prefill) tokens are ignored unless the caller counts them
+    in generated_tokens; call once per model and sum for MLMT's two levels.
+    """
+    if min(params, generated_tokens, trained_tokens) < 0:
+        raise ValueError("params and token counts must be non-negative")
+    return 2.0 * params * generated_tokens + 6.0 * params * trained_tokens
