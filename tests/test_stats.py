@@ -1,0 +1,103 @@
+"""Tests for mlmt_bench.metrics.stats against hand values and scipy as a reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.stats import binomtest
+
+from mlmt_bench.metrics.stats import (
+    bootstrap_ci,
+    mcnemar_exact,
+    mean_std,
+    paired_bootstrap_diff,
+    tokens_to_reach,
+)
+
+
+def test_bootstrap_ci_degenerate_and_extremes():
+    # constant values: every resample mean is 1 -> (1, 1, 1)
+    assert bootstrap_ci([1, 1, 1]) == (1.0, 1.0, 1.0)
+    # one problem: every resample is that problem
+    assert bootstrap_ci([0.3]) == pytest.approx((0.3, 0.3, 0.3))
+    # values [0, 1, 1]: resample mean k/3 with k ~ Bin(3, 2/3):
+    #   P(0) = 1/27 = 0.037 > 0.025 -> lo = 0;  P(1) = 8/27 = 0.296 > 0.025 -> hi = 1
+    mean, lo, hi = bootstrap_ci([0, 1, 1], n_boot=2000, seed=0)
+    assert mean == pytest.approx(2 / 3)
+    assert (lo, hi) == (0.0, 1.0)
+
+
+def test_bootstrap_ci_matches_normal_approximation():
+    # 400 problems, 200 correct: mean 0.5, se = sqrt(0.25/400) = 0.025,
+    # 95% normal interval 0.5 ± 1.96*0.025 = [0.451, 0.549]; the percentile bootstrap is close
+    values = np.array([1] * 200 + [0] * 200)
+    mean, lo, hi = bootstrap_ci(values, n_boot=4000, seed=1)
+    assert mean == 0.5
+    assert lo == pytest.approx(0.451, abs=0.01)
+    assert hi == pytest.approx(0.549, abs=0.01)
+
+
+def test_bootstrap_ci_is_seeded():
+    v = [0.1, 0.9, 0.4, 0.7, 0.2]
+    assert bootstrap_ci(v, seed=3) == bootstrap_ci(v, seed=3)
+    assert bootstrap_ci(v, seed=3) != bootstrap_ci(v, seed=4)
+    with pytest.raises(ValueError):
+        bootstrap_ci([])
+
+
+def test_paired_bootstrap_diff_is_bootstrap_of_differences():
+    # a - b = [1, 0, 0, 1] -> mean 0.5, interval the bootstrap of those differences
+    a, b = [1, 1, 0, 1], [0, 1, 0, 0]
+    out = paired_bootstrap_diff(a, b, n_boot=500, seed=7)
+    assert out[0] == pytest.approx(0.5)
+    assert out == bootstrap_ci([1, 0, 0, 1], n_boot=500, seed=7)
+    with pytest.raises(ValueError):
+        paired_bootstrap_diff([1, 0], [1])
+
+
+def test_mcnemar_exact_by_hand():
+    # a right & b wrong: problem 0 -> b = 1; a wrong & b right: problems 1-6 -> c = 6;
+    # problems 7, 8 concordant. n = 7, P[X <= 1] = (C(7,0) + C(7,1)) / 2^7 = 8/128 = 0.0625
+    # two-sided p = 2 * 0.0625 = 0.125
+    a = [1, 0, 0, 0, 0, 0, 0, 1, 0]
+    b = [0, 1, 1, 1, 1, 1, 1, 1, 0]
+    res = mcnemar_exact(a, b)
+    assert res == {"b": 1, "c": 6, "p_value": pytest.approx(0.125)}
+    assert res["p_value"] == pytest.approx(binomtest(1, 7, 0.5).pvalue)
+    # b = 0, c = 5: 2 * 1/32 = 0.0625
+    assert mcnemar_exact([0] * 5, [1] * 5)["p_value"] == pytest.approx(0.0625)
+    # b = c = 3: 2 * P[X <= 3 | n=6] = 2 * 42/64 > 1 -> capped at 1
+    assert mcnemar_exact([1, 1, 1, 0, 0, 0], [0, 0, 0, 1, 1, 1])["p_value"] == 1.0
+    # no discordant pairs
+    assert mcnemar_exact([1, 0], [1, 0]) == {"b": 0, "c": 0, "p_value": 1.0}
+
+
+@pytest.mark.parametrize("b, c", [(0, 1), (2, 9), (10, 3), (15, 15), (40, 22), (0, 30)])
+def test_mcnemar_exact_matches_scipy(b, c):
+    a_correct = np.array([True] * b + [False] * c + [True, False])
+    b_correct = np.array([False] * b + [True] * c + [True, False])
+    res = mcnemar_exact(a_correct, b_correct)
+    assert (res["b"], res["c"]) == (b, c)
+    assert res["p_value"] == pytest.approx(binomtest(min(b, c), b + c, 0.5).pvalue, rel=1e-12)
+
+
+def test_mean_std_by_hand():
+    # [0.5, 0.7, 0.9]: mean 0.7; deviations -0.2, 0, 0.2 -> sum sq 0.08, /(3-1) = 0.04 -> std 0.2
+    m, s = mean_std([0.5, 0.7, 0.9])
+    assert m == pytest.approx(0.7)
+    assert s == pytest.approx(0.2)
+    assert mean_std([0.42]) == (0.42, None)
+
+
+def test_tokens_to_reach_by_hand():
+    tokens = [0, 100, 250, 400]
+    acc = [0.1, 0.3, 0.5, 0.45]
+    assert tokens_to_reach(tokens, acc, 0.45) == 250  # first point with acc >= 0.45
+    assert tokens_to_reach(tokens, acc, 0.3) == 100  # >= counts the equal point
+    assert tokens_to_reach(tokens, acc, 0.0) == 0
+    assert tokens_to_reach(tokens, acc, 0.6) is None
+    assert tokens_to_reach(np.array(tokens), np.array(acc), 0.5) == 250
+    with pytest.raises(ValueError):
+        tokens_to_reach([100, 50], [0.1, 0.2], 0.1)
+    with pytest.raises(ValueError):
+        tokens_to_reach([1, 2], [0.1], 0.1)
