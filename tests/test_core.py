@@ -352,3 +352,19 @@ def test_lower_level_rewards_by_hand():
     # progress bonus r2 + 10 (r2 - r1): (1,1) -> 1; (0,1) -> 11; (0,0) -> 0; (1,0) -> -10
     out = progress_bonus_reward(t([1, 0, 0, 1]), t([1, 1, 0, 0]), alpha=10.0)
     assert out.tolist() == [1.0, 11.0, 0.0, -10.0]
+
+
+def test_grpo_loss_per_sequence_beta_matches_scalar_beta_rowwise():
+    # a [B, 1] beta equals computing each row with its own scalar beta (seq_mean_token_mean
+    # averages rows, so the batch loss is the mean of the per-row losses)
+    torch.manual_seed(0)
+    logp = torch.randn(2, 3, dtype=torch.float64)
+    old = logp + 0.1
+    ref = logp - 0.2
+    adv = torch.tensor([1.0, -0.5], dtype=torch.float64)
+    mask = torch.ones(2, 3)
+    betas = torch.tensor([[0.0], [0.3]], dtype=torch.float64)
+    loss, _ = grpo_loss(logp, old, ref, adv, mask, beta=betas, agg="seq_mean_token_mean")
+    rows = [grpo_loss(logp[i:i + 1], old[i:i + 1], ref[i:i + 1], adv[i:i + 1], mask[i:i + 1],
+                      beta=float(betas[i]), agg="seq_mean_token_mean")[0] for i in range(2)]
+    assert torch.allclose(loss, (rows[0] + rows[1]) / 2)

@@ -282,7 +282,7 @@ def grpo_loss(
     *,
     clip_low: float = 0.2,
     clip_high: float = 0.2,
-    beta: float = 0.0,
+    beta: float | Tensor = 0.0,
     agg: AggMode = "token_mean",
     max_len: int | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
@@ -292,14 +292,17 @@ def grpo_loss(
                 pi_ref; ref_logp may be None only when beta == 0.
     advantages: [B] per-sequence advantages.
     mask:       [B, T] 1 on trained tokens.
-    clip_low, clip_high: PPO clip epsilons; beta: KL coefficient (unitless).
+    clip_low, clip_high: PPO clip epsilons; beta: KL coefficient (unitless), a float or a
+                [B, 1] tensor of per-sequence coefficients (SCoRe's stage I puts the KL on
+                one turn only).
     agg, max_len: see `aggregate`.
     returns:    (loss [] scalar with gradient w.r.t. logp,
                  stats: "clip_frac" share of masked tokens whose clipped branch is active,
                         "kl" token-mean k3 KL (nats; 0.0 when ref_logp is None),
                         "ratio_mean" token-mean of rho = pi_theta / pi_old).
     """
-    if beta != 0.0 and ref_logp is None:
+    has_kl = bool((torch.as_tensor(beta) != 0).any())
+    if has_kl and ref_logp is None:
         raise ValueError("beta > 0 needs ref_logp")
     pg, clipped_mask = policy_loss_terms(logp, old_logp, advantages, mask, clip_low, clip_high)
     per_token = pg
@@ -307,7 +310,7 @@ def grpo_loss(
     if ref_logp is not None:
         kl = kl_k3(logp, ref_logp)
         kl_value = _masked_mean(kl, mask)
-        if beta != 0.0:
+        if has_kl:
             per_token = pg + beta * kl
     loss = aggregate(per_token, mask, agg, max_len=max_len)
     ratio = torch.exp(torch.where(_bool_mask(mask), logp - old_logp, torch.zeros_like(logp)))

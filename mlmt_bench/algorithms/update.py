@@ -1,0 +1,134 @@
+"""One optimisation step of a policy on generated turns: the loss every algorithm shares.
+
+The trainers differ only in which turns they hand in, with which advantages and KL
+coefficients; batching, log-probs, the clipped loss and gradient accumulation live here once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from mlmt_bench.algorithms import core
+
+
+@dataclass
+class TrainItem:
+    """A generated turn to train on: context ``prompt_ids``, trained ``ids``, its advantage and KL weight."""
+
+    prompt_ids: list[int]
+    ids: list[int]
+    advantage: float
+    beta: float = 0.0
+    old_logp: torch.Tensor | None = None  # [len(ids)], filled before the first epoch when epochs > 1
+
+
+def padded_batch(items: Sequence[TrainItem], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ``input_ids [B, L]``, ``attention [B, L]`` and the trained-token mask ``[B, L-1]``.
+
+    The mask is aligned with next-token predictions: ``mask[b, j]`` marks whether input token
+    ``j + 1`` of row ``b`` was generated (and is trained on).
+    """
+    length = max(len(it.prompt_ids) + len(it.ids) for it in items)
+    input_ids = torch.full((len(items), length), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(items), length), dtype=torch.long)
+    mask = torch.zeros((len(items), length - 1), dtype=torch.bool)
+    for b, it in enumerate(items):
+        seq = it.prompt_ids + it.ids
+        input_ids[b, :len(seq)] = torch.tensor(seq, dtype=torch.long)
+        attention[b, :len(seq)] = 1
+        mask[b, len(it.prompt_ids) - 1:len(seq) - 1] = True
+    return input_ids, attention, mask
+
+
+def sequence_logprobs(model: Any, items: Sequence[TrainItem], pad_id: int, *, with_entropy: bool = False,
+                      reference: Any = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probs ``[B, L-1]`` of the trained ids (and the mask; entropy if asked).
+
+    ``reference``: a callable ``(**inputs) -> logits`` used instead of ``model`` (π_ref).
+    """
+    input_ids, attention, mask = padded_batch(items, pad_id)
+    device = next(model.parameters()).device
+    inputs = dict(input_ids=input_ids.to(device), attention_mask=attention.to(device))
+    logits = reference(**inputs) if reference is not None else model(**inputs).logits
+    logits = logits[:, :-1]
+    logp = core.token_logprobs(logits, inputs["input_ids"][:, 1:])
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = core.entropy_from_logits(logits.detach())
+    return logp, mask.to(device), entropy
+
+
+def _scatter_old(items: Sequence[TrainItem], mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    old = torch.zeros_like(like)
+    for b, it in enumerate(items):
+        old[b, mask[b]] = it.old_logp.to(like)
+    return old
+
+
+@dataclass
+class LossConfig:
+    clip_low: float
+    clip_high: float
+    loss_agg: str
+    epochs: int
+    grad_accum: int
+    grad_clip: float
+
+
+def update_policy(policy: Any, optimizer: torch.optim.Optimizer, scheduler: Any, items: list[TrainItem],
+                  cfg: LossConfig) -> dict[str, float]:
+    """``cfg.epochs`` passes over ``items``, each one optimiser step (with ``grad_accum`` micro-batches).
+
+    The micro-batch losses are weighted so that the sum equals the loss aggregated over the
+    whole batch (token_mean: by tokens; the per-sequence modes: by sequences).
+    """
+    if not items:
+        return {}
+    model, pad_id = policy.model, policy.tokenizer.pad_token_id
+    needs_ref = any(it.beta > 0 for it in items)
+    if needs_ref:
+        policy.ensure_reference()
+    if cfg.epochs > 1:  # π_old is the rollout policy: freeze its log-probs before the first update
+        with torch.no_grad():
+            for chunk in _chunks(items, cfg.grad_accum):
+                logp, mask, _ = sequence_logprobs(model, chunk, pad_id)
+                for b, it in enumerate(chunk):
+                    it.old_logp = logp[b, mask[b]].detach().cpu()
+    total_tokens = sum(len(it.ids) for it in items)
+    max_len = max(len(it.prompt_ids) + len(it.ids) for it in items) - 1
+    stats: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "entropy": 0.0}
+    for _ in range(cfg.epochs):
+        optimizer.zero_grad(set_to_none=True)
+        for chunk in _chunks(items, cfg.grad_accum):
+            logp, mask, entropy = sequence_logprobs(model, chunk, pad_id, with_entropy=True)
+            old = logp.detach() if cfg.epochs == 1 else _scatter_old(chunk, mask, logp)
+            ref = None
+            if needs_ref:
+                ref, _, _ = sequence_logprobs(model, chunk, pad_id, reference=policy.reference_logits)
+            adv = torch.tensor([it.advantage for it in chunk], dtype=logp.dtype, device=logp.device)
+            beta = torch.tensor([[it.beta] for it in chunk], dtype=logp.dtype, device=logp.device)
+            loss, s = core.grpo_loss(logp, old, ref, adv, mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                     beta=beta if needs_ref else 0.0, agg=cfg.loss_agg,
+                                     max_len=max_len if cfg.loss_agg == "constant_norm" else None)
+            n_tok = int(mask.sum())
+            weight = n_tok / total_tokens if cfg.loss_agg == "token_mean" else len(chunk) / len(items)
+            (loss * weight).backward()
+            stats["loss"] += float(loss) * weight / cfg.epochs
+            stats["clip_frac"] += s["clip_frac"] * n_tok / total_tokens / cfg.epochs
+            stats["kl"] += s["kl"] * n_tok / total_tokens / cfg.epochs
+            stats["entropy"] += float(entropy[mask].sum()) / total_tokens / cfg.epochs
+        stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), cfg.grad_clip))
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+    stats["trained_tokens"] = float(total_tokens * cfg.epochs)
+    return stats
+
+
+def _chunks(items: Sequence[TrainItem], n: int) -> list[Sequence[TrainItem]]:
+    size = max(1, -(-len(items) // n))
+    return [items[i:i + size] for i in range(0, len(items), size)]

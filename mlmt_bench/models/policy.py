@@ -1,0 +1,118 @@
+"""Policies: a causal LM + its tokenizer, optionally wrapped with a LoRA adapter (peft).
+
+``model: hf``   loads any HF causal LM by hub name or local directory (``policies.X.path``).
+``model: tiny`` loads a tiny model the warm start built (``mlmt-bench bootstrap``), or ``path``.
+Both return the same :class:`Policy`; nothing downstream knows which one it got.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mlmt_bench.errors import UserError
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class Policy:
+    """role: "solver" or "critic". ``n_params`` counts the parameters that run (for FLOPs)."""
+
+    role: str
+    model: Any
+    tokenizer: Any
+    trainable: bool
+    lr: float
+    n_params: int
+    is_lora: bool = False
+    ref_model: Any = None  # frozen copy for KL when full fine-tuning; None with LoRA (adapter off)
+    shared_with: str | None = None  # "solver" when one set of weights plays both roles
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def reference_logits(self, **inputs: Any) -> torch.Tensor:
+        """Logits of π_ref: the adapter disabled (LoRA) or the frozen initial copy."""
+        with torch.no_grad():
+            if self.is_lora:
+                with self.model.disable_adapter():
+                    return self.model(**inputs).logits
+            if self.ref_model is None:
+                raise RuntimeError(f"{self.role}: no reference model (enable with beta > 0)")
+            return self.ref_model(**inputs).logits
+
+    def ensure_reference(self) -> None:
+        if not self.is_lora and self.ref_model is None:
+            self.ref_model = copy.deepcopy(self.model).eval()
+            for p in self.ref_model.parameters():
+                p.requires_grad_(False)
+
+    def save(self, directory: Path) -> None:
+        """HF-format directory (a peft adapter directory with LoRA) + the tokenizer."""
+        directory.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)
+
+
+def _load(path: str, dtype: str, device: str | None) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    local = Path(path).expanduser()
+    if not local.exists() and (os.environ.get("HF_HUB_OFFLINE") == "1" or path.startswith((".", "/", "~"))):
+        raise UserError(f"model {path!r}: no such directory (and the hub is offline)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(local) if local.exists() else path)
+        model = AutoModelForCausalLM.from_pretrained(str(local) if local.exists() else path, dtype=_DTYPES[dtype])
+    except OSError as exc:
+        raise UserError(f"model {path!r}: cannot load ({str(exc).splitlines()[0]})") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if device:
+        model.to(device)
+    return model, tokenizer
+
+
+def _wrap_lora(model: Any, lora: Any) -> Any:
+    from peft import LoraConfig, get_peft_model
+
+    cfg = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                     target_modules=lora.target_modules, task_type="CAUSAL_LM")
+    return get_peft_model(model, cfg)
+
+
+def build_policy(role: str, spec: Any, path: str, device: str | None = None) -> Policy:
+    """A :class:`Policy` from a ``PolicySpec`` and the resolved checkpoint ``path``."""
+    model, tokenizer = _load(path, spec.dtype, device)
+    n_params = sum(p.numel() for p in model.parameters())
+    is_lora = False
+    if spec.lora is not None:
+        model = _wrap_lora(model, spec.lora)
+        is_lora = True
+    if not spec.trainable:
+        for p in model.parameters():
+            p.requires_grad_(False)
+    model.train()
+    return Policy(role=role, model=model, tokenizer=tokenizer, trainable=spec.trainable, lr=spec.lr,
+                  n_params=n_params, is_lora=is_lora)
+
+
+def load_hf_policy(role: str, spec: Any, bootstrap_dirs: dict[str, Path] | None = None,
+                   device: str | None = None) -> Policy:
+    if not spec.path:
+        raise UserError(f"policies.{role}.path: model 'hf' needs a hub name or directory")
+    return build_policy(role, spec, spec.path, device)
+
+
+def load_tiny_policy(role: str, spec: Any, bootstrap_dirs: dict[str, Path] | None = None,
+                     device: str | None = None) -> Policy:
+    path = spec.path or (bootstrap_dirs or {}).get(role)
+    if path is None:
+        raise UserError(f"policies.{role}: model 'tiny' needs `path` or a `bootstrap:` section in the spec")
+    return build_policy(role, spec, str(path), device)

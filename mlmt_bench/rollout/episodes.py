@@ -1,0 +1,180 @@
+"""Episode programs of METHOD.md as one tree: attempts → feedbacks → refinements.
+
+A rollout over ``P`` problems generates ``G`` attempts z per problem; for programs with a
+second turn, ``K`` feedbacks g per attempt (from the critic, the oracle, or the fixed g∅) and
+``M`` refinements ŷ per feedback. Every generated turn is one :class:`TurnSample`, linked to
+its parent, holding the exact ids that were generated (token-in/token-out).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Sequence
+
+from mlmt_bench.rollout.chat import chat_ids, close_turn, continuation_ids
+from mlmt_bench.types import Problem, PromptTemplates, Verdict
+
+TurnKind = Literal["attempt", "feedback", "refine"]
+FeedbackSource = Literal["none", "null", "critic", "oracle"]
+
+
+@dataclass
+class TurnSample:
+    """One generated turn.
+
+    kind:       attempt (z, solver) | feedback (g, critic / oracle / null) | refine (ŷ, solver)
+    policy:     "solver" | "critic" | "oracle" | "null" (who produced it; only models train)
+    problem:    index of the problem in the rollout
+    parent:     index of the parent turn in ``Rollout.turns`` (None for attempts)
+    prompt_ids: the context the policy saw, as token ids
+    ids:        generated ids (with EOS if it stopped); ``logprobs`` aligned with them
+    reward:     verifier reward (attempt, refine) or the turn's credit-assignment reward
+    """
+
+    kind: TurnKind
+    policy: str
+    problem: int
+    parent: int | None
+    prompt_ids: list[int]
+    ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str = "stop"
+    reward: float | None = None
+    verdict: Verdict | None = None
+    advantage: float = 0.0
+    children: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Rollout:
+    problems: list[Problem]
+    turns: list[TurnSample]
+    gen_tokens: dict[str, int]  # tokens generated per policy ("solver", "critic")
+    seconds: float
+
+    def of_kind(self, kind: TurnKind) -> list[int]:
+        return [i for i, t in enumerate(self.turns) if t.kind == kind]
+
+
+@dataclass
+class Program:
+    """Who generates what: G attempts, then (unless feedback == "none") K feedbacks × M refinements."""
+
+    attempts: int
+    feedback: FeedbackSource = "none"
+    feedbacks: int = 1
+    refinements: int = 1
+
+
+@dataclass
+class Actors:
+    """What a program needs to run. ``critic`` may be None for the none / null / oracle sources."""
+
+    solver: Any  # Policy
+    critic: Any | None
+    backend: Any
+    templates: PromptTemplates
+    verifier: Any
+    oracle: Callable[[Problem, str], str] | None = None
+
+
+@dataclass
+class Sampling:
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    feedback_max_new_tokens: int
+    stop: list[str] | None = None
+
+
+def _generate(actor: Any, prompts: list[list[int]], sampling: Sampling, max_new: int, backend: Any) -> list[Any]:
+    return backend.generate(actor.model, actor.tokenizer, prompts, max_new_tokens=max_new,
+                            temperature=sampling.temperature, top_p=sampling.top_p, stop=sampling.stop)
+
+
+def attempt_prompt(tokenizer: Any, templates: PromptTemplates, problem: Problem) -> list[int]:
+    return chat_ids(tokenizer, [{"role": "user", "content": templates.render_attempt(problem)}],
+                    add_generation_prompt=True)
+
+
+def refine_prompt(tokenizer: Any, templates: PromptTemplates, problem: Problem, attempt_prompt_ids: list[int],
+                  attempt_ids: list[int], attempt_text: str, feedback_text: str) -> list[int]:
+    """The solver's context for ŷ: its turn-1 prompt and z exactly as generated, then the feedback message."""
+    history = [{"role": "user", "content": templates.render_attempt(problem)},
+               {"role": "assistant", "content": attempt_text}]
+    new = [{"role": "user", "content": templates.render_refine(feedback_text)}]
+    return attempt_prompt_ids + close_turn(tokenizer, attempt_ids) + continuation_ids(tokenizer, history, new)
+
+
+def rollout(program: Program, actors: Actors, problems: Sequence[Problem], sampling: Sampling) -> Rollout:
+    """Run ``program`` on ``problems``; every turn is scored by the verifier (feedback turns: not scored)."""
+    start = time.perf_counter()
+    solver, critic, tpl = actors.solver, actors.critic, actors.templates
+    turns: list[TurnSample] = []
+    gen_tokens = {"solver": 0, "critic": 0}
+
+    # Turn 1: G attempts per problem.
+    a_prompts, a_owner = [], []
+    for pi, prob in enumerate(problems):
+        ids = attempt_prompt(solver.tokenizer, tpl, prob)
+        for _ in range(program.attempts):
+            a_prompts.append(ids)
+            a_owner.append(pi)
+    gens = _generate(solver, a_prompts, sampling, sampling.max_new_tokens, actors.backend)
+    verdicts = actors.verifier.score_batch([problems[pi] for pi in a_owner], [g.text for g in gens])
+    for pi, prompt, g, v in zip(a_owner, a_prompts, gens, verdicts):
+        turns.append(TurnSample("attempt", "solver", pi, None, prompt, g.ids, g.logprobs, g.text,
+                                g.finish_reason, v.reward, v))
+        gen_tokens["solver"] += len(g.ids)
+    if program.feedback == "none":
+        return Rollout(list(problems), turns, gen_tokens, time.perf_counter() - start)
+    attempts = list(range(len(turns)))
+
+    # Turn 2: K feedbacks per attempt.
+    fb_parent, fb_texts, fb_ids, fb_lp, fb_prompts, fb_finish = [], [], [], [], [], []
+    if program.feedback == "critic":
+        prompts = []
+        for ai in attempts:
+            t = turns[ai]
+            msg = tpl.render_feedback(problems[t.problem], t.text)
+            prompts += [chat_ids(critic.tokenizer, [{"role": "user", "content": msg}], add_generation_prompt=True)] \
+                * program.feedbacks
+            fb_parent += [ai] * program.feedbacks
+        gens = _generate(critic, prompts, sampling, sampling.feedback_max_new_tokens, actors.backend)
+        for p, g in zip(prompts, gens):
+            fb_prompts.append(p), fb_texts.append(g.text), fb_ids.append(g.ids), fb_lp.append(g.logprobs)
+            fb_finish.append(g.finish_reason)
+            gen_tokens["critic"] += len(g.ids)
+    else:
+        for ai in attempts:
+            t = turns[ai]
+            for _ in range(program.feedbacks):
+                text = actors.oracle(problems[t.problem], t.text) if program.feedback == "oracle" else tpl.null_feedback
+                fb_parent.append(ai), fb_texts.append(text), fb_ids.append([]), fb_lp.append([])
+                fb_prompts.append([]), fb_finish.append("stop")
+    feedbacks = []
+    for ai, p, text, ids, lp, fin in zip(fb_parent, fb_prompts, fb_texts, fb_ids, fb_lp, fb_finish):
+        policy = "critic" if program.feedback == "critic" else program.feedback
+        turns.append(TurnSample("feedback", policy, turns[ai].problem, ai, p, ids, lp, text, fin))
+        turns[ai].children.append(len(turns) - 1)
+        feedbacks.append(len(turns) - 1)
+
+    # Turn 3: M refinements per feedback, in the solver's own conversation.
+    r_prompts, r_parent = [], []
+    for fi in feedbacks:
+        f = turns[fi]
+        a = turns[f.parent]
+        prob = problems[a.problem]
+        ids = refine_prompt(solver.tokenizer, tpl, prob, a.prompt_ids, a.ids, a.text, f.text)
+        r_prompts += [ids] * program.refinements
+        r_parent += [fi] * program.refinements
+    gens = _generate(solver, r_prompts, sampling, sampling.max_new_tokens, actors.backend)
+    verdicts = actors.verifier.score_batch([problems[turns[fi].problem] for fi in r_parent], [g.text for g in gens])
+    for fi, prompt, g, v in zip(r_parent, r_prompts, gens, verdicts):
+        turns.append(TurnSample("refine", "solver", turns[fi].problem, fi, prompt, g.ids, g.logprobs, g.text,
+                                g.finish_reason, v.reward, v))
+        turns[fi].children.append(len(turns) - 1)
+        gen_tokens["solver"] += len(g.ids)
+    return Rollout(list(problems), turns, gen_tokens, time.perf_counter() - start)
