@@ -1,0 +1,112 @@
+"""Figures of a comparison: eval acc@t2 against training cost (METHOD.md "Metrics": curves are
+drawn against generated tokens and FLOPs, so a method generating three turns is not flattered by
+counting steps). matplotlib is imported inside the functions, with the Agg backend."""
+
+from __future__ import annotations
+
+import io
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from mlmt_bench.report.compare import RunResult
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` via a temporary file + rename (like tracking.atomic_write_text)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def aggregate_curves(results: list["RunResult"], x_key: str) -> dict[str, np.ndarray]:
+    """Mean over seeds at matching eval points (same step), with the min–max band.
+
+    Each step counts the seeds that recorded both ``x_key`` and acc@t2 there; x is the mean of
+    their x values (seeds generate slightly different token counts by the same step).
+    returns: {"x", "y", "lo", "hi", "n"} arrays over the steps, ordered by step.
+    """
+    by_step: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for r in results:
+        for rec in r.curve:
+            step = rec.get("step")
+            xs, ys = _point(rec, x_key)
+            if step is not None and xs is not None:
+                by_step[int(step)].append((xs, ys))
+    steps = sorted(by_step)
+    pts = [np.asarray(by_step[s], dtype=float) for s in steps]
+    return {
+        "step": np.asarray(steps),
+        "x": np.asarray([p[:, 0].mean() for p in pts]),
+        "y": np.asarray([p[:, 1].mean() for p in pts]),
+        "lo": np.asarray([p[:, 1].min() for p in pts]),
+        "hi": np.asarray([p[:, 1].max() for p in pts]),
+        "n": np.asarray([len(p) for p in pts]),
+    }
+
+
+def _point(rec: dict[str, Any], x_key: str) -> tuple[float | None, float | None]:
+    from mlmt_bench.report.compare import _acc_t2, _is_num
+
+    x, y = rec.get(x_key), _acc_t2(rec)
+    if _is_num(x) and _is_num(y):
+        return float(x), float(y)
+    return None, None
+
+
+def plot_acc_vs_tokens(
+    runs: dict[str, list["RunResult"]],
+    path: Path,
+    *,
+    target: float | None = None,
+    baseline: str | None = None,
+    title: str = "",
+) -> Path:
+    """Two panels, eval acc@t2 vs generated tokens (training) and vs FLOPs, one line per arm
+    (mean over seeds, shaded min–max across seeds); a dashed line marks the baseline's final
+    acc@t2 (``target``). Written atomically to ``path`` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
+    panels = [("gen_tokens", "generated tokens (training)"), ("flops", "FLOPs (training, approx.)")]
+    for ax, (x_key, xlabel) in zip(axes, panels):
+        drawn = 0
+        for i, (arm, results) in enumerate(runs.items()):
+            c = aggregate_curves(results, x_key)
+            if not len(c["x"]):
+                continue
+            color = f"C{i % 10}"
+            n_seeds = len(results)
+            ax.plot(c["x"], 100 * c["y"], marker="o", ms=3, color=color,
+                    label=f"{arm} ({n_seeds} seed{'s' if n_seeds != 1 else ''})")
+            if n_seeds > 1:
+                ax.fill_between(c["x"], 100 * c["lo"], 100 * c["hi"], color=color, alpha=0.2, lw=0)
+            drawn += 1
+        if target is not None:
+            ax.axhline(100 * target, color="grey", ls="--", lw=1,
+                       label=f"{baseline} final acc@t2" if baseline else "target")
+        if not drawn:
+            ax.text(0.5, 0.5, f"no '{x_key}' recorded", ha="center", va="center", transform=ax.transAxes)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("eval acc@t2 (%)")
+        ax.grid(alpha=0.3)
+        if drawn or target is not None:
+            ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    plt.close(fig)
+    atomic_write_bytes(Path(path), buf.getvalue())
+    return Path(path)

@@ -1,0 +1,229 @@
+"""mlmt_bench.report: comparison tables and figures from hand-written run directories."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mlmt_bench.errors import UserError
+from mlmt_bench.metrics.stats import bootstrap_ci, paired_bootstrap_diff
+from mlmt_bench.report.compare import build_comparison, load_run, report_from_dirs, strip_stamp
+
+PIDS = ["p0", "p1", "p2", "p3"]
+
+
+def make_run(root: Path, dirname: str, *, seed: int, arm: str | None, curve: list[tuple],
+             t1: list[int], t2: list[int], extra: dict | None = None, final: bool = True,
+             feedback: bool = True) -> Path:
+    """A run directory as `mlmt-bench run` writes it.
+
+    curve: (step, gen_tokens, flops, acc@t1, acc@t2) per eval; the last one is the final eval,
+    whose per-problem correctness is t1 / t2 (earlier evals get all-wrong rows, which must be
+    ignored by the final-step selection).
+    """
+    d = root / dirname
+    d.mkdir(parents=True)
+    manifest = {"name": strip_stamp(dirname), "status": "completed" if final else "interrupted",
+                "seed": seed, "start_time": "2025-01-01T00:00:00Z", "end_time": None}
+    if arm is not None:
+        manifest["arm"] = arm
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    (d / "spec.resolved.yaml").write_text("name: x\n")
+    lines, prob_lines = [], []
+    for step, tok, flops, a1, a2 in curve:
+        base = {"step": step, "gen_tokens": tok, "trained_tokens": tok // 2, "flops": flops, "wall_s": 1.0}
+        lines.append({"kind": "train", **base, "reward_mean": 0.3})
+        ev = {"kind": "eval", **base, "n": 4, "acc@t1": a1, "acc@t2": a2}
+        lines.append(ev)
+        last = step == curve[-1][0]
+        for i, pid in enumerate(PIDS):
+            prob_lines.append({"step": step, "gen_tokens": tok, "problem_id": pid,
+                               "t1": bool(t1[i]) if last else False,
+                               "t2": bool(t2[i]) if last else False, "t2_null": None})
+    x1, x2 = np.array(t1, bool), np.array(t2, bool)
+    fin = dict(lines[-1], kind="final", **{"acc@t1": x1.mean(), "acc@t2": x2.mean(),
+                                          "delta": x2.mean() - x1.mean(), "acc_oracle_gated": (x1 | x2).mean()})
+    if feedback:
+        fin.update({"i->c": (~x1 & x2).mean(), "c->i": (x1 & ~x2).mean(), "feedback_effect": 0.125,
+                    "feedback_sensitivity": 0.5, "leakage_rate": 0.0, "feedback_tokens": 40.0})
+    fin.update(extra or {})
+    if final:
+        lines.append(fin)
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (d / "eval_problems.jsonl").write_text("".join(json.dumps(r) + "\n" for r in prob_lines))
+    return d
+
+
+@pytest.fixture()
+def arms(tmp_path: Path) -> dict[str, list[Path]]:
+    r = tmp_path / "runs"
+    grpo = [
+        make_run(r, "grpo-20250101T000000Z", seed=0, arm="grpo", feedback=False,
+                 curve=[(0, 0, 0.0, .25, .25), (10, 1000, 1e12, .5, .5), (20, 2000, 2e12, .75, .75)],
+                 t1=[1, 1, 0, 1], t2=[1, 1, 0, 1]),
+        make_run(r, "grpo-20250101T000001Z", seed=1, arm="grpo", feedback=False,
+                 curve=[(0, 0, 0.0, .25, .25), (10, 1100, 1.1e12, .5, .5), (20, 2100, 2.1e12, .5, .5)],
+                 t1=[1, 0, 0, 1], t2=[1, 0, 0, 1]),
+    ]
+    mlmt = [
+        make_run(r, "mlmt-20250101T000000Z", seed=0, arm="mlmt",
+                 curve=[(0, 0, 0.0, .25, .25), (10, 3000, 3e12, .5, .75), (20, 6000, 6e12, .5, 1.0)],
+                 t1=[0, 1, 0, 1], t2=[1, 1, 1, 1]),
+        make_run(r, "mlmt-20250101T000001Z", seed=1, arm="mlmt",
+                 curve=[(0, 0, 0.0, .25, .5), (10, 2000, 2e12, .25, .625), (20, 4000, 4e12, .25, .75)],
+                 t1=[1, 0, 0, 0], t2=[1, 1, 0, 1]),
+    ]
+    sc = [make_run(r, "sc-20250101T000000Z", seed=0, arm="self_correct",
+                   curve=[(0, 0, 0.0, .25, .25), (20, 5000, 5e12, .5, .5)],
+                   t1=[1, 1, 0, 0], t2=[0, 1, 0, 1])]
+    return {"grpo": grpo, "mlmt": mlmt, "self_correct": sc}
+
+
+def table_row(md: str, label: str) -> list[str]:
+    for line in md.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells and cells[0] == label:
+            return cells[1:]
+    raise AssertionError(f"no row {label!r} in\n{md}")
+
+
+def test_comparison_table_numbers(arms, tmp_path):
+    out = tmp_path / "report"
+    summary = build_comparison(arms, out, baseline="grpo", title="toy")
+    md = (out / "comparison.md").read_text()
+    std = np.std([0.75, 0.5], ddof=1)  # sample std over seeds = 0.1768 -> 17.7 points
+    assert f"{100 * std:.1f}" == "17.7"
+    # columns: grpo, mlmt, self_correct
+    assert table_row(md, "acc@t2") == ["62.5% ± 17.7", "87.5% ± 17.7", "50.0% (1 seed)"]
+    assert table_row(md, "acc@t1") == ["62.5% ± 17.7", "37.5% ± 17.7", "50.0% (1 seed)"]
+    assert table_row(md, "delta (t2 − t1)") == ["+0.0 pp ± 0.0", "+50.0 pp ± 0.0", "+0.0 pp (1 seed)"]
+    # GRPO has no turn-2 / feedback metrics: dashes
+    assert table_row(md, "i→c")[0] == "–"
+    assert table_row(md, "feedback_effect (g vs g∅)") == ["–", "+12.5 pp ± 0.0", "+12.5 pp (1 seed)"]
+    assert table_row(md, "correction_rate") == ["–", "–", "–"]
+    assert "oracle-gated (optimistic: consults the verifier at test time)" in md
+    assert table_row(md, "generated tokens (training, at the end)")[1] == "5000 ± 1414"
+
+    # 95% bootstrap CI over the pooled (seed, problem) units
+    m, lo, hi = bootstrap_ci([1, 1, 0, 1, 1, 0, 0, 1])
+    assert m == 0.625
+    ci = summary["arms"]["grpo"]["ci"]["acc@t2"]
+    assert (ci["mean"], ci["lo"], ci["hi"], ci["n_units"]) == (m, lo, hi, 8)
+    assert table_row(md, "acc@t2 95% CI (problems)")[0] == f"62.5% [{100 * lo:.1f}, {100 * hi:.1f}]"
+    assert summary["arms"]["mlmt"]["metrics"]["acc@t2"]["mean"] == 0.875
+    assert math.isclose(summary["arms"]["mlmt"]["metrics"]["acc@t2"]["std"], std)
+
+    # tokens to reach grpo's mean final acc@t2 (62.5%)
+    assert summary["target_acc@t2"] == 0.625
+    reach = table_row(md, "tokens to reach grpo's final acc@t2 (62.5%)")
+    assert summary["arms"]["mlmt"]["tokens_to_reach"]["per_seed"] == [3000, 2000]  # >= counts
+    assert reach[1] == "2500"
+    assert summary["arms"]["grpo"]["tokens_to_reach"]["per_seed"] == [2000, None]
+    assert reach[0].startswith("2000 (reached by 1/2 seeds")
+    assert reach[2] == "not reached"
+
+
+def test_paired_mcnemar(arms, tmp_path):
+    summary = build_comparison(arms, tmp_path / "r", baseline="grpo")
+    md = (tmp_path / "r" / "comparison.md").read_text()
+    p = summary["paired"]["mlmt"]
+    # seed 0: mlmt [1,1,1,1] vs grpo [1,1,0,1] -> b=1; seed 1: [1,1,0,1] vs [1,0,0,1] -> b=1
+    assert (p["b"], p["c"], p["n_pairs"], p["seeds"]) == (2, 0, 8, [0, 1])
+    assert p["p_value"] == 0.5  # 2 * P[Bin(2, 1/2) <= 0]
+    d, lo, hi = paired_bootstrap_diff([1, 1, 1, 1, 1, 1, 0, 1], [1, 1, 0, 1, 1, 0, 0, 1])
+    assert (p["diff"], p["lo"], p["hi"]) == (d, lo, hi) and d == 0.25
+    assert table_row(md, "mlmt")[:5] == ["0, 1", "8", "2", "0", "0.500"]
+    assert table_row(md, "mlmt")[5].startswith("+25.0 pp [")
+    # self_correct has seed 0 only: [0,1,0,1] vs grpo [1,1,0,1] -> c=1
+    q = summary["paired"]["self_correct"]
+    assert (q["b"], q["c"], q["n_pairs"], q["p_value"]) == (0, 1, 4, 1.0)
+    assert "grpo" not in summary["paired"]
+
+
+def test_figure_and_atomic_outputs(arms, tmp_path):
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "comparison.md").write_text("old")
+    build_comparison(arms, out)
+    png = (out / "acc_vs_tokens.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    assert (out / "comparison.md").read_text() != "old"
+    assert sorted(p.name for p in out.iterdir()) == ["acc_vs_tokens.png", "comparison.md"]  # no temp files
+
+
+def test_no_baseline_and_interrupted_run(arms, tmp_path):
+    r = tmp_path / "runs2"
+    arms["mlmt"].append(make_run(r, "mlmt-20250102T000000Z", seed=2, arm="mlmt", final=False,
+                                 curve=[(0, 0, 0.0, .25, .25), (10, 500, 5e11, .5, .5)],
+                                 t1=[1, 1, 0, 0], t2=[1, 1, 0, 0]))
+    del arms["grpo"]
+    summary = build_comparison(arms, tmp_path / "o")  # baseline "grpo" is absent
+    md = (tmp_path / "o" / "comparison.md").read_text()
+    assert summary["baseline"] is None and summary["paired"] == {}
+    assert "baseline 'grpo' is not among the arms" in md
+    assert "has no final record (status: interrupted)" in md
+    assert summary["arms"]["mlmt"]["metrics"]["acc@t2"]["per_seed"] == [1.0, 0.75, 0.5]  # last eval used
+    assert "tokens to reach" not in md
+
+
+def test_report_from_dirs_groups_by_arm(arms, tmp_path):
+    # manifests without `arm`: the directory name without its timestamp
+    r = tmp_path / "plain"
+    a = make_run(r, "grpo-20250101T000000Z", seed=0, arm=None, feedback=False,
+                 curve=[(0, 0, 0.0, .5, .5)], t1=[1, 1, 0, 0], t2=[1, 1, 0, 0])
+    b = make_run(r, "grpo-20250101T000000Z-1", seed=1, arm=None, feedback=False,
+                 curve=[(0, 0, 0.0, .5, .5)], t1=[1, 0, 1, 0], t2=[1, 0, 1, 0])
+    s = report_from_dirs([a, b], tmp_path / "o1", "grpo")
+    assert list(s["arms"]) == ["grpo"] and len(s["arms"]["grpo"]["runs"]) == 2
+
+    # an experiment directory; run paths relative to it
+    exp = tmp_path / "runs"
+    (exp / "experiment.json").write_text(json.dumps(
+        {"name": "toy", "arms": {k: [str(p.relative_to(exp)) for p in v] for k, v in arms.items()}}))
+    s = report_from_dirs([exp], tmp_path / "o2", "grpo")
+    assert set(s["arms"]) == {"grpo", "mlmt", "self_correct"}
+    assert s["paired"]["mlmt"]["b"] == 2
+    # run dirs grouped by their manifest's arm
+    s = report_from_dirs(arms["mlmt"] + arms["grpo"], tmp_path / "o3", "grpo")
+    assert list(s["arms"]) == ["mlmt", "grpo"] and s["paired"]["mlmt"]["n_pairs"] == 8
+
+
+def test_load_run(arms):
+    run = load_run(arms["mlmt"][1])
+    assert (run.arm, run.seed, run.final_step, run.has_final) == ("mlmt", 1, 20, True)
+    assert {p: v["t2"] for p, v in run.problems.items()} == {"p0": True, "p1": True, "p2": False, "p3": True}
+    assert [r["step"] for r in run.curve] == [0, 10, 20]
+
+
+def test_load_run_errors(tmp_path):
+    with pytest.raises(UserError, match="not a directory"):
+        load_run(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="not a run directory"):
+        load_run(tmp_path / "empty")
+
+    d = tmp_path / "noeval"
+    d.mkdir()
+    (d / "manifest.json").write_text(json.dumps({"name": "x", "seed": 0}))
+    (d / "metrics.jsonl").write_text(json.dumps({"kind": "train", "step": 1}) + "\n")
+    with pytest.raises(UserError, match="no eval records"):
+        load_run(d)
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "manifest.json").write_text(json.dumps({"name": "x", "seed": 0}))
+    (bad / "metrics.jsonl").write_text('{"kind": "eval", "step": 0, "acc@t1": 0.5}\n{"kind": "ev\n'
+                                       '{"kind": "final", "step": 0}\n')
+    with pytest.raises(UserError, match=r"metrics\.jsonl:2: not valid JSON") as exc:
+        load_run(bad)
+    assert "\n" not in str(exc.value)
+
+    (bad / "metrics.jsonl").write_text('{"kind": "eval", "step": 0}\n[1, 2]\n{"kind": "final"}\n')
+    with pytest.raises(UserError, match=r"metrics\.jsonl:2: expected a JSON object"):
+        load_run(bad)
+    with pytest.raises(UserError, match="no run directories"):
+        build_comparison({"a": []}, tmp_path / "o")
