@@ -114,6 +114,7 @@ class RunDir:
         self.checkpoints = self.path / "checkpoints"
         self._metrics: JsonlWriter | None = None
         self._samples: JsonlWriter | None = None
+        self._eval_problems: JsonlWriter | None = None
 
     @classmethod
     def create(cls, output_dir: Path | str, name: str, spec_yaml: str, seed: int) -> "RunDir":
@@ -183,13 +184,19 @@ class RunDir:
             self._samples = JsonlWriter(self.path / "samples.jsonl")
         self._samples.write(record)
 
+    def log_eval_problems(self, records: list[dict[str, Any]]) -> None:
+        if self._eval_problems is None:
+            self._eval_problems = JsonlWriter(self.path / "eval_problems.jsonl")
+        for r in records:
+            self._eval_problems.write(r)
+
     def metrics(self) -> list[dict[str, Any]]:
         path = self.path / "metrics.jsonl"
         return read_jsonl(path) if path.exists() else []
 
     def truncate_logs_after(self, step: int) -> None:
         """On resume: drop log lines written after the checkpoint at ``step`` (they will be redone)."""
-        for name in ("metrics.jsonl", "samples.jsonl"):
+        for name in ("metrics.jsonl", "samples.jsonl", "eval_problems.jsonl"):
             path = self.path / name
             if not path.exists():
                 continue
@@ -197,10 +204,10 @@ class RunDir:
             atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
 
     def close(self) -> None:
-        for w in (self._metrics, self._samples):
+        for w in (self._metrics, self._samples, self._eval_problems):
             if w is not None:
                 w.close()
-        self._metrics = self._samples = None
+        self._metrics = self._samples = self._eval_problems = None
 
     # checkpoints ----------------------------------------------------------------------------
     def checkpoint_dir(self, step: int) -> Path:

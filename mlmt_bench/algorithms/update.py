@@ -117,7 +117,7 @@ def update_policy(policy: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
             n_tok = int(mask.sum())
             weight = n_tok / total_tokens if cfg.loss_agg == "token_mean" else len(chunk) / len(items)
             (loss * weight).backward()
-            stats["loss"] += float(loss) * weight / cfg.epochs
+            stats["loss"] += float(loss.detach()) * weight / cfg.epochs
             stats["clip_frac"] += s["clip_frac"] * n_tok / total_tokens / cfg.epochs
             stats["kl"] += s["kl"] * n_tok / total_tokens / cfg.epochs
             stats["entropy"] += float(entropy[mask].sum()) / total_tokens / cfg.epochs

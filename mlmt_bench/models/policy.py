@@ -54,6 +54,24 @@ class Policy:
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
 
+    def load_weights(self, directory: Path) -> None:
+        """Weights from a directory :meth:`save` wrote (adapter weights only, with LoRA)."""
+        from safetensors.torch import load_file
+
+        if self.is_lora:
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(self.model, load_file(str(directory / "adapter_model.safetensors")))
+            return
+        state = {}
+        for f in sorted(directory.glob("*.safetensors")):
+            state.update(load_file(str(f)))
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        if unexpected or [k for k in missing if "lm_head" not in k]:
+            raise RuntimeError(f"{directory}: checkpoint does not match the model ({missing[:3]}, {unexpected[:3]})")
+        if hasattr(self.model, "tie_weights"):
+            self.model.tie_weights()
+
     def save(self, directory: Path) -> None:
         """HF-format directory (a peft adapter directory with LoRA) + the tokenizer."""
         directory.mkdir(parents=True, exist_ok=True)

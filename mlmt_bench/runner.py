@@ -1,0 +1,170 @@
+"""Compose a :class:`RunSpec` into components and run it; resume a killed run.
+
+spec ──build──▶ benchmark, verifier, backend, policies, algorithm ──▶ Trainer(run_dir).train()
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlmt_bench import registry
+from mlmt_bench.errors import UserError
+from mlmt_bench.spec import RunSpec, dump_yaml, load_any, load_run_spec
+from mlmt_bench.tracking import RunDir
+from mlmt_bench.types import PromptTemplates
+
+
+@dataclass
+class Components:
+    benchmark: Any
+    templates: PromptTemplates
+    verifier: Any
+    verifier_name: str
+    backend: Any
+    policies: dict[str, Any]
+    algorithm: Any
+    train_problems: list
+    eval_problems: list
+
+
+def configure_torch(spec: RunSpec) -> None:
+    import torch
+
+    torch.set_num_threads(spec.train.threads or min(os.cpu_count() or 1, 8))
+    if spec.train.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.manual_seed(spec.seed)
+
+
+def templates_for(spec: RunSpec, benchmark: Any) -> PromptTemplates:
+    overrides = {k: v for k, v in spec.benchmark.templates.model_dump().items() if v is not None}
+    return PromptTemplates(**{**benchmark.templates.__dict__, **overrides})
+
+
+def bootstrap_dirs(spec: RunSpec, progress: bool = True, evaluate: bool = False) -> tuple[dict[str, Path], dict]:
+    """Checkpoints of the warm start (built on first use, then reused from the cache)."""
+    if spec.bootstrap is None:
+        return {}, {}
+    from pydantic import ValidationError
+
+    from mlmt_bench.models.bootstrap import BootstrapConfig, ensure_bootstrap, evaluate_bootstrap
+    from mlmt_bench.spec import format_validation_error
+
+    try:
+        cfg = BootstrapConfig.model_validate(spec.bootstrap)
+    except ValidationError as exc:
+        raise UserError(format_validation_error("spec", exc, "bootstrap", BootstrapConfig)) from None
+    result = ensure_bootstrap(cfg, progress=progress)
+    report = dict(result.report)
+    if evaluate:
+        report["eval"] = evaluate_bootstrap(result)
+    return {"solver": Path(result.solver_dir), "critic": Path(result.critic_dir)}, report
+
+
+def build(spec: RunSpec, progress: bool = True) -> Components:
+    b = spec.benchmark
+    bench_cls = registry.benchmarks.get(b.name)
+    benchmark = bench_cls(path=b.path, **b.options)
+    train = benchmark.load(b.train_split)[: b.train_limit]
+    evals = benchmark.load(b.eval_split)[: spec.eval.limit or b.eval_limit]
+    if not train or not evals:
+        raise UserError(f"benchmark {b.name}: empty split ({b.train_split}: {len(train)}, {b.eval_split}: {len(evals)})")
+    verifier_name = b.verifier or benchmark.default_verifier
+    verifier = registry.verifiers.get(verifier_name)()
+    backend = registry.backends.get(spec.backend.name)(**spec.backend.options)
+
+    algo_cls = registry.algorithms.get(spec.algorithm.name)
+    params = algo_cls.Params.model_validate(spec.algorithm.params)
+    algorithm = algo_cls(params, spec.train.steps)
+
+    dirs = {}
+    if any(p is not None and p.model == "tiny" and not p.path for p in (spec.policies.solver, spec.policies.critic)):
+        dirs, _ = bootstrap_dirs(spec, progress=progress)
+    solver = registry.models.get(spec.policies.solver.model)("solver", spec.policies.solver, dirs)
+    policies: dict[str, Any] = {"solver": solver, "critic": None}
+    variant = getattr(params, "variant", None)
+    if variant == "shared_policy":
+        policies["critic"] = solver
+    elif spec.policies.critic is not None and spec.algorithm.name == "mlmt" and variant in ("full", "fixed_feedback"):
+        critic_spec = spec.policies.critic
+        if variant == "fixed_feedback":
+            critic_spec = critic_spec.model_copy(update={"trainable": False})
+        policies["critic"] = registry.models.get(critic_spec.model)("critic", critic_spec, dirs)
+    if variant == "oracle_feedback" and not hasattr(benchmark, "oracle_feedback"):
+        raise UserError(f"algorithm.params.variant: oracle_feedback needs a benchmark with an oracle critic "
+                        f"(synthetic-*), not {b.name}")
+    return Components(benchmark, templates_for(spec, benchmark), verifier, verifier_name, backend, policies,
+                      algorithm, train, evals)
+
+
+def make_trainer(spec: RunSpec, comp: Components, run_dir: RunDir) -> Any:
+    from mlmt_bench.rollout.episodes import Actors
+    from mlmt_bench.trainer import Trainer
+
+    actors = Actors(comp.policies["solver"], comp.policies["critic"], comp.backend, comp.templates, comp.verifier,
+                    getattr(comp.benchmark, "oracle_feedback", None))
+    return Trainer(spec, comp.algorithm, actors, comp.policies, comp.train_problems, comp.eval_problems, run_dir,
+                   comp.verifier_name)
+
+
+def run(spec: RunSpec, progress: bool = True, *, extra_manifest: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train and evaluate ``spec`` in a fresh run directory; returns the final metrics + run_dir."""
+    configure_torch(spec)
+    comp = build(spec, progress=progress)
+    run_dir = RunDir.create(spec.output_dir, spec.name, dump_yaml(spec), spec.seed)
+    if extra_manifest:
+        run_dir.update_manifest(**extra_manifest)
+    trainer = make_trainer(spec, comp, run_dir)
+    return _train(trainer, run_dir, progress)
+
+
+def resume_run(path: Path | str, progress: bool = True) -> dict[str, Any]:
+    """Continue a run from its last checkpoint; log lines written after it are dropped and redone."""
+    run_dir = RunDir.open(path)
+    spec = load_run_spec(run_dir.path / "spec.resolved.yaml")
+    configure_torch(spec)
+    comp = build(spec, progress=progress)
+    trainer = make_trainer(spec, comp, run_dir)
+    ckpt = run_dir.latest_checkpoint()
+    if ckpt is not None:
+        trainer.load_checkpoint(ckpt)
+        run_dir.truncate_logs_after(trainer.counters.step)
+    else:
+        run_dir.truncate_logs_after(-1)
+    resumes = run_dir.manifest().get("resumed_from", [])
+    run_dir.update_manifest(status="running", resumed_from=resumes + [ckpt.name if ckpt else None])
+    return _train(trainer, run_dir, progress)
+
+
+def _train(trainer: Any, run_dir: RunDir, progress: bool) -> dict[str, Any]:
+    from mlmt_bench.progress import progress_bar
+
+    try:
+        with progress_bar(enabled=progress) as bar:
+            final = trainer.train(bar)
+    except KeyboardInterrupt:
+        run_dir.finish("interrupted")
+        raise
+    except BaseException:
+        run_dir.finish("failed")
+        raise
+    run_dir.finish("completed")
+    if progress:
+        from mlmt_bench.progress import print_summary
+
+        print_summary(final, run_dir.path)
+    return {**final, "run_dir": str(run_dir.path)}
+
+
+def bootstrap_from_spec(path: Path, overrides: list[str], *, evaluate: bool, progress: bool) -> dict[str, Any]:
+    loaded = load_any(path, overrides)
+    specs = [loaded] if isinstance(loaded, RunSpec) else list(loaded[1].values())
+    spec = next((s for s in specs if s.bootstrap is not None), None)
+    if spec is None:
+        raise UserError(f"{path}: no `bootstrap:` section")
+    configure_torch(spec)
+    dirs, report = bootstrap_dirs(spec, progress=progress, evaluate=evaluate)
+    return {"solver_dir": str(dirs["solver"]), "critic_dir": str(dirs["critic"]), **report}

@@ -1,0 +1,264 @@
+"""The training loop every algorithm shares: rollout → credit → update → log → eval → checkpoint.
+
+Read it top to bottom: :meth:`Trainer.train` is the whole story; the algorithm (GRPO,
+self_correct, MLMT) only decides the episode program, the credit and who updates when.
+"""
+
+from __future__ import annotations
+
+import random
+import resource
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from mlmt_bench.algorithms.update import LossConfig, update_policy
+from mlmt_bench.evaluate import evaluate
+from mlmt_bench.metrics.feedback import flops_estimate
+from mlmt_bench.rollout.episodes import Actors, Sampling, rollout
+from mlmt_bench.tracking import RunDir
+from mlmt_bench.types import Problem
+
+
+@dataclass
+class Counters:
+    """Cumulative cost of training so far (saved in checkpoints)."""
+
+    step: int = 0
+    gen_tokens: int = 0
+    trained_tokens: int = 0
+    flops: float = 0.0
+    wall_s: float = 0.0
+
+
+@dataclass
+class TrainContext:
+    """What credit assignment may look at besides the rollout."""
+
+    policies: dict[str, Any]
+    seed: int
+    frac_done: float = 0.0
+
+
+@dataclass
+class Trainer:
+    spec: Any  # RunSpec
+    algorithm: Any  # Algorithm
+    actors: Actors
+    policies: dict[str, Any]  # role -> Policy ("critic" may be the solver itself)
+    train_problems: list[Problem]
+    eval_problems: list[Problem]
+    run_dir: RunDir
+    verifier_name: str
+    counters: Counters = field(default_factory=Counters)
+    optimizers: dict[int, Any] = field(default_factory=dict)  # id(policy) -> (optimizer, scheduler)
+
+    def __post_init__(self) -> None:
+        t = self.spec.train
+        for policy in self._trainable():
+            opt = torch.optim.AdamW(policy.trainable_parameters(), lr=policy.lr, weight_decay=t.weight_decay)
+            self.optimizers[id(policy)] = (opt, _schedule(opt, t.schedule, t.warmup_steps, max(t.steps, 1),
+                                                         self.algorithm.p.epochs))
+        b = self.spec.backend
+        self.sampling = Sampling(b.temperature, b.top_p, b.max_new_tokens, b.feedback_max_new_tokens or b.max_new_tokens,
+                                 b.stop)
+        self.eval_sampling = Sampling(self.spec.eval.temperature, 1.0, b.max_new_tokens,
+                                      b.feedback_max_new_tokens or b.max_new_tokens, b.stop)
+        self.loss_cfg = LossConfig(self.algorithm.p.clip_low, self.algorithm.p.clip_high, self.algorithm.p.loss_agg,
+                                   self.algorithm.p.epochs, t.grad_accum, t.grad_clip)
+
+    # ------------------------------------------------------------------------------------------
+    def train(self, progress: Any = None) -> dict[str, Any]:
+        """Train until ``train.steps`` or the token budget; returns the final evaluation."""
+        t = self.spec.train
+        started = time.perf_counter() - self.counters.wall_s
+        if self.counters.step == 0:
+            self.evaluate(started)
+        task = progress.add_task("train", total=t.steps, completed=self.counters.step) if progress else None
+        while self.counters.step < t.steps and not self._budget_spent():
+            step = self.counters.step
+            problems = self.batch(step)
+            torch.manual_seed(_step_seed(self.spec.seed, step))
+
+            ro = rollout(self.algorithm.program(step), self.actors, problems, self.sampling)
+            ctx = TrainContext(self.policies, self.spec.seed, self.frac_done())
+            items, stats = self.algorithm.credit(ro, step, ctx)
+
+            t0 = time.perf_counter()
+            updated, update_stats = self.update(items, self.algorithm.updates(step))
+            train_s = time.perf_counter() - t0
+            stats.update(self.algorithm.after_update(ro, step, ctx))
+
+            gen = sum(ro.gen_tokens.values())
+            trained = int(sum(s.get("trained_tokens", 0) for s in update_stats.values()))
+            c = self.counters
+            c.step += 1
+            c.gen_tokens += gen
+            c.trained_tokens += trained
+            c.flops += sum(flops_estimate(self._params(role), n, 0) for role, n in ro.gen_tokens.items() if n) + \
+                sum(flops_estimate(self._params(role), 0, int(s.get("trained_tokens", 0)))
+                    for role, s in update_stats.items())
+            c.wall_s = time.perf_counter() - started
+            self.run_dir.log_metrics({
+                "kind": "train", **self._counters(), **stats, "updated": sorted(updated),
+                **{f"{k}/{role}": v for role, s in update_stats.items() for k, v in s.items()},
+                **{f"len/{kind}": _mean_len(ro, kind) for kind in ("attempt", "feedback", "refine")},
+                "gen_tok_per_s": gen / max(ro.seconds, 1e-9), "train_tok_per_s": trained / max(train_s, 1e-9),
+                "peak_mem_mb": _peak_mem_mb(),
+            })
+            if progress:
+                progress.update(task, completed=c.step,
+                                description=f"train r={stats.get('reward_mean', 0):.2f} tok={c.gen_tokens}")
+            last = c.step >= t.steps or self._budget_spent()
+            if last or (self.spec.eval.every and c.step % self.spec.eval.every == 0):
+                self.evaluate(started)
+            if last or (t.checkpoint_every and c.step % t.checkpoint_every == 0):
+                self.save_checkpoint()
+        final = self.run_dir.metrics()
+        evals = [r for r in final if r["kind"] == "eval"]
+        summary = {**evals[-1], "kind": "final"} if evals else {"kind": "final", **self._counters()}
+        self.run_dir.log_metrics(summary)
+        return summary
+
+    # ------------------------------------------------------------------------------------------
+    def batch(self, step: int) -> list[Problem]:
+        """Problems of ``step``: consecutive slices of a per-epoch seeded permutation (resumable by step)."""
+        n, k = len(self.train_problems), self.spec.train.problems_per_step
+        out = []
+        for j in range(step * k, step * k + k):
+            epoch, pos = divmod(j, n)
+            perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.spec.seed * 7919 + epoch))
+            out.append(self.train_problems[int(perm[pos])])
+        return out
+
+    def update(self, items: dict[str, list], roles: set[str]) -> tuple[set[str], dict[str, dict[str, float]]]:
+        """One optimiser update per distinct trainable model (a shared model gets both roles' items)."""
+        by_model: dict[int, tuple[str, Any, list]] = {}
+        for role in sorted(roles):
+            policy = self.policies.get(role)
+            if policy is None or not policy.trainable or not items.get(role):
+                continue
+            name, _, acc = by_model.setdefault(id(policy), (role, policy, []))
+            acc.extend(items[role])
+        stats, updated = {}, set()
+        for name, policy, its in by_model.values():
+            opt, sched = self.optimizers[id(policy)]
+            stats[name] = update_policy(policy, opt, sched, its, self.loss_cfg)
+            updated |= {r for r in roles if self.policies.get(r) is policy}
+        return updated, stats
+
+    def evaluate(self, started: float) -> dict[str, Any]:
+        e = self.spec.eval
+        res = evaluate(self.algorithm.eval_program(), self.actors, self.eval_problems, self.eval_sampling,
+                       verifier_name=self.verifier_name, feedback_metrics=e.feedback_metrics,
+                       n_samples=e.samples, protocols=e.protocols)
+        self.counters.wall_s = time.perf_counter() - started
+        record = {"kind": "eval", **self._counters(), **res.metrics}
+        self.run_dir.log_metrics(record)
+        self.run_dir.log_eval_problems([{"step": self.counters.step, "gen_tokens": self.counters.gen_tokens, **row}
+                                        for row in res.per_problem])
+        for s in res.samples:
+            self.run_dir.log_sample({"step": self.counters.step, **s})
+        return record
+
+    # checkpoints ------------------------------------------------------------------------------
+    def save_checkpoint(self) -> Path:
+        tmp = self.run_dir.begin_checkpoint(self.counters.step)
+        saved: dict[int, str] = {}
+        for role, policy in self.policies.items():
+            if policy is None or id(policy) in saved:
+                continue
+            policy.save(tmp / role)
+            saved[id(policy)] = role
+        torch.save({
+            "counters": self.counters.__dict__,
+            "optimizers": {saved[k]: (o.state_dict(), s.state_dict() if s else None)
+                           for k, (o, s) in self.optimizers.items()},
+            "algorithm": self.algorithm.state_dict(),
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
+        }, tmp / "trainer_state.pt")
+        return self.run_dir.commit_checkpoint(tmp, self.counters.step)
+
+    def load_checkpoint(self, ckpt: Path) -> None:
+        state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+        loaded: set[int] = set()
+        for role, policy in self.policies.items():
+            if policy is None or id(policy) in loaded or not (ckpt / role).exists():
+                continue
+            policy.load_weights(ckpt / role)
+            loaded.add(id(policy))
+        for role, (opt_state, sched_state) in state["optimizers"].items():
+            opt, sched = self.optimizers[id(self.policies[role])]
+            opt.load_state_dict(opt_state)
+            if sched is not None and sched_state is not None:
+                sched.load_state_dict(sched_state)
+        self.algorithm.load_state_dict(state["algorithm"])
+        self.counters = Counters(**state["counters"])
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        np.random.set_state(state["rng"]["numpy"])
+
+    # helpers ----------------------------------------------------------------------------------
+    def _trainable(self) -> list[Any]:
+        seen, out = set(), []
+        for p in self.policies.values():
+            if p is not None and p.trainable and id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+        return out
+
+    def _params(self, role: str) -> int:
+        p = self.policies.get(role)
+        return p.n_params if p is not None else 0
+
+    def _budget_spent(self) -> bool:
+        b = self.spec.train.token_budget
+        return b is not None and self.counters.gen_tokens >= b
+
+    def frac_done(self) -> float:
+        t = self.spec.train
+        f = self.counters.step / max(t.steps, 1)
+        if t.token_budget:
+            f = max(f, self.counters.gen_tokens / t.token_budget)
+        return min(f, 1.0)
+
+    def _counters(self) -> dict[str, Any]:
+        c = self.counters
+        return {"step": c.step, "gen_tokens": c.gen_tokens, "trained_tokens": c.trained_tokens,
+                "flops": c.flops, "wall_s": round(c.wall_s, 3)}
+
+
+def _schedule(opt: Any, kind: str, warmup: int, total_steps: int, epochs: int) -> Any:
+    """LR multiplier per optimiser step: linear warmup, then constant or cosine to 0."""
+    import math
+
+    total = total_steps * epochs
+
+    def factor(i: int) -> float:
+        if warmup and i < warmup:
+            return (i + 1) / warmup
+        if kind == "cosine":
+            progress = min(1.0, (i - warmup) / max(1, total - warmup))
+            return 0.5 * (1 + math.cos(math.pi * progress))
+        return 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def _step_seed(seed: int, step: int) -> int:
+    return (seed * 1_000_003 + step * 7_919 + 17) % (2**31 - 1)
+
+
+def _mean_len(ro: Any, kind: str) -> float | None:
+    lens = [len(t.ids) for t in ro.turns if t.kind == kind and t.ids]
+    return sum(lens) / len(lens) if lens else None
+
+
+def _peak_mem_mb() -> float:
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
