@@ -181,6 +181,27 @@ def bootstrap(
     _emit(result, lambda: typer.echo(json.dumps(result, indent=2, default=str)))
 
 
+@app.command()
+@_user_errors
+def report(
+    runs: list[Path] = typer.Argument(..., help="Run directories or experiment directories (with experiment.json)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Directory for comparison.md and acc_vs_tokens.png."),
+    baseline: Optional[str] = typer.Option("grpo", "--baseline", help="Arm the others are tested against."),
+    arm: Optional[list[str]] = typer.Option(None, "--arm", help="Name a run explicitly: NAME=RUN_DIR (repeatable)."),
+) -> None:
+    """Compare runs: final metrics with 95% bootstrap CIs, McNemar tests, accuracy vs tokens."""
+    from mlmt_bench.report.compare import report_from_dirs
+
+    named: dict[str, list[Path]] = {}
+    for a in arm or []:
+        name, sep, path = a.partition("=")
+        if not sep or not name or not path:
+            raise UserError(f"--arm {a}: expected NAME=RUN_DIR")
+        named.setdefault(name, []).append(Path(path))
+    summary = report_from_dirs(list(runs), out, baseline, arms=named)
+    _emit(summary, lambda: typer.echo(f"wrote {', '.join(summary['files'].values())}"))
+
+
 def main() -> None:
     app()
 

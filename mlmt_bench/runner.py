@@ -110,14 +110,20 @@ def make_trainer(spec: RunSpec, comp: Components, run_dir: RunDir) -> Any:
                    comp.verifier_name)
 
 
-def run(spec: RunSpec, progress: bool = True, *, extra_manifest: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Train and evaluate ``spec`` in a fresh run directory; returns the final metrics + run_dir."""
+def run(spec: RunSpec, progress: bool = True, *, extra_manifest: dict[str, Any] | None = None,
+        on_eval: Any = None) -> dict[str, Any]:
+    """Train and evaluate ``spec`` in a fresh run directory; returns the final metrics + run_dir.
+
+    ``on_eval(record)`` is called after every evaluation; an exception it raises ends the run
+    with the manifest status given by the exception's ``run_status`` attribute (else "failed").
+    """
     configure_torch(spec)
     comp = build(spec, progress=progress)
     run_dir = RunDir.create(spec.output_dir, spec.name, dump_yaml(spec), spec.seed)
     if extra_manifest:
         run_dir.update_manifest(**extra_manifest)
     trainer = make_trainer(spec, comp, run_dir)
+    trainer.on_eval = on_eval
     return _train(trainer, run_dir, progress)
 
 
@@ -148,8 +154,8 @@ def _train(trainer: Any, run_dir: RunDir, progress: bool) -> dict[str, Any]:
     except KeyboardInterrupt:
         run_dir.finish("interrupted")
         raise
-    except BaseException:
-        run_dir.finish("failed")
+    except BaseException as exc:
+        run_dir.finish(getattr(exc, "run_status", "failed"))
         raise
     run_dir.finish("completed")
     if progress:

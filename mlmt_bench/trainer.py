@@ -11,7 +11,7 @@ import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -56,6 +56,7 @@ class Trainer:
     verifier_name: str
     counters: Counters = field(default_factory=Counters)
     optimizers: dict[int, Any] = field(default_factory=dict)  # id(policy) -> (optimizer, scheduler)
+    on_eval: Callable[[dict[str, Any]], None] | None = None  # e.g. a sweep's pruning callback
 
     def __post_init__(self) -> None:
         t = self.spec.train
@@ -163,6 +164,8 @@ class Trainer:
                                         for row in res.per_problem])
         for s in res.samples:
             self.run_dir.log_sample({"step": self.counters.step, **s})
+        if self.on_eval is not None:
+            self.on_eval(record)
         return record
 
     # checkpoints ------------------------------------------------------------------------------
