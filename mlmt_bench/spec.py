@@ -365,7 +365,7 @@ def load_experiment(path: Path | str, overrides: list[str] | None = None) -> tup
     arms: dict[str, RunSpec] = {}
     for arm, over in exp.arms.items():
         merged = deep_merge(base, over)
-        merged.setdefault("name", f"{exp.name}-{arm}")
+        merged["name"] = over.get("name", f"{exp.name}-{arm}")
         merged["output_dir"] = exp.output_dir
         arms[arm] = validate_run(merged, f"{path}: arms.{arm}")
     return exp, arms

@@ -1,0 +1,31 @@
+# Two entry points for a fresh machine with only Python ≥ 3.11 and pip:
+#   make quickstart   install into .venv (once) and run the quickstart experiment
+#   make test         install into .venv (once) and run the test suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: quickstart test test-all install clean
+
+install: $(VENV)/.installed
+
+# Re-installs only when pyproject.toml changes. torch is pinned to 2.13.0, whose CPU wheel
+# this project's machines carry locally (a plain `torch` would pull a multi-GB CUDA build).
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $@
+
+quickstart: install
+	$(BIN)/mlmt-bench run registry/runs/quickstart.yaml
+
+test: install
+	$(BIN)/python -m pytest -q
+
+# everything, slow tests included (what CI runs when its budget allows)
+test-all: install
+	$(BIN)/python -m pytest -q -m "slow or not slow"
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,158 @@
+"""Run-spec validation: every malformed spec gets one precise line and exit code 2."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from mlmt_bench.cli import app
+from mlmt_bench.errors import UserError
+from mlmt_bench.spec import apply_overrides, load_any, load_run_spec, parse_override, RunSpec
+
+from conftest import minimal_spec
+
+runner = CliRunner()
+
+
+def validate(path, *extra):
+    res = runner.invoke(app, ["validate", str(path), *extra])
+    return res.exit_code, res.stderr.strip()
+
+
+def test_good_spec_is_valid(write_spec):
+    code, err = validate(write_spec(minimal_spec()))
+    assert code == 0, err
+
+
+BAD = [
+    # (name, spec content, expected fragment of the one-line error)
+    ("missing field", {k: v for k, v in minimal_spec().items() if k != "algorithm"}, "algorithm: required field is missing"),
+    ("wrong type", minimal_spec(train={"steps": "many"}), "train.steps: input should be a valid integer"),
+    ("below minimum", minimal_spec(algorithm={"name": "grpo", "params": {"group_size": 1}}),
+     "algorithm.params.group_size: must be ≥ 2, got 1"),
+    ("unknown component", minimal_spec(benchmark={"name": "math50"}),
+     "benchmark.name: unknown benchmark 'math50'; did you mean 'math500'?"),
+    ("unknown algorithm", minimal_spec(algorithm={"name": "grp0"}), "unknown algorithm 'grp0'; did you mean 'grpo'?"),
+    ("unknown field", {**minimal_spec(), "trian": {}}, "trian: unknown field; did you mean 'train'?"),
+    ("unknown param", minimal_spec(algorithm={"name": "grpo", "params": {"group_sise": 4}}),
+     "algorithm.params.group_sise: unknown field; did you mean 'group_size'?"),
+    ("bad literal", minimal_spec(algorithm={"name": "grpo", "params": {"loss_agg": "mean"}}),
+     "algorithm.params.loss_agg: must be one of 'token_mean', 'seq_mean_token_mean' or 'constant_norm', got 'mean'"),
+    ("bad name pattern", minimal_spec(name="has space"), "name: must match"),
+    ("mlmt without critic", minimal_spec(algorithm={"name": "mlmt"}), "policies.critic: required by algorithm mlmt"),
+    ("non-YAML file", "name: [unclosed\n", "invalid YAML: line 2"),
+    ("empty file", "", "empty file, expected a YAML mapping"),
+    ("top-level list", "- a\n- b\n", "expected a YAML mapping at the top level, got list"),
+    ("negative lr", minimal_spec(policies={"solver": {"lr": -1}}), "policies.solver.lr: must be > 0.0, got -1"),
+    ("unknown verifier", minimal_spec(benchmark={"name": "synthetic-arith", "verifier": "maths"}),
+     "benchmark.verifier: unknown verifier 'maths'; did you mean 'math'?"),
+]
+
+
+@pytest.mark.parametrize("name,content,fragment", BAD, ids=[b[0] for b in BAD])
+def test_malformed_specs(write_spec, name, content, fragment):
+    path = write_spec(content)
+    code, err = validate(path)
+    assert code == 2
+    assert err.count("\n") == 0, err  # exactly one line
+    assert err.startswith(f"error: {path}"), err
+    assert fragment in err, err
+    assert "Traceback" not in err
+
+
+def test_missing_file(tmp_path):
+    code, err = validate(tmp_path / "nope.yaml")
+    assert code == 2 and err == f"error: {tmp_path / 'nope.yaml'}: file not found"
+
+
+def test_binary_file(tmp_path):
+    p = tmp_path / "x.yaml"
+    p.write_bytes(b"\xff\xfe\x00\x81")
+    code, err = validate(p)
+    assert code == 2 and "not a text file" in err
+
+
+def test_circular_extends(write_spec):
+    write_spec("extends: b.yaml\nname: a\n", "a.yaml")
+    b = write_spec("extends: a.yaml\n", "b.yaml")
+    code, err = validate(b)
+    assert code == 2 and "circular extends" in err and "b.yaml" in err and "a.yaml" in err
+
+
+def test_extends_missing_parent(write_spec):
+    p = write_spec("extends: parent.yaml\nname: a\n")
+    code, err = validate(p)
+    assert code == 2 and "extends: file not found" in err
+
+
+def test_extends_merges_nested_mappings(write_spec):
+    write_spec(minimal_spec(train={"steps": 7, "problems_per_step": 3}), "base.yaml")
+    child = write_spec("extends: base.yaml\nname: child\ntrain: {steps: 9}\n", "child.yaml")
+    spec = load_run_spec(child)
+    assert spec.name == "child" and spec.train.steps == 9 and spec.train.problems_per_step == 3
+
+
+def test_override_coerces_types(write_spec):
+    spec = load_run_spec(write_spec(minimal_spec()), ["train.steps=5", "backend.temperature=0.5",
+                                                       "train.deterministic=false", "algorithm.params.group_size=6"])
+    assert spec.train.steps == 5 and spec.backend.temperature == 0.5
+    assert spec.train.deterministic is False and spec.algorithm.params["group_size"] == 6
+
+
+def test_bad_override_path(write_spec):
+    code, err = validate(write_spec(minimal_spec()), "--set", "trian.steps=3")
+    assert code == 2 and err == "error: --set trian.steps=3: the spec has no field 'trian'; did you mean 'train'?"
+
+
+def test_bad_override_syntax(write_spec):
+    code, err = validate(write_spec(minimal_spec()), "--set", "train.steps")
+    assert code == 2 and "expected KEY.PATH=VALUE" in err
+
+
+def test_override_value_validated(write_spec):
+    code, err = validate(write_spec(minimal_spec()), "--set", "train.steps=-3")
+    assert code == 2 and "train.steps: must be ≥ 0, got -3" in err
+
+
+def test_parse_override():
+    assert parse_override("a.b=[1, 2]") == (["a", "b"], [1, 2])
+    assert parse_override("a=null") == (["a"], None)
+    with pytest.raises(UserError):
+        parse_override("a..b=1")
+
+
+def test_apply_overrides_into_free_mappings():
+    out = apply_overrides({"benchmark": {"name": "x"}}, ["benchmark.options.difficulty=4"], RunSpec)
+    assert out["benchmark"]["options"]["difficulty"] == 4
+
+
+def test_experiment_spec_arms(write_spec):
+    base = minimal_spec()
+    base["train"]["token_budget"] = 1000
+    exp = {"name": "e", "base": base, "arms": {"grpo": {}, "sc": {"algorithm": {"name": "self_correct"}}},
+           "seeds": [0, 1]}
+    loaded = load_any(write_spec(exp))
+    assert isinstance(loaded, tuple)
+    _, arms = loaded
+    assert arms["sc"].algorithm.name == "self_correct" and arms["sc"].name == "e-sc"
+
+
+def test_experiment_arm_error_names_the_arm(write_spec):
+    exp = {"name": "e", "base": minimal_spec(), "arms": {"bad": {"algorithm": {"name": "grpo", "params": {"group_size": 0}}}}}
+    p = write_spec(exp)
+    code, err = validate(p)
+    assert code == 2 and f"{p}: arms.bad: algorithm.params.group_size: must be ≥ 2, got 0" in err
+
+
+def test_debug_shows_traceback(write_spec):
+    res = runner.invoke(app, ["--debug", "validate", str(write_spec(""))])
+    assert res.exit_code != 0 and isinstance(res.exception, UserError)
+
+
+def test_json_mode(write_spec):
+    import json
+
+    res = runner.invoke(app, ["--json", "validate", str(write_spec(minimal_spec()))])
+    assert res.exit_code == 0 and json.loads(res.stdout)["valid"] is True
+    res = runner.invoke(app, ["--json", "validate", str(write_spec("", "e.yaml"))])
+    assert res.exit_code == 2 and "empty file" in json.loads(res.stdout)["error"]
