@@ -1,0 +1,271 @@
+"""The shared trainer: token-in/token-out bookkeeping, schedules, variants, resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from mlmt_bench import runner
+from mlmt_bench.rollout.backend import Generation
+from mlmt_bench.rollout.chat import chat_ids
+from mlmt_bench.rollout.episodes import Actors, Program, Sampling, rollout
+from mlmt_bench.spec import validate_run
+from mlmt_bench.tracking import RunDir
+from mlmt_bench.types import Verdict
+
+from conftest import minimal_spec
+
+
+def make_spec(tmp_path, ckpt, algo="grpo", params=None, **over):
+    d = minimal_spec(**over)
+    d["output_dir"] = str(tmp_path / "runs")
+    d["policies"] = {"solver": {"model": "tiny", "path": str(ckpt), "lr": 1e-3},
+                     "critic": {"model": "tiny", "path": str(ckpt), "lr": 1e-3}}
+    d["algorithm"] = {"name": algo, "params": {"group_size": 4, **(params or {})}}
+    d["backend"] = {"max_new_tokens": 12}
+    d["eval"] = {"every": 0, "feedback_metrics": True}
+    return validate_run(d, "test")
+
+
+class ParityVerifier:
+    """Reward 1 for an even number of generated characters: a non-degenerate, deterministic signal."""
+
+    def score_batch(self, problems, responses):
+        return [Verdict(float(len(r) % 2 == 0), len(r) % 2 == 0, r, "ok" if len(r) % 2 == 0 else "wrong")
+                for r in responses]
+
+
+def build_trainer(spec, tmp_path):
+    comp = runner.build(spec, progress=False)
+    comp.verifier = ParityVerifier()
+    run_dir = RunDir.create(spec.output_dir, spec.name, "", spec.seed)
+    return runner.make_trainer(spec, comp, run_dir)
+
+
+class ScriptedBackend:
+    """Returns fixed texts (encoded + EOS), so the conversation bookkeeping can be checked exactly."""
+
+    def __init__(self, texts):
+        self.texts = texts
+
+    def generate(self, model, tokenizer, prompts, *, max_new_tokens, **_):
+        out = []
+        for _p in prompts:
+            text = self.texts.pop(0)
+            ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+            out.append(Generation(ids, [0.0] * len(ids), "stop", text))
+        return out
+
+
+def test_mlmt_episode_is_token_in_token_out(tiny_ckpt, tmp_path):
+    spec = make_spec(tmp_path, tiny_ckpt, "mlmt")
+    comp = runner.build(spec, progress=False)
+    solver = comp.policies["solver"]
+    prob = comp.train_problems[0]
+    backend = ScriptedBackend(["1+2=3;#3", "step 1 wrong", "1+2=4;#4"])
+    actors = Actors(solver, comp.policies["critic"], backend, comp.templates, comp.verifier)
+    ro = rollout(Program(1, "critic", 1, 1), actors, [prob], Sampling(1.0, 1.0, 12, 12))
+    attempt, feedback, refine = ro.turns
+    tok, tpl = solver.tokenizer, comp.templates
+    messages = [{"role": "user", "content": tpl.render_attempt(prob)},
+                {"role": "assistant", "content": attempt.text},
+                {"role": "user", "content": tpl.render_refine(feedback.text)},
+                {"role": "assistant", "content": refine.text}]
+    # the solver's whole conversation, as generated, equals the chat template of its messages
+    assert refine.prompt_ids + refine.ids == chat_ids(tok, messages, add_generation_prompt=False)
+    assert attempt.prompt_ids + attempt.ids == chat_ids(tok, messages[:2], add_generation_prompt=False)
+    critic_msgs = [{"role": "user", "content": tpl.render_feedback(prob, attempt.text)},
+                   {"role": "assistant", "content": feedback.text}]
+    assert feedback.prompt_ids + feedback.ids == chat_ids(comp.policies["critic"].tokenizer, critic_msgs,
+                                                          add_generation_prompt=False)
+
+
+def test_trained_ids_are_the_generated_ids(tiny_ckpt, tmp_path):
+    spec = make_spec(tmp_path, tiny_ckpt, "mlmt")
+    trainer = build_trainer(spec, tmp_path)
+    ro = rollout(trainer.algorithm.program(0), trainer.actors, trainer.batch(0), trainer.sampling)
+    from mlmt_bench.trainer import TrainContext
+
+    items, _ = trainer.algorithm.credit(ro, 0, TrainContext(trainer.policies, 0))
+    generated = {(tuple(t.prompt_ids), tuple(t.ids)) for t in ro.turns}
+    for role in ("solver", "critic"):
+        for it in items[role]:
+            assert (tuple(it.prompt_ids), tuple(it.ids)) in generated
+    assert items["solver"] and items["critic"]
+
+
+def _weights(policy):
+    return {k: v.detach().clone() for k, v in policy.model.state_dict().items()}
+
+
+def _changed(before, policy):
+    after = policy.model.state_dict()
+    return any(not torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.parametrize("variant,solver_moves,critic_moves", [
+    ("full", True, True), ("fixed_feedback", True, False)])
+def test_variants_update_the_right_policies(tiny_ckpt, tmp_path, variant, solver_moves, critic_moves):
+    spec = make_spec(tmp_path, tiny_ckpt, "mlmt", {"variant": variant}, train={"steps": 1, "problems_per_step": 2})
+    trainer = build_trainer(spec, tmp_path)
+    s0, c0 = _weights(trainer.policies["solver"]), _weights(trainer.policies["critic"])
+    trainer.train()
+    assert _changed(s0, trainer.policies["solver"]) == solver_moves
+    assert _changed(c0, trainer.policies["critic"]) == critic_moves
+
+
+def test_shared_policy_is_one_model(tiny_ckpt, tmp_path):
+    spec = make_spec(tmp_path, tiny_ckpt, "mlmt", {"variant": "shared_policy"}, train={"steps": 1, "problems_per_step": 2})
+    trainer = build_trainer(spec, tmp_path)
+    assert trainer.policies["critic"] is trainer.policies["solver"]
+    trainer.train()
+    rec = [r for r in trainer.run_dir.metrics() if r["kind"] == "train"][0]
+    assert rec["updated"] == ["critic", "solver"]
+    assert len(trainer.optimizers) == 1
+
+
+@pytest.mark.parametrize("tl,th,expected", [
+    (1, 1, [{"solver", "critic"}] * 4),
+    (2, 1, [{"solver"}, {"solver", "critic"}] * 2),
+    (1, 2, [{"solver", "critic"}, {"critic"}] * 2)])
+def test_bilevel_schedule(tiny_ckpt, tmp_path, tl, th, expected):
+    from mlmt_bench.algorithms.mlmt import MLMT
+    from mlmt_bench.algorithms.params import MLMTParams
+
+    algo = MLMT(MLMTParams(lower_steps=tl, upper_steps=th), total_steps=4)
+    assert [algo.updates(s) for s in range(4)] == expected
+
+
+@pytest.mark.parametrize("variant,source", [("oracle_feedback", "oracle"), ("null_feedback", "null")])
+def test_feedback_sources(tiny_ckpt, tmp_path, variant, source):
+    spec = make_spec(tmp_path, tiny_ckpt, "mlmt", {"variant": variant})
+    trainer = build_trainer(spec, tmp_path)
+    ro = rollout(trainer.algorithm.program(0), trainer.actors, trainer.batch(0), trainer.sampling)
+    fbs = [t for t in ro.turns if t.kind == "feedback"]
+    assert fbs and all(t.policy == source and t.ids == [] for t in fbs)
+    if source == "null":
+        assert {t.text for t in fbs} == {trainer.actors.templates.null_feedback}
+    assert trainer.algorithm.updates(0) == {"solver"}
+
+
+def test_self_correct_stage_one_trains_turn_one_only_through_kl(tiny_ckpt, tmp_path):
+    spec = make_spec(tmp_path, tiny_ckpt, "self_correct", {"stage1_frac": 0.5, "beta2": 0.1})
+    trainer = build_trainer(spec, tmp_path)
+    ro = rollout(trainer.algorithm.program(0), trainer.actors, trainer.batch(0), trainer.sampling)
+    from mlmt_bench.trainer import TrainContext
+
+    items, stats = trainer.algorithm.credit(ro, 0, TrainContext(trainer.policies, 0, frac_done=0.0))
+    assert stats["stage"] == 1.0
+    attempt_ids = {tuple(t.ids) for t in ro.turns if t.kind == "attempt"}
+    first = [it for it in items["solver"] if tuple(it.ids) in attempt_ids and it.beta == 0.1]
+    assert first and all(it.advantage == 0.0 for it in first)
+    items, stats = trainer.algorithm.credit(ro, 0, TrainContext(trainer.policies, 0, frac_done=0.6))
+    assert stats["stage"] == 2.0 and all(it.beta == 0.0 for it in items["solver"])
+
+
+def test_eval_metrics_are_logged(tiny_ckpt, tmp_path):
+    spec = make_spec(tmp_path, tiny_ckpt, "mlmt", train={"steps": 1, "problems_per_step": 2})
+    trainer = build_trainer(spec, tmp_path)
+    final = trainer.train()
+    for key in ("acc@t1", "acc@t2", "delta", "i->c", "c->i", "i->i", "correction_rate", "acc_oracle_gated",
+                "feedback_effect", "feedback_sensitivity", "leakage_rate", "feedback_tokens", "feedback_share",
+                "gen_tokens", "trained_tokens", "flops", "wall_s"):
+        assert key in final, key
+    rows = [json.loads(l) for l in (trainer.run_dir.path / "eval_problems.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * 8 and {"t1", "t2", "t2_null"} <= set(rows[0])
+    assert final["gen_tokens"] > 0 and final["flops"] > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# resume after SIGKILL
+
+
+def _spec_file(tmp_path, ckpt, out):
+    d = minimal_spec()
+    d.update(name="resume", output_dir=str(out), seed=1)
+    d["policies"] = {"solver": {"model": "tiny", "path": str(ckpt), "lr": 3e-3}}
+    d["benchmark"] = {"name": "synthetic-arith", "eval_limit": 4, "verifier": "parity-test"}
+    d["algorithm"] = {"name": "grpo", "params": {"group_size": 4}}
+    d["backend"] = {"max_new_tokens": 10}
+    d["train"] = {"steps": 6, "problems_per_step": 2, "checkpoint_every": 2, "threads": 1}
+    d["eval"] = {"every": 3}
+    p = tmp_path / f"{out.name}.yaml"
+    p.write_text(yaml.safe_dump(d))
+    return p
+
+
+# The parity verifier is registered in the subprocess through a sitecustomize-free route: a
+# small launcher that registers it and then calls the CLI.
+LAUNCHER = """
+import sys
+from mlmt_bench import registry
+registry.verifiers.register("parity-test", "test_trainer_support:ParityVerifier", "parity (tests)")
+from mlmt_bench.cli import main
+sys.argv = ["mlmt-bench"] + sys.argv[1:]
+main()
+"""
+
+
+def _launch(tmp_path, args):
+    (tmp_path / "launch.py").write_text(LAUNCHER)
+    (tmp_path / "test_trainer_support.py").write_text(
+        "from mlmt_bench.types import Verdict\nfrom mlmt_bench.verifiers.base import Verifier\n"
+        "class ParityVerifier(Verifier):\n    def score(self, p, r):\n"
+        "        ok = len(r) % 2 == 0\n        return Verdict(float(ok), ok, r, 'ok' if ok else 'wrong')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    return subprocess.Popen([sys.executable, str(tmp_path / "launch.py"), "-q", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _final_state(run: Path):
+    from safetensors.torch import load_file
+
+    ckpt = sorted((run / "checkpoints").glob("step-*"))[-1]
+    weights = load_file(str(ckpt / "solver" / "model.safetensors"))
+    final = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    return ckpt.name, weights, final
+
+
+def test_sigkill_then_resume_matches_uninterrupted_run(tiny_ckpt, tmp_path):
+    full = _launch(tmp_path, ["run", str(_spec_file(tmp_path, tiny_ckpt, tmp_path / "full"))])
+    assert full.wait(timeout=300) == 0, full.stderr.read()
+    (full_run,) = (tmp_path / "full").iterdir()
+
+    proc = _launch(tmp_path, ["run", str(_spec_file(tmp_path, tiny_ckpt, tmp_path / "killed"))])
+    deadline = time.time() + 300
+    run = None
+    while time.time() < deadline:  # kill once step 3 is logged (after the checkpoint at step 2)
+        runs = list((tmp_path / "killed").glob("resume-*"))
+        if runs and (runs[0] / "metrics.jsonl").exists():
+            run = runs[0]
+            steps = [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines()
+                     if l.endswith("}") and '"train"' in l]
+            if 3 in steps:
+                break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert run is not None and json.loads((run / "manifest.json").read_text())["status"] == "running"
+
+    resumed = _launch(tmp_path, ["run", "--resume", str(run)])
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
+
+    name_a, w_a, m_a = _final_state(full_run)
+    name_b, w_b, m_b = _final_state(run)
+    assert name_a == name_b == "step-000006"
+    assert w_a.keys() == w_b.keys() and all(torch.equal(w_a[k], w_b[k]) for k in w_a)
+    strip = lambda recs: [{k: v for k, v in r.items() if k not in ("wall_s", "gen_tok_per_s", "train_tok_per_s",
+                                                                   "peak_mem_mb")} for r in recs]
+    assert strip(m_a) == strip(m_b)  # same records, every step exactly once
+    train_steps = [r["step"] for r in m_b if r["kind"] == "train"]
+    assert train_steps == [1, 2, 3, 4, 5, 6]
+    assert json.loads((run / "manifest.json").read_text())["status"] == "completed"
