@@ -1,0 +1,346 @@
+"""Run an untrusted program against trusted tests in an isolated, resource-limited process.
+
+Public API: :class:`Limits`, :class:`RunResult`, :func:`run_tests`, :func:`capabilities`.
+
+Each :func:`run_tests` call starts a throwaway *judge* process (``_sandbox_child.py``, a new
+session, run with ``python -I -S -B`` and a scrubbed environment). The judge forks the
+*candidate* process, which isolates itself and runs the program; the judge evaluates the tests
+and asks the candidate only for the values of candidate-dependent sub-expressions, so results
+cannot be forged from inside the candidate (see the module docstring of ``_sandbox_child``).
+
+Isolation used, depending on what :func:`capabilities` finds (all of it when running as root
+on Linux with namespaces allowed, as on this project's machines):
+
+==================  ===========================================================================
+``uid_drop``        a random unprivileged uid/gid per run (>= 10^9, no passwd entry), no
+                    supplementary groups, ``no_new_privs``: cannot signal or ptrace the host,
+                    RLIMIT_NPROC is enforced (it is not for root), set-uid binaries do nothing.
+``pidns``           the candidate is PID 1 of a new PID namespace: when it ends, the kernel
+                    kills every process it started (double fork, setsid, nohup included).
+``netns``           new network namespace with only a down loopback: no connect, no bind.
+``jail``            new mount/IPC/UTS namespaces; chroot into a private tmpfs holding read-only
+                    binds of /usr, /etc, the Python prefix, a minimal /dev and a fresh /proc;
+                    only /sandbox (the cwd), /tmp, /var/tmp, /dev/shm are writable and they vanish
+                    with the namespace. The rest of the host filesystem (datasets, this repo)
+                    is invisible.
+always              new session + process-group SIGKILL, RLIMIT_CPU/AS/FSIZE/NOFILE/NPROC/CORE,
+                    wall-clock deadline, stdout+stderr cap (the judge reads at most
+                    ``output_bytes`` then kills), stdin = /dev/null, scrubbed environment,
+                    Python audit hook refusing non-AF_UNIX sockets (reported as a violation).
+==================  ===========================================================================
+
+Without root (``uid_drop`` etc. unavailable) the fallback is weaker: the candidate runs as the
+host's user (it could signal same-user processes), leftover processes are found by an
+environment marker, the working directory is a host temp dir, and the network block is the
+Python-level audit hook only. ``capabilities()`` says which mode is active.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import stat
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+log = logging.getLogger(__name__)
+
+CHILD_SCRIPT = Path(__file__).with_name("_sandbox_child.py")
+MECHANISMS = ("uid_drop", "pidns", "netns", "jail")
+# MLMT_SANDBOX_DISABLE=jail,netns turns mechanisms off (tests of the fallback paths, debugging)
+DISABLE_ENV = "MLMT_SANDBOX_DISABLE"
+_WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-run limits. ``timeout_s`` covers loading the program and running all its tests."""
+
+    timeout_s: float = 10.0
+    memory_mb: int = 512  # RLIMIT_AS of each candidate process
+    nproc: int = 32  # processes + threads of the run (RLIMIT_NPROC of its private uid)
+    fsize_mb: int = 16  # largest file it may write (RLIMIT_FSIZE); its tmpfs is 4x this, >= 64 MB
+    output_bytes: int = 1 << 20  # stdout + stderr it may print before being killed
+    nofile: int = 256
+
+
+@dataclass
+class RunResult:
+    """What happened to one program.
+
+    status: ok (all tests evaluated) | load_error (exception while running the program or the
+            setup) | timeout | died (exited / killed by a signal before the tests finished) |
+            output_limit | protocol (garbage on the result channel) | sandbox_error (the
+            sandbox itself failed: not the candidate's fault).
+    """
+
+    status: str
+    passed: list[bool]
+    details: list[str]
+    error: str | None = None
+    error_type: str | None = None
+    violation: str | None = None
+    exit: str = ""
+    exit_signal: int = 0
+    mechanisms: list[str] = field(default_factory=list)
+    stdout: str = ""
+    stderr: str = ""
+    wall_s: float = 0.0
+    uid: int | None = None  # the run's private uid (None without uid_drop)
+    token: str = ""  # value of MLMT_SANDBOX in the run's environment
+
+    @property
+    def n_passed(self) -> int:
+        return sum(self.passed)
+
+
+_caps: dict[str, Any] | None = None
+_caps_lock = threading.Lock()
+_uid_lock = threading.Lock()
+_uids_in_use: set[int] = set()
+
+
+def _python() -> str:
+    return sys.executable or "python3"
+
+
+def capabilities(refresh: bool = False) -> dict[str, Any]:
+    """Which isolation mechanisms work here (probed once per process, in a child; cached).
+
+    Keys: root, uid_drop, pidns, netns, jail (bools), errors (why a mechanism is off).
+    ``MLMT_SANDBOX_DISABLE`` (comma-separated mechanism names) turns mechanisms off.
+    """
+    global _caps
+    with _caps_lock:
+        if _caps is None or refresh:
+            try:
+                out = subprocess.run([_python(), "-I", "-S", "-B", str(CHILD_SCRIPT), "--probe"],
+                                     capture_output=True, timeout=60, env=_base_env(""), cwd="/",
+                                     start_new_session=True)
+                caps = json.loads(out.stdout.decode().strip().splitlines()[-1])
+            except Exception as exc:  # noqa: BLE001 - no probe: fall back to the weakest mode
+                caps = {"root": False, "errors": {"probe": repr(exc)}}
+            for m in MECHANISMS:
+                caps[m] = bool(caps.get(m))
+            if not caps["uid_drop"]:
+                # a jail or namespaces without a uid drop would still run the candidate as root
+                for m in ("jail", "pidns"):
+                    caps[m] = False
+            _caps = caps
+        caps = dict(_caps)
+    disabled = {s.strip() for s in os.environ.get(DISABLE_ENV, "").split(",") if s.strip()}
+    for m in disabled & set(MECHANISMS):
+        caps[m] = False
+    if not caps["uid_drop"]:
+        caps["jail"] = caps["pidns"] = False
+    return caps
+
+
+def _base_env(token: str) -> dict[str, str]:
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+    if token:
+        env["MLMT_SANDBOX"] = token
+    return env
+
+
+def _alloc_uid() -> int:
+    with _uid_lock:
+        while True:
+            uid = 1_000_000_000 + secrets.randbelow(1_000_000_000)
+            if uid not in _uids_in_use:
+                _uids_in_use.add(uid)
+                return uid
+
+
+def _free_uid(uid: int) -> None:
+    with _uid_lock:
+        _uids_in_use.discard(uid)
+
+
+def _count_tasks_of(uid: int) -> int:
+    n = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as fh:
+                text = fh.read()
+        except OSError:
+            continue
+        real_uid = threads = None
+        for line in text.splitlines():
+            if line.startswith("Uid:"):
+                real_uid = int(line.split()[1])
+            elif line.startswith("Threads:"):
+                threads = int(line.split()[1])
+        if real_uid == uid:
+            n += threads or 1
+    return n
+
+
+def _frame(obj: Any) -> bytes:
+    data = json.dumps(obj).encode()
+    return struct.pack(">I", len(data)) + data
+
+
+def run_tests(program: str, tests: Sequence[str], setup: str = "", limits: Limits | None = None,
+              *, caps: dict[str, Any] | None = None) -> RunResult:
+    """Run ``program``, then ``setup``, then evaluate each test (a statement, usually an assert).
+
+    Never raises on anything the program does; returns a :class:`RunResult`.
+    """
+    limits = limits or Limits()
+    caps = caps if caps is not None else capabilities()
+    t0 = time.monotonic()
+    token = secrets.token_hex(16)
+    nonce = secrets.token_hex(16)
+    uid = _alloc_uid() if caps["uid_drop"] else None
+    workdir = None
+    if not caps["jail"]:
+        workdir = tempfile.mkdtemp(prefix="mlmt-sbx-")
+        os.chmod(workdir, 0o700)
+        if uid is not None:
+            os.chown(workdir, uid, uid)
+    if uid is not None:
+        nproc_abs = limits.nproc
+    else:  # RLIMIT_NPROC counts all tasks of the (shared) user
+        nproc_abs = _count_tasks_of(os.getuid()) + limits.nproc
+    cfg = {
+        "program": program, "setup": setup or "", "timeout_s": float(limits.timeout_s),
+        "cpu_s": int(limits.timeout_s) + 2, "memory_mb": int(limits.memory_mb),
+        "fsize_mb": int(limits.fsize_mb), "nofile": int(limits.nofile), "nproc_abs": int(nproc_abs),
+        "output_bytes": int(limits.output_bytes), "uid": uid, "token": token, "workdir": workdir,
+        "pidns": bool(caps["pidns"]), "netns": bool(caps["netns"]), "jail": bool(caps["jail"]),
+        "python": os.path.realpath(_python()),
+        "ro_paths": sorted({os.path.realpath(sys.base_prefix)} - {"/usr", "/"}),
+    }
+    payload = _frame(cfg) + _frame({"tests": list(tests), "nonce": nonce})
+    proc = None
+    out = b""
+    err = b""
+    hard_timeout = float(limits.timeout_s) + 10.0
+    try:
+        proc = subprocess.Popen(
+            [_python(), "-I", "-S", "-B", str(CHILD_SCRIPT)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True, close_fds=True, cwd="/", env=_base_env(token))
+        try:
+            out, err = proc.communicate(payload, timeout=hard_timeout)
+        except subprocess.TimeoutExpired:
+            _killpg(proc.pid)
+            out, err = proc.communicate()
+    except OSError as exc:
+        return _error_result(tests, f"cannot start the sandbox: {exc}", t0)
+    finally:
+        if proc is not None:
+            _killpg(proc.pid)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        _cleanup(caps, uid, token, workdir)
+        if uid is not None:
+            _free_uid(uid)
+    wall = time.monotonic() - t0
+    report = None
+    for line in reversed(out.decode("utf-8", "replace").splitlines()):
+        try:
+            report = json.loads(line)
+            break
+        except ValueError:
+            continue
+    if not isinstance(report, dict) or report.get("nonce") != nonce:
+        res = _error_result(tests, "sandbox judge failed: " + err.decode("utf-8", "replace")[-500:], t0)
+        if wall >= hard_timeout:
+            res.status, res.error = "timeout", "timeout (the judge did not answer)"
+        res.uid, res.token = uid, token
+        return res
+    return RunResult(
+        status=str(report["status"]), passed=[bool(p) for p in report["passed"]],
+        details=[str(d) for d in report["details"]], error=report.get("load_error"),
+        error_type=report.get("load_etype"), violation=report.get("violation"),
+        exit=str(report.get("exit") or ""), exit_signal=int(report.get("exit_signal") or 0),
+        mechanisms=list(report.get("mechanisms") or []), stdout=report.get("stdout", ""),
+        stderr=report.get("stderr", ""), wall_s=wall, uid=uid, token=token)
+
+
+def _error_result(tests: Sequence[str], msg: str, t0: float) -> RunResult:
+    return RunResult(status="sandbox_error", passed=[False] * len(tests), details=[""] * len(tests),
+                     error=msg, wall_s=time.monotonic() - t0)
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _cleanup(caps: dict[str, Any], uid: int | None, token: str, workdir: str | None) -> None:
+    """Kill whatever the run left behind and remove its files (belt and braces: with a PID
+    namespace and a jail the kernel has already done both)."""
+    if not caps["pidns"]:
+        try:
+            _kill_leftovers(uid, token)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("sandbox cleanup (processes) failed: %s", exc)
+    if workdir:
+        shutil.rmtree(workdir, ignore_errors=True)
+    if uid is not None and not caps["jail"]:
+        for d in _WORLD_WRITABLE:
+            try:
+                entries = list(os.scandir(d))
+            except OSError:
+                continue
+            for e in entries:
+                try:
+                    st = e.stat(follow_symlinks=False)
+                    if st.st_uid != uid:
+                        continue
+                    if stat.S_ISDIR(st.st_mode):
+                        shutil.rmtree(e.path, ignore_errors=True)
+                    else:
+                        os.unlink(e.path)
+                except OSError:
+                    pass
+
+
+def _kill_leftovers(uid: int | None, token: str) -> None:
+    import psutil
+
+    marker = f"MLMT_SANDBOX={token}".encode()
+    me = os.getpid()
+    for _round in range(20):
+        found = []
+        for p in psutil.process_iter(["uids"]):
+            if p.pid == me:
+                continue
+            try:
+                uids = p.info["uids"]
+                if uid is not None:
+                    if uids is not None and uid in (uids.real, uids.effective, uids.saved):
+                        found.append(p)
+                elif uids is not None and uids.real == os.getuid():
+                    with open(f"/proc/{p.pid}/environ", "rb") as fh:
+                        if marker in fh.read().split(b"\0"):
+                            found.append(p)
+            except (OSError, psutil.Error):
+                continue
+        if not found:
+            return
+        for p in found:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        time.sleep(0.01)

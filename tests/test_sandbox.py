@@ -1,0 +1,519 @@
+"""Attacks on the code sandbox. Each one must give reward 0 (or an honest partial reward), the
+right verdict kind, return within the time limit plus a small margin, leave no process, file or
+directory behind, and leave the host unharmed."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from mlmt_bench.verifiers import sandbox
+from mlmt_bench.verifiers._sandbox_child import decode_value, encode_value, Opaque
+from mlmt_bench.verifiers.code import verdict_from_run
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox needs Linux")
+
+MARGIN_S = 3.0
+CAPS = sandbox.capabilities()
+needs_root_isolation = pytest.mark.skipif(not CAPS["uid_drop"], reason="needs root (uid drop)")
+
+
+def _sandbox_dirs() -> set[str]:
+    return {p.name for p in Path(tempfile.gettempdir()).glob("mlmt-sbx-*")}
+
+
+def _procs_of(run: sandbox.RunResult) -> list[psutil.Process]:
+    """Processes that belong to the run: its private uid, or its environment marker."""
+    marker = f"MLMT_SANDBOX={run.token}".encode()
+    found = []
+    for p in psutil.process_iter(["uids"]):
+        try:
+            uids = p.info["uids"]
+            if run.uid is not None and uids is not None and run.uid in (uids.real, uids.effective, uids.saved):
+                found.append(p)
+                continue
+            with open(f"/proc/{p.pid}/environ", "rb") as fh:
+                if marker in fh.read().split(b"\0"):
+                    found.append(p)
+        except (OSError, psutil.Error):
+            continue
+    return found
+
+
+def _files_of(uid: int | None) -> list[str]:
+    if uid is None:
+        return []
+    out = []
+    for d in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock"):
+        try:
+            for e in os.scandir(d):
+                try:
+                    if e.stat(follow_symlinks=False).st_uid == uid:
+                        out.append(e.path)
+                except OSError:
+                    pass
+        except OSError:
+            pass
+    return out
+
+
+def attack(program: str, tests=("assert f(1) == 2", "assert f(2) == 3"), *, timeout_s: float = 5.0,
+           markers: tuple[str, ...] = (), setup: str = "", caps=None, **limits):
+    """Run a hostile program; check time, leftovers and host health; return (verdict, run)."""
+    program = textwrap.dedent(program)
+    dirs_before = _sandbox_dirs()
+    host_children_before = {c.pid for c in psutil.Process().children(recursive=True)}
+    t0 = time.monotonic()
+    run = sandbox.run_tests(program, list(tests), setup, sandbox.Limits(timeout_s=timeout_s, **limits), caps=caps)
+    elapsed = time.monotonic() - t0
+    verdict = verdict_from_run(run, program)
+    assert elapsed < timeout_s + MARGIN_S, f"took {elapsed:.1f}s"
+    assert run.status != "sandbox_error", run.error
+    assert 0.0 <= verdict.reward <= 1.0
+    leftovers = _procs_of(run)
+    assert not leftovers, f"processes left behind: {[(p.pid, p.name()) for p in leftovers]}"
+    new_children = {c.pid for c in psutil.Process().children(recursive=True)} - host_children_before
+    assert not new_children, f"host has new child processes {new_children}"
+    for m in markers:
+        assert not os.path.lexists(m), f"{m} was left behind"
+    assert _sandbox_dirs() <= dirs_before, "a sandbox working directory was left behind"
+    assert not _files_of(run.uid), f"files of the sandbox uid left: {_files_of(run.uid)}"
+    assert psutil.Process().is_running()
+    return verdict, run
+
+
+# ------------------------------------------------------------------------------ attacks
+
+
+def test_infinite_loop():
+    v, run = attack("while True:\n    pass\n", timeout_s=1.5)
+    assert (v.kind, v.reward) == ("timeout", 0.0)
+
+
+def test_infinite_loop_in_one_test_keeps_honest_partial_credit():
+    v, _ = attack("""
+        def f(x):
+            while x == 2:
+                pass
+            return x + 1
+        """, tests=("assert f(1) == 2", "assert f(2) == 3"), timeout_s=1.5)
+    assert v.kind == "timeout" and v.reward == 0.5
+
+
+def test_fork_bomb_is_contained():
+    peak: dict[int, int] = {}
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            counts: dict[int, int] = {}
+            for p in psutil.process_iter(["uids"]):
+                u = p.info["uids"]
+                if u is not None and u.real >= 1_000_000_000:
+                    counts[u.real] = counts.get(u.real, 0) + 1
+            for u, n in counts.items():
+                peak[u] = max(peak.get(u, 0), n)
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        v, run = attack("""
+            import os
+            while True:
+                try:
+                    os.fork()
+                except OSError:
+                    pass
+            """, timeout_s=2.0, nproc=16)
+    finally:
+        stop.set()
+        watcher.join()
+    assert v.reward == 0.0 and v.kind == "timeout"
+    if run.uid is not None:
+        assert peak.get(run.uid, 0) <= 16, peak
+
+
+def test_ten_gigabyte_allocation():
+    v, _ = attack("x = bytearray(10 * 1024 ** 3)\ndef f(x):\n    return x + 1\n")
+    assert (v.kind, v.reward) == ("sandbox_violation", 0.0)
+    assert "memory" in v.detail
+
+
+def test_ten_gigabyte_allocation_inside_the_tested_function():
+    v, _ = attack("def f(x):\n    return len(bytearray(10 * 1024 ** 3)) + x\n")
+    assert (v.kind, v.reward) == ("sandbox_violation", 0.0)
+
+
+def test_one_gigabyte_print_hits_the_output_cap():
+    v, run = attack("""
+        import sys
+        chunk = "x" * (1 << 20)
+        for _ in range(1024):
+            sys.stdout.write(chunk)
+        def f(x):
+            return x + 1
+        """)
+    assert (v.kind, v.reward) == ("sandbox_violation", 0.0)
+    assert "output" in v.detail
+    assert len(run.stdout) <= 4096  # only a tail is kept
+
+
+def test_big_file_write_hits_the_file_size_limit():
+    v, _ = attack("""
+        with open("big.bin", "wb") as fh:
+            for _ in range(64):
+                fh.write(b"x" * (1 << 20))
+        def f(x):
+            return x + 1
+        """, fsize_mb=4)
+    assert v.reward == 0.0 and v.kind == "sandbox_violation"
+
+
+def test_deep_recursion():
+    v, _ = attack("""
+        import sys
+        sys.setrecursionlimit(10 ** 8)
+        def f(n):
+            return f(n + 1) + 1
+        """, timeout_s=3.0, memory_mb=256)
+    assert v.reward == 0.0 and v.kind in ("wrong", "crash", "timeout", "sandbox_violation")
+
+
+def test_plain_recursion_error_is_a_wrong_answer():
+    v, _ = attack("def f(n):\n    return f(n + 1)\n")
+    assert (v.kind, v.reward) == ("wrong", 0.0) and "RecursionError" in v.detail
+
+
+def test_killing_the_parent_and_everything_else_harms_no_host_process():
+    sentinel = subprocess.Popen(["sleep", "60"])
+    try:
+        v, run = attack(f"""
+            import os, signal
+            for pid in [os.getppid(), -1, 0, 1, {os.getpid()}, {sentinel.pid}, {os.getppid()}]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except Exception:
+                    pass
+            for name in os.listdir("/proc"):
+                if name.isdigit() and int(name) != os.getpid():
+                    try:
+                        os.kill(int(name), signal.SIGKILL)
+                    except Exception:
+                        pass
+            def f(x):
+                return x
+            """)
+        assert sentinel.poll() is None, "the sandbox killed a host process"
+        assert v.reward == 0.0 and v.kind in ("wrong", "crash")
+    finally:
+        sentinel.kill()
+        sentinel.wait()
+
+
+def test_writing_outside_the_working_directory_fails_or_is_undone():
+    tag = secrets.token_hex(6)
+    targets = [f"/tmp/mlmt_escape_{tag}", f"/var/tmp/mlmt_escape_{tag}", f"/dev/shm/mlmt_escape_{tag}",
+               f"/tmp/mlmt_escape_dir_{tag}", f"{Path.cwd()}/mlmt_escape_{tag}",
+               f"{Path(__file__).parent}/mlmt_escape_{tag}", f"/root/mlmt_escape_{tag}",
+               f"/mlmt_escape_{tag}", f"/run/lock/mlmt_escape_{tag}"]
+    v, run = attack(f"""
+        import os
+        for path in {targets!r}:
+            try:
+                if "dir" in os.path.basename(path):
+                    os.makedirs(path + "/sub")
+                    open(path + "/sub/f", "w").write("x")
+                else:
+                    with open(path, "w") as fh:
+                        fh.write("escaped")
+            except Exception:
+                pass
+        open("inside.txt", "w").write("fine")  # its own directory is writable
+        def f(x):
+            return x
+        """, markers=tuple(targets))
+    assert v.reward == 0.0 and v.kind == "wrong"
+
+
+def test_opening_a_socket_connect_and_bind():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(5)
+    server.setblocking(False)
+    port = server.getsockname()[1]
+    try:
+        v, _ = attack(f"""
+            import socket
+            ok = []
+            try:
+                s = socket.create_connection(("127.0.0.1", {port}), timeout=1)
+                s.sendall(b"escaped")
+                ok.append("connect")
+            except Exception:
+                pass
+            try:
+                b = socket.socket()
+                b.bind(("127.0.0.1", 0))
+                b.listen(1)
+                ok.append("bind")
+            except Exception:
+                pass
+            def f(x):
+                return x + 1
+            """)
+        assert (v.kind, v.reward) == ("sandbox_violation", 0.0)
+        assert "network" in v.detail
+        with pytest.raises(BlockingIOError):
+            server.accept()
+    finally:
+        server.close()
+
+
+@pytest.mark.skipif(not CAPS["netns"], reason="needs a network namespace")
+def test_socket_from_a_fresh_interpreter_without_the_audit_hook_still_has_no_network():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(5)
+    server.setblocking(False)
+    port = server.getsockname()[1]
+    try:
+        v, run = attack(f"""
+            import subprocess, sys
+            r = subprocess.run([sys.executable, "-I", "-c",
+                "import socket; socket.create_connection(('127.0.0.1', {port}), timeout=1); print('CONNECTED')"],
+                capture_output=True, text=True)
+            print(r.stdout, r.stderr[-200:])
+            def f(x):
+                return x
+            """)
+        assert "CONNECTED" not in run.stdout
+        assert v.reward == 0.0
+        with pytest.raises(BlockingIOError):
+            server.accept()
+    finally:
+        server.close()
+
+
+def test_sys_exit_before_the_tests():
+    v, _ = attack("import sys\ndef f(x):\n    return x + 1\nsys.exit(0)\n")
+    assert (v.kind, v.reward) == ("crash", 0.0)
+
+
+def test_os_exit_before_the_tests():
+    v, _ = attack("import os\ndef f(x):\n    return x + 1\nos._exit(0)\n")
+    assert (v.kind, v.reward) == ("crash", 0.0)
+
+
+def test_os_exit_inside_the_tested_function():
+    v, _ = attack("import os\ndef f(x):\n    os._exit(0)\n")
+    assert (v.kind, v.reward) == ("crash", 0.0)
+
+
+def test_monkeypatching_assert_builtins_and_eq_cannot_fake_a_pass():
+    v, run = attack("""
+        import builtins, math, sys, gc
+
+        class Liar(int):
+            def __eq__(self, other): return True
+            def __ne__(self, other): return False
+            __hash__ = int.__hash__
+
+        class Anything:
+            def __eq__(self, other): return True
+            def __ne__(self, other): return False
+            def __bool__(self): return True
+            def __len__(self): return 1
+            def __iter__(self): return iter([2])
+            def __float__(self): return 2.0
+            def __lt__(self, other): return True
+            __gt__ = __le__ = __ge__ = __lt__
+            __hash__ = object.__hash__
+
+        class NoAssert(Exception):
+            pass
+
+        builtins.AssertionError = NoAssert
+        builtins.print = lambda *a, **k: None
+        builtins.isinstance = lambda *a: True
+        builtins.set = lambda *a: {2}
+        builtins.sorted = lambda *a, **k: [2]
+        math.isclose = lambda *a, **k: True
+        sys.modules["math"] = math
+        __builtins__ = {"True": True}
+
+        def f(x):
+            if x == 1:
+                return Liar(7)
+            if x == 2:
+                return Anything()
+            return [Anything()]
+        """, tests=("assert f(1) == 2", "assert f(2) == 3", "assert math.isclose(f(2), 2.5)",
+                    "assert set(f(3)) == {5}", "assert sorted(f(3)) == [6]", "assert f(2) == f(1)",
+                    "assert not (f(1) != 2)", "assert isinstance(f(2), int) and f(2) == 9"))
+    assert (v.kind, v.reward) == ("wrong", 0.0), (v, run.details)
+
+
+def test_inspecting_frames_and_memory_finds_no_expected_value():
+    secret = 10 ** 17 + secrets.randbelow(10 ** 17)
+    v, run = attack(f"""
+        import gc, sys, re
+        def _hunt():
+            found = set()
+            f = sys._getframe(1)
+            while f is not None:
+                for d in (f.f_locals, f.f_globals):
+                    for val in list(d.values()):
+                        found.update(re.findall(r"\\d{{18}}", repr(val)[:100000]))
+                found.update(re.findall(r"\\d{{18}}", repr(f.f_code.co_consts)))
+                f = f.f_back
+            for o in gc.get_objects():
+                if isinstance(o, (str, bytes, int)):
+                    found.update(re.findall(r"\\d{{18}}", str(o)[:10000]))
+            return [int(x) for x in found if x != "{10 ** 17}"]
+        def f(x):
+            got = _hunt()
+            return got[0] if got else 0
+        """, tests=(f"assert f(0) == {secret}",))
+    assert (v.kind, v.reward) == ("wrong", 0.0)
+
+
+def test_reading_the_tests_file_finds_nothing():
+    secret = 10 ** 17 + secrets.randbelow(10 ** 17)
+    data_file = "/work/shared/data/mbpp.jsonl"
+    v, run = attack(f"""
+        import os, re
+        hits = []
+        def scan(path):
+            try:
+                with open(path, "rb") as fh:
+                    data = fh.read(1 << 20)
+            except Exception:
+                return
+            hits.extend(int(x) for x in re.findall(rb"\\d{{18}}", data))
+        for root in [os.getcwd(), "/tmp", "/var/tmp", "/dev/shm", "/sandbox"]:
+            for dirpath, _dirs, files in os.walk(root):
+                for name in files:
+                    scan(os.path.join(dirpath, name))
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                for what in ("cmdline", "environ", "fd/0", "fd/3"):
+                    scan(f"/proc/{{pid}}/{{what}}")
+        for fd in range(64):
+            try:
+                os.set_blocking(fd, False)
+                hits.extend(int(x) for x in re.findall(rb"\\d{{18}}", os.read(fd, 1 << 16)))
+            except Exception:
+                pass
+        print("DATA_READABLE" if os.access({data_file!r}, os.R_OK) else "DATA_HIDDEN", flush=True)
+        def f(x):
+            return hits[0] if hits else 0
+        """, tests=(f"assert f(0) == {secret}",))
+    assert v.reward == 0.0 and v.kind in ("wrong", "crash")
+    assert str(secret) not in run.stdout
+    if CAPS["jail"] and os.path.exists(data_file):
+        assert "DATA_HIDDEN" in run.stdout
+
+
+def test_background_processes_are_killed():
+    tag = secrets.token_hex(6)
+    late = f"/tmp/mlmt_late_{tag}"
+    v, run = attack(f"""
+        import os, subprocess, sys, time
+        subprocess.Popen(["sleep", "60"], start_new_session=True)
+        subprocess.Popen(["nohup", "sleep", "60"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if os.fork() == 0:          # classic daemon: double fork + setsid
+            os.setsid()
+            if os.fork() == 0:
+                signal_safe = True
+                time.sleep(1.0)
+                with open({late!r}, "w") as fh:
+                    fh.write("still alive")
+                time.sleep(60)
+            os._exit(0)
+        def f(x):
+            return x
+        """, markers=(late,))
+    assert (v.kind, v.reward) == ("wrong", 0.0)
+    time.sleep(1.5)  # the daemon would have written its file by now
+    assert not os.path.exists(late)
+    assert not _procs_of(run)
+
+
+# ------------------------------------------------------------------------------ fallback mode
+
+
+@needs_root_isolation
+@pytest.mark.parametrize("program,kind", [
+    ("import os, subprocess\nsubprocess.Popen(['sleep', '60'], start_new_session=True)\n"
+     "if os.fork() == 0:\n    os.setsid()\n    import time; time.sleep(60)\ndef f(x):\n    return x\n", "wrong"),
+    ("import socket\nsocket.socket().connect(('127.0.0.1', 9))\n", "sandbox_violation"),
+    ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n", "timeout"),
+])
+def test_uid_drop_alone_still_contains_the_attack(program, kind):
+    """Without namespaces or jail (only the private uid): the uid reaper and file sweep act."""
+    caps = dict(CAPS, pidns=False, netns=False, jail=False)
+    tag = secrets.token_hex(6)
+    marker = f"/tmp/mlmt_fallback_{tag}"
+    program = f"try:\n    open({marker!r}, 'w').write('x')\nexcept Exception:\n    pass\n" + program
+    v, run = attack(program, timeout_s=1.5, markers=(marker,), caps=caps)
+    assert (v.kind, v.reward) == (kind, 0.0)
+    assert "uid_drop" in run.mechanisms and "netns" not in run.mechanisms
+
+
+# ------------------------------------------------------------------------------ plumbing
+
+
+def test_mechanisms_reported():
+    run = sandbox.run_tests("def f(x):\n    return x\n", ["assert f(1) == 1"])
+    assert run.passed == [True]
+    assert "rlimits" in run.mechanisms and "audit_hook_no_sockets" in run.mechanisms
+    for m, name in (("uid_drop", "uid_drop"), ("pidns", "pidns"), ("netns", "netns"), ("jail", "mntns_chroot_jail")):
+        assert (name in run.mechanisms) == CAPS[m]
+
+
+def test_value_encoding_round_trip():
+    import collections
+    import decimal
+    import fractions
+
+    values = [None, True, 3, -(1 << 80), 2.5, float("inf"), 1 + 2j, "s\udcff", b"\x00", bytearray(b"ab"),
+              [1, (2, 3)], {"a": {1, 2}}, frozenset({1}), range(1, 9, 2), collections.Counter("aab"),
+              collections.OrderedDict(a=1), collections.deque([1, 2], 5), decimal.Decimal("1.10"),
+              fractions.Fraction(1, 3)]
+    for v in values:
+        assert decode_value(encode_value(v)) == v
+    assert list(decode_value(encode_value(iter([1, 2])))) == [1, 2]
+    opaque = decode_value(encode_value(object()))
+    assert isinstance(opaque, Opaque) and bool(opaque) and opaque != opaque.__class__("object", True)
+
+
+@pytest.mark.parametrize("bad", [["L", ["I", "zz"]], ["D", 1], ["X"], {"a": 1}, ["S", ["L"]], ["OBJ", "x", 3]])
+def test_decoding_rejects_malformed_values(bad):
+    with pytest.raises((ValueError, TypeError)):
+        decode_value(bad)
+
+
+def test_parallel_runs_do_not_interfere():
+    from concurrent.futures import ThreadPoolExecutor
+
+    progs = [(f"def f(x):\n    return x + {i}\n", [f"assert f(1) == {i + 1}", f"assert f(2) == {i + 2 + i % 2}"])
+             for i in range(8)]
+    with ThreadPoolExecutor(4) as ex:
+        runs = list(ex.map(lambda a: sandbox.run_tests(*a, limits=sandbox.Limits(timeout_s=5)), progs))
+    assert [r.passed for r in runs] == [[True, i % 2 == 0] for i in range(8)]
+    uids = [r.uid for r in runs]
+    if CAPS["uid_drop"]:
+        assert len(set(uids)) == len(uids)
