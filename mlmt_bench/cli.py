@@ -202,6 +202,32 @@ def report(
     _emit(summary, lambda: typer.echo(f"wrote {', '.join(summary['files'].values())}"))
 
 
+@app.command()
+@_user_errors
+def sweep(
+    spec: Path = typer.Argument(..., metavar="SWEEP.yaml", help="Sweep spec (YAML): a run spec and a search space."),
+    n_trials: Optional[int] = typer.Option(None, "--n-trials", "-n", min=1,
+                                           help="Complete + pruned trials in total (default: the spec's n_trials)."),
+    storage: Optional[str] = typer.Option(None, "--storage", help="Optuna storage URL (default: SQLite in the sweep's "
+                                          "output dir); postgresql+psycopg2://... to share a study between machines."),
+    study: Optional[str] = typer.Option(None, "--study", help="Study name (default: the sweep's name)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Sampler seed (default: random)."),
+    overrides: Optional[list[str]] = SetOption,
+) -> None:
+    """Tune a run spec with Optuna; running the same command again resumes the study.
+
+    Writes <output_dir>/<name>/ (output_dir of the run spec, name of the sweep): the study <name>.db, trials/ with one run directory per trial, and <study>-best.yaml, the run spec with the best parameters. --set applies to the run spec.
+    """
+    from mlmt_bench.sweep import print_summary, run_sweep
+
+    result = run_sweep(spec, n_trials=n_trials, storage=storage, study_name=study, seed=seed,
+                       overrides=overrides or [], progress=not state.quiet)
+    _emit(result, lambda: print_summary(result))
+    if result.get("stopped"):
+        sys.stderr.write(f"error: sweep stopped: {result['stopped']}\n")
+        raise typer.Exit(1)
+
+
 def main() -> None:
     app()
 
