@@ -1,0 +1,448 @@
+"""Finding and reading benchmark data files.
+
+:func:`load_records` returns a dataset's rows as a list of dicts with the upstream field
+names (the same shape whether the rows came from a local file or from the Hugging Face
+hub). It looks, in this order, in:
+
+1. the benchmark's ``path`` option: a data file, or a directory holding one;
+2. the directory named by ``$MLMT_BENCH_DATA``;
+3. the data shipped with the repository (:func:`shipped_dirs`): ``<repo>/../shared/data``,
+   ``<repo>/tests/data``, ``<repo>/data`` and ``mlmt_bench/data``;
+4. the Hugging Face hub, through ``datasets.load_dataset`` with the upstream dataset names
+   (skipped when ``HF_HUB_OFFLINE=1`` or ``HF_DATASETS_OFFLINE=1``).
+
+An explicit ``path`` that does not hold the file is an error (it is never silently
+replaced by another copy). If nothing is found, the :class:`~mlmt_bench.errors.UserError`
+names every place searched, on one line.
+
+Readers accept plain or gzip-compressed files (detected by content) in three formats:
+JSON Lines (``.jsonl``), a JSON array of objects (``.json``) and CSV with a header row
+(``.csv``; fields may contain newlines). A corrupt or truncated file gives a one-line
+``UserError`` naming the file and the line. Rows are never echoed in messages (GPQA asks
+that its questions not be published).
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import os
+import threading
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from mlmt_bench.benchmarks.base import Benchmark
+from mlmt_bench.errors import UserError
+from mlmt_bench.types import Problem
+
+ENV_VAR = "MLMT_BENCH_DATA"
+OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def shipped_dirs() -> list[Path]:
+    """Directories searched after ``$MLMT_BENCH_DATA``: the data that comes with the repo."""
+    return [
+        (_REPO_ROOT / ".." / "shared" / "data").resolve(),
+        _REPO_ROOT / "tests" / "data",
+        _REPO_ROOT / "data",
+        Path(__file__).resolve().parents[1] / "data",
+    ]
+
+
+@dataclass(frozen=True)
+class HubSource:
+    """Where the same rows live on the Hugging Face hub.
+
+    ``splits``: the hub splits to concatenate (in this order, then sorted by ``sort_key``
+    when given), so that e.g. MBPP's four hub splits become the 974 rows of ``mbpp.jsonl``.
+    ``convert``: turns one hub row into the local file's row shape (default: ``dict(row)``).
+    """
+
+    path: str
+    name: str | None
+    splits: tuple[str, ...]
+    sort_key: str | None = None
+    convert: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """One dataset: its local file name(s), the columns every row must have, the hub copy."""
+
+    benchmark: str
+    filenames: tuple[str, ...]
+    required: tuple[str, ...]
+    hub: HubSource | None = None
+    extra_names: tuple[str, ...] = field(default=())  # other accepted names in a directory
+
+    def candidates(self) -> tuple[str, ...]:
+        return self.filenames + self.extra_names
+
+
+# ---------------------------------------------------------------------------------------
+# Readers
+# ---------------------------------------------------------------------------------------
+
+
+def _is_gzip(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    if _is_gzip(path):
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
+    return open(path, encoding="utf-8", newline="")
+
+
+def _format_of(path: Path) -> str:
+    name = path.name.lower()
+    if name.endswith(".gz"):
+        name = name[:-3]
+    for ext, fmt in ((".jsonl", "jsonl"), (".ndjson", "jsonl"), (".json", "json"), (".csv", "csv")):
+        if name.endswith(ext):
+            return fmt
+    raise UserError(f"{path}: unknown data file type (expected .jsonl, .json or .csv, optionally .gz)")
+
+
+_DECODE_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error, UnicodeDecodeError, OSError)
+
+
+def _decode_error(path: Path, line: int, exc: BaseException) -> UserError:
+    if isinstance(exc, EOFError):
+        why = "file is truncated (compressed stream ended early)"
+    elif isinstance(exc, UnicodeDecodeError):
+        why = "not valid UTF-8"
+    else:
+        why = f"cannot be read ({type(exc).__name__}: {exc})"
+    return UserError(f"{path}:{line}: corrupt data file: {why}".replace("\n", " "))
+
+
+def _check_row(path: Path, line: int, row: Any, required: Sequence[str]) -> dict[str, Any]:
+    if not isinstance(row, dict):
+        raise UserError(f"{path}:{line}: expected a JSON object per record, got {type(row).__name__}")
+    missing = [k for k in required if k not in row]
+    if missing:
+        raise UserError(f"{path}:{line}: record lacks field(s) {', '.join(missing)}")
+    return row
+
+
+def read_jsonl(path: Path, required: Sequence[str] = ()) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    lineno = 0
+    try:
+        with _open_text(path) as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise UserError(f"{path}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+                rows.append(_check_row(path, lineno, row, required))
+    except UserError:
+        raise
+    except _DECODE_ERRORS as exc:
+        raise _decode_error(path, lineno + 1, exc) from None
+    return rows
+
+
+def read_json_array(path: Path, required: Sequence[str] = ()) -> list[dict[str, Any]]:
+    try:
+        with _open_text(path) as f:
+            text = f.read()
+    except _DECODE_ERRORS as exc:
+        raise _decode_error(path, 1, exc) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(data, list):
+        raise UserError(f"{path}:1: expected a JSON array of records, got a JSON {type(data).__name__}")
+    # line of each element, for messages: count newlines up to each top-level element
+    rows = []
+    for i, row in enumerate(data):
+        if not isinstance(row, dict) or any(k not in row for k in required):
+            line = _array_element_line(text, i)
+            _check_row(path, line, row, required)
+        rows.append(row)
+    return rows
+
+
+def _array_element_line(text: str, index: int) -> int:
+    """1-based line where the ``index``-th element of a top-level JSON array starts."""
+    dec = json.JSONDecoder()
+    pos = text.index("[") + 1
+    for i in range(index + 1):
+        while text[pos] in " \t\r\n,":
+            pos += 1
+        if i == index:
+            return text.count("\n", 0, pos) + 1
+        _, pos = dec.raw_decode(text, pos)
+    return 1
+
+
+def read_csv(path: Path, required: Sequence[str] = ()) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    line = 1
+    try:
+        with _open_text(path) as f:
+            reader = csv.reader(f)
+            try:
+                header = next(reader)
+            except StopIteration:
+                raise UserError(f"{path}:1: empty CSV file (no header row)") from None
+            missing = [k for k in required if k not in header]
+            if missing:
+                raise UserError(f"{path}:1: CSV header lacks column(s) {', '.join(missing)}")
+            line = reader.line_num
+            for fields in reader:
+                start = line + 1
+                line = reader.line_num
+                if not fields or (len(fields) == 1 and not fields[0].strip()):
+                    continue
+                if len(fields) != len(header):
+                    raise UserError(
+                        f"{path}:{start}: CSV record has {len(fields)} field(s), the header has "
+                        f"{len(header)} (truncated or corrupt file?)"
+                    )
+                rows.append(dict(zip(header, fields)))
+    except UserError:
+        raise
+    except csv.Error as exc:
+        raise UserError(f"{path}:{line + 1}: corrupt CSV ({exc})") from None
+    except _DECODE_ERRORS as exc:
+        raise _decode_error(path, line + 1, exc) from None
+    return rows
+
+
+_READERS = {"jsonl": read_jsonl, "json": read_json_array, "csv": read_csv}
+
+_cache: dict[tuple[str, int, int, tuple[str, ...]], list[dict[str, Any]]] = {}
+_cache_lock = threading.Lock()
+
+
+def read_records(path: Path, required: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Rows of a local data file (cached per path, size and mtime; treat as read-only)."""
+    path = Path(path)
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read data file ({exc.strerror or exc})") from None
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, tuple(required))
+    with _cache_lock:
+        if key in _cache:
+            return _cache[key]
+    rows = _READERS[_format_of(path)](path, required)
+    with _cache_lock:
+        _cache[key] = rows
+    return rows
+
+
+# ---------------------------------------------------------------------------------------
+# Discovery
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Found:
+    rows: list[dict[str, Any]]
+    origin: str  # a file path, or "hf://<dataset>[/<config>]"
+
+
+def _find_in_dir(directory: Path, spec: DataSpec) -> Path | None:
+    for name in spec.candidates():
+        p = directory / name
+        if p.is_file():
+            return p
+    return None
+
+
+def _offline_var() -> str | None:
+    """``"HF_HUB_OFFLINE=1"`` (as set) when an offline variable is on, else None."""
+    for var in OFFLINE_VARS:
+        value = os.environ.get(var, "").strip()
+        if value.lower() in ("1", "true", "yes", "on"):
+            return f"{var}={value}"
+    return None
+
+
+def _load_hub(hub: HubSource) -> list[dict[str, Any]]:
+    import datasets  # looked up at call time, so tests can monkeypatch datasets.load_dataset
+
+    rows: list[dict[str, Any]] = []
+    for split in hub.splits:
+        if hub.name is None:
+            ds = datasets.load_dataset(hub.path, split=split)
+        else:
+            ds = datasets.load_dataset(hub.path, hub.name, split=split)
+        for row in ds:
+            row = dict(row)
+            rows.append(hub.convert(row) if hub.convert else row)
+    if hub.sort_key:
+        rows.sort(key=lambda r: r[hub.sort_key])
+    return rows
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    msg = text[0] if text else ""
+    return f"{type(exc).__name__}: {msg}"[:200] if msg else type(exc).__name__
+
+
+def load_records(spec: DataSpec, path: str | os.PathLike[str] | None = None) -> Found:
+    """Rows of ``spec`` from the first place that has them (see the module docstring)."""
+    want = " or ".join(spec.filenames)
+    # 1. explicit path
+    if path is not None and str(path) != "":
+        p = Path(path).expanduser()
+        if p.is_file():
+            return Found(read_records(p, spec.required), str(p))
+        if p.is_dir():
+            f = _find_in_dir(p, spec)
+            if f is not None:
+                return Found(read_records(f, spec.required), str(f))
+            raise UserError(f"benchmark {spec.benchmark}: {want} not found in path {p}")
+        raise UserError(f"benchmark {spec.benchmark}: path {p} does not exist")
+    searched: list[str] = []
+    # 2. $MLMT_BENCH_DATA
+    env = os.environ.get(ENV_VAR, "")
+    if env:
+        d = Path(env).expanduser()
+        f = _find_in_dir(d, spec) if d.is_dir() else None
+        if f is not None:
+            return Found(read_records(f, spec.required), str(f))
+        searched.append(f"${ENV_VAR}={d}" + ("" if d.is_dir() else " (not a directory)"))
+    else:
+        searched.append(f"${ENV_VAR} (not set)")
+    # 3. shipped data
+    for d in shipped_dirs():
+        f = _find_in_dir(d, spec) if d.is_dir() else None
+        if f is not None:
+            return Found(read_records(f, spec.required), str(f))
+        searched.append(str(d))
+    # 4. Hugging Face hub
+    hub = spec.hub
+    if hub is None:
+        searched.append("Hugging Face hub (no hub copy)")
+    else:
+        where = hub.path + (f" ({hub.name})" if hub.name else "")
+        off = _offline_var()
+        if off:
+            searched.append(f"Hugging Face hub {where} (skipped: {off})")
+        else:
+            try:
+                rows = _load_hub(hub)
+            except UserError:
+                raise
+            except Exception as exc:  # offline, gated, not installed ...
+                searched.append(f"Hugging Face hub {where} ({_first_line(exc)})")
+            else:
+                missing = [k for k in spec.required if rows and k not in rows[0]]
+                if missing:
+                    raise UserError(f"benchmark {spec.benchmark}: hub dataset {where} lacks field(s) {', '.join(missing)}")
+                return Found(rows, f"hf://{hub.path}" + (f"/{hub.name}" if hub.name else ""))
+    raise UserError(
+        f"benchmark {spec.benchmark}: data file {want} not found; searched: {'; '.join(searched)}. "
+        f"Pass the benchmark option path=FILE_OR_DIR or set ${ENV_VAR}"
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Deterministic helpers shared by the benchmarks
+# ---------------------------------------------------------------------------------------
+
+
+def stable_hash(*parts: Any) -> int:
+    """A 64-bit hash of ``parts`` that is the same in every process (unlike ``hash()``)."""
+    import hashlib
+
+    text = "\x1f".join(str(p) for p in parts)
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
+
+
+def seeded_split(ids: Iterable[str], seed: int, eval_fraction: float, salt: str) -> tuple[set[str], set[str]]:
+    """Split ``ids`` into (train, eval) sets for a seed: an id goes to eval when
+    ``stable_hash(salt, seed, id) / 2**64 < eval_fraction``.
+
+    Each id's side depends only on (salt, seed, id), not on the other ids, so the split of an
+    item never changes when a file gains or loses rows, and GPQA diamond/main/extended (which
+    share record ids and the salt "gpqa") put a shared question on the same side. The eval
+    share is therefore close to, not exactly, ``eval_fraction``.
+    """
+    train: set[str] = set()
+    held: set[str] = set()
+    for i in ids:
+        (held if stable_hash(salt, seed, i) < eval_fraction * 2.0**64 else train).add(i)
+    return train, held
+
+
+def check_fraction(benchmark: str, value: Any) -> float:
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        raise UserError(f"benchmark {benchmark}: eval_fraction must be a number in (0, 1), got {value!r}") from None
+    if not 0.0 < f < 1.0:
+        raise UserError(f"benchmark {benchmark}: eval_fraction must be in (0, 1), got {value!r}")
+    return f
+
+
+# ---------------------------------------------------------------------------------------
+# Base class of the benchmarks that only have a test set upstream (MATH-500, GSM8K, GPQA)
+# ---------------------------------------------------------------------------------------
+
+
+class HeldOutSplitBenchmark(Benchmark):
+    """A benchmark whose upstream release is a single test set.
+
+    Splits: ``test`` = every problem (what papers report), ``train`` / ``eval`` = a seeded
+    partition of the same problems (:func:`seeded_split`, ``eval_fraction`` of them in
+    ``eval``, default 0.5). Problems keep the file's order within every split.
+
+    Subclasses set ``data_spec``, ``split_salt`` and implement ``make_problem(row, index)``.
+    """
+
+    splits = ("train", "eval", "test")
+    data_spec: DataSpec
+    split_salt: str = ""
+
+    def __init__(self, path: str | None = None, seed: int = 0, eval_fraction: float = 0.5,
+                 **options: Any) -> None:
+        super().__init__(path=path, seed=seed, **options)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise UserError(f"benchmark {self.name}: seed must be an integer, got {seed!r}")
+        self.eval_fraction = check_fraction(self.name, eval_fraction)
+        self._problems: list[Problem] | None = None
+        self.origin: str | None = None
+
+    def make_problem(self, row: dict[str, Any], index: int, origin: str) -> Problem:
+        raise NotImplementedError
+
+    def all_problems(self) -> list[Problem]:
+        """Every problem, in file order (loaded once per instance)."""
+        if self._problems is None:
+            found = load_records(self.data_spec, self.path)
+            self.origin = found.origin
+            problems = [self.make_problem(row, i, found.origin) for i, row in enumerate(found.rows)]
+            ids = [p.id for p in problems]
+            if len(set(ids)) != len(ids):
+                dup = next(i for i in ids if ids.count(i) > 1)
+                raise UserError(f"{found.origin}: duplicate problem id {dup!r}")
+            self._problems = problems
+        return self._problems
+
+    def load(self, split: str) -> list[Problem]:
+        self.check_split(split)
+        problems = self.all_problems()
+        if split == "test":
+            return list(problems)
+        train, held = seeded_split([p.id for p in problems], self.seed, self.eval_fraction,
+                                   self.split_salt or self.name)
+        keep = held if split == "eval" else train
+        return [p for p in problems if p.id in keep]

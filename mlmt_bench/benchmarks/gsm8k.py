@@ -1,0 +1,60 @@
+"""GSM8K: 1,319 grade-school maths word problems (the test split).
+
+Rows: ``question, answer`` (file ``gsm8k_test.jsonl`` or hub ``openai/gsm8k``, config
+``main``, split ``test``). The gold answer is the number after ``####`` in ``answer``, with
+thousands separators removed; the worked solution goes to ``metadata["solution"]``. Problem
+ids are ``gsm8k/<0-based line>``. Splits: ``test`` (all), seeded ``train``/``eval``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from mlmt_bench.benchmarks.data import DataSpec, HeldOutSplitBenchmark, HubSource
+from mlmt_bench.benchmarks.math500 import MATH_TEMPLATES
+from mlmt_bench.errors import UserError
+from mlmt_bench.types import Problem
+
+GSM8K_DATA = DataSpec(
+    benchmark="gsm8k",
+    filenames=("gsm8k_test.jsonl",),
+    extra_names=("gsm8k_test.jsonl.gz",),
+    required=("question", "answer"),
+    hub=HubSource("openai/gsm8k", "main", ("test",)),
+)
+
+_GOLD_RE = re.compile(r"####\s*(.+?)\s*$", re.DOTALL)
+
+
+def gsm8k_gold(answer: str) -> str | None:
+    """The number after ``####``, commas (and a stray ``$``) removed; None if absent."""
+    m = _GOLD_RE.search(answer)
+    if not m:
+        return None
+    gold = m.group(1).replace(",", "").replace("$", "").strip()
+    return gold or None
+
+
+class GSM8K(HeldOutSplitBenchmark):
+    """``GSM8K(path=None, seed=0, eval_fraction=0.5)``; splits train / eval / test."""
+
+    name = "gsm8k"
+    default_verifier = "math"
+    templates = MATH_TEMPLATES
+    data_spec = GSM8K_DATA
+    split_salt = "gsm8k"
+
+    def make_problem(self, row: dict[str, Any], index: int, origin: str) -> Problem:
+        gold = gsm8k_gold(str(row["answer"]))
+        if gold is None:
+            raise UserError(f"{origin}: record {index + 1} has no '#### <answer>' line")
+        solution = str(row["answer"])
+        solution = solution[: solution.rfind("####")].rstrip()
+        return Problem(
+            id=f"gsm8k/{index}",
+            benchmark=self.name,
+            prompt=str(row["question"]).strip(),
+            answer=gold,
+            metadata={"solution": solution},
+        )

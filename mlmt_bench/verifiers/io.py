@@ -1,0 +1,181 @@
+"""``mlmt-bench verify VERIFIER IN.jsonl --out OUT.jsonl``: score saved responses.
+
+Each input line is a JSON object, either
+
+* ``{"problem": {<Problem.to_json()>}, "response": "..."}``, or
+* ``{"benchmark": "<name>", "id": "<problem id>", "response": "..."}``: the problem is looked
+  up in every split of the benchmark built with its default options.
+
+Each output line is the input object plus ``"verdict": Verdict.to_json()``, in input order.
+The output is written to a temporary file next to OUT and renamed over it at the end, so a
+failure never leaves a half-written OUT nor clobbers an existing one. Every input line is
+validated before any scoring starts; a bad one is a one-line
+:class:`~mlmt_bench.errors.UserError` naming ``file:line``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from mlmt_bench.errors import UserError
+from mlmt_bench.types import VERDICT_KINDS, Problem, Verdict
+from mlmt_bench.verifiers.base import Verifier
+
+
+def _accepts(cls: Any, name: str) -> bool:
+    try:
+        params = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def build_verifier(name: str, workers: int | None = None) -> Verifier:
+    """``registry.verifiers.get(name)()``, passing ``workers`` when the class takes it."""
+    from mlmt_bench import registry
+
+    cls = registry.verifiers.get(name)
+    if workers is not None and _accepts(cls, "workers"):
+        return cls(workers=workers)
+    return cls()
+
+
+class _ProblemIndex:
+    """Problems of registered benchmarks by id (each benchmark loaded at most once)."""
+
+    def __init__(self) -> None:
+        self._by_benchmark: dict[str, dict[str, Problem]] = {}
+
+    def get(self, benchmark: str, pid: str, where: str) -> Problem:
+        if benchmark not in self._by_benchmark:
+            from mlmt_bench import registry
+
+            if benchmark not in registry.benchmarks:
+                raise UserError(f"{where}: {registry.benchmarks.unknown_message(benchmark)}")
+            bench = registry.benchmarks.get(benchmark)()
+            index: dict[str, Problem] = {}
+            for split in bench.splits:
+                for p in bench.load(split):
+                    index.setdefault(p.id, p)
+            self._by_benchmark[benchmark] = index
+        index = self._by_benchmark[benchmark]
+        problem = index.get(pid)
+        if problem is None:  # "11" for "mbpp/11", "5" for "gsm8k/5"
+            problem = index.get(f"{benchmark}/{pid}")
+        if problem is None:
+            raise UserError(f"{where}: benchmark {benchmark!r} has no problem with id {pid!r}")
+        return problem
+
+
+def read_requests(in_path: Path) -> list[tuple[dict[str, Any], Problem, str]]:
+    """(input object, problem, response) per non-blank line; UserError on a bad line."""
+    index = _ProblemIndex()
+    out: list[tuple[dict[str, Any], Problem, str]] = []
+    try:
+        f = open(in_path, encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"{in_path}: cannot read input ({exc.strerror or exc})") from None
+    with f:
+        lineno = 0
+        try:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                where = f"{in_path}:{lineno}"
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise UserError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+                if not isinstance(obj, dict):
+                    raise UserError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+                if "verdict" in obj:
+                    raise UserError(f"{where}: line already has a 'verdict' (is this an output file?)")
+                response = obj.get("response")
+                if not isinstance(response, str):
+                    raise UserError(f"{where}: 'response' must be a string")
+                if "problem" in obj:
+                    pj = obj["problem"]
+                    if not isinstance(pj, dict) or "id" not in pj:
+                        raise UserError(f"{where}: 'problem' must be a Problem object with an 'id'")
+                    try:
+                        problem = Problem.from_json(pj)
+                    except (TypeError, ValueError, KeyError) as exc:
+                        raise UserError(f"{where}: bad 'problem' ({type(exc).__name__}: {exc})") from None
+                elif "benchmark" in obj and "id" in obj:
+                    if not isinstance(obj["benchmark"], str):
+                        raise UserError(f"{where}: 'benchmark' must be a string")
+                    problem = index.get(obj["benchmark"], str(obj["id"]), where)
+                else:
+                    raise UserError(f"{where}: needs either 'problem' or both 'benchmark' and 'id'")
+                out.append((obj, problem, response))
+        except UnicodeDecodeError:
+            raise UserError(f"{in_path}:{lineno + 1}: not valid UTF-8") from None
+    return out
+
+
+def _score_all(verifier: Verifier, problems: list[Problem], responses: list[str], workers: int | None) -> list[Verdict]:
+    overrides_batch = type(verifier).score_batch is not Verifier.score_batch
+    if overrides_batch or not workers or workers <= 1 or len(problems) <= 1:
+        return list(verifier.score_batch(problems, responses))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="verify") as ex:
+        return list(ex.map(verifier.score, problems, responses))
+
+
+def verify_file(verifier_name: str, in_path: Path, out_path: Path, workers: int | None = None) -> dict[str, Any]:
+    """Score every line of ``in_path`` with verifier ``verifier_name``; write ``out_path``.
+
+    Returns ``{"n", "correct", "mean_reward", "kinds": {kind: count}}`` (every kind of
+    :data:`~mlmt_bench.types.VERDICT_KINDS` listed, zeros included). ``workers`` is passed to
+    the verifier when its constructor takes it; otherwise, for a verifier without its own
+    ``score_batch``, it is the number of scoring threads.
+    """
+    in_path, out_path = Path(in_path), Path(out_path)
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise UserError(f"workers must be a positive integer, got {workers!r}")
+    if in_path.resolve() == out_path.resolve():
+        raise UserError(f"{out_path}: output must differ from the input file")
+    verifier = build_verifier(verifier_name, workers)
+    requests = read_requests(in_path)
+    out_dir = out_path.parent if str(out_path.parent) else Path(".")
+    if not out_dir.is_dir():
+        raise UserError(f"{out_path}: directory {out_dir} does not exist")
+
+    problems = [p for _, p, _ in requests]
+    responses = [r for _, _, r in requests]
+    verdicts = _score_all(verifier, problems, responses, workers)
+    if len(verdicts) != len(requests):
+        raise RuntimeError(f"verifier {verifier_name!r} returned {len(verdicts)} verdicts for {len(requests)} responses")
+
+    kinds = {k: 0 for k in VERDICT_KINDS}
+    correct = 0
+    total = 0.0
+    fd, tmp = tempfile.mkstemp(prefix=f".{out_path.name}.", suffix=".tmp", dir=out_dir)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for (obj, _, _), v in zip(requests, verdicts):
+                f.write(json.dumps({**obj, "verdict": v.to_json()}, ensure_ascii=False) + "\n")
+                kinds[v.kind] = kinds.get(v.kind, 0) + 1
+                correct += int(bool(v.correct))
+                total += float(v.reward)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out_path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    n = len(requests)
+    return {
+        "n": n,
+        "correct": correct,
+        "mean_reward": (total / n) if n else 0.0,
+        "kinds": kinds,
+    }

@@ -1,0 +1,384 @@
+"""Final-answer maths verifier: extract the answer, then test equivalence with math-verify.
+
+Extraction (:func:`extract_answer`), first rule that finds something wins:
+
+1. the last ``\\boxed{...}`` or ``\\fbox{...}`` (balanced braces; ``\\boxed 5`` also works);
+2. the last "final answer is X" / "the answer is X" / "Answer: X" / "#### X" phrase, up to
+   the end of its sentence or line;
+3. the last number in the text (``-1,234.5``, ``3/4``, ``.5``).
+
+Equivalence (:func:`answers_equivalent`): the two strings are equal after the fallback
+normaliser :func:`normalize_answer` (drops ``\\text{}``, ``\\left``/``\\right``, ``$``, spaces,
+``^\\circ``, ``\\%``, unit words, thousands separators, a trailing ``.``; ``\\dfrac`` ->
+``\\frac``; ``\\frac12`` -> ``\\frac{1}{2}``), or math-verify's ``verify(parse(gold),
+parse(pred))`` holds for the raw or the normalised strings.
+
+Timeouts: math-verify's own signal-based timeouts are switched off and each math-verify
+check runs in a worker process with a hard deadline (``timeout`` seconds, default 5); see
+:mod:`mlmt_bench.verifiers.timeout` for why. This works from any thread. ``isolation:
+inline`` runs checks in the calling process instead (soft ``SIGALRM`` deadline on the main
+thread, none elsewhere), for environments where subprocesses are not allowed.
+
+Verdict kinds: ``ok`` / ``wrong`` / ``no_answer`` (nothing extracted) / ``timeout`` /
+``crash`` (the checker failed, or the problem has no gold answer). ``score`` never raises.
+"""
+
+from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Sequence
+
+from mlmt_bench.errors import UserError
+from mlmt_bench.types import Problem, Verdict
+from mlmt_bench.verifiers.base import Verifier
+from mlmt_bench.verifiers.timeout import (
+    CallTimeout,
+    RemoteError,
+    WorkerCrashed,
+    call_inline,
+    shared_pool,
+)
+
+# ---------------------------------------------------------------------------------------
+# Extraction
+# ---------------------------------------------------------------------------------------
+
+_BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+
+
+def _balanced(text: str, start: int) -> int | None:
+    """Index just past the ``}`` that closes the ``{`` at ``text[start]``; None if unclosed.
+    Backslash-escaped braces (``\\{``) do not count."""
+    depth = 0
+    i = start
+    n = len(text)
+    while i < n:
+        c = text[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return None
+
+
+def extract_boxed(text: str) -> str | None:
+    """Content of the last complete, non-empty ``\\boxed{...}`` / ``\\fbox{...}``."""
+    found: str | None = None
+    for m in _BOX_RE.finditer(text):
+        i = m.end()
+        while i < len(text) and text[i] in " \t":
+            i += 1
+        if i < len(text) and text[i] == "{":
+            end = _balanced(text, i)
+            if end is None:
+                continue
+            content = text[i + 1 : end - 1].strip()
+        else:  # "\boxed 5": one token
+            tok = re.match(r"[^\s$]+", text[i:])
+            content = tok.group(0).strip() if tok else ""
+        if content:
+            found = content
+    return found
+
+
+_PHRASE_RE = re.compile(
+    r"(?:final\s+answer|the\s+answer|\banswer)\s*(?:is|:|=)\s*:?\s*|####\s*", re.IGNORECASE
+)
+_NUMBER_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+")
+
+
+def _strip_math_delims(s: str) -> str:
+    s = s.strip()
+    for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"), ("**", "**")):
+        if s.startswith(left) and s.endswith(right) and len(s) >= len(left) + len(right):
+            s = s[len(left) : len(s) - len(right)].strip()
+    return s
+
+
+def _phrase_answer(text: str) -> str | None:
+    last = None
+    for m in _PHRASE_RE.finditer(text):
+        last = m
+    if last is None:
+        return None
+    rest = text[last.end() :]
+    # up to the end of the line, or of the sentence (". " / "." at the end); not inside $...$
+    line = rest.split("\n", 1)[0]
+    out = []
+    in_math = False
+    i = 0
+    while i < len(line):
+        c = line[i]
+        if c == "$":
+            in_math = not in_math
+        elif not in_math and c == "." and (i + 1 == len(line) or line[i + 1] in " \t"):
+            break
+        out.append(c)
+        i += 1
+    ans = _strip_math_delims("".join(out).strip().rstrip(".").strip())
+    return ans or None
+
+
+def extract_answer(response: str) -> str | None:
+    """The final answer written in ``response`` (see the module docstring), or None."""
+    if not response:
+        return None
+    boxed = extract_boxed(response)
+    if boxed is not None:
+        return boxed
+    phrase = _phrase_answer(response)
+    if phrase is not None:
+        return phrase
+    last = None
+    for m in _NUMBER_RE.finditer(response):
+        last = m
+    if last is not None:
+        return re.sub(r"\s+", "", last.group(0))
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# Normalisation
+# ---------------------------------------------------------------------------------------
+
+_UNITS = (
+    r"units?|square|sq\.?|cubic|cm|mm|km|m|meters?|metres?|centimeters?|centimetres?|"
+    r"kilometers?|kilometres?|inch(?:es)?|in\.|feet|foot|ft|yards?|yds?|miles?|mph|"
+    r"seconds?|secs?|minutes?|mins?|hours?|hrs?|days?|weeks?|months?|years?|"
+    r"cents?|dollars?|euros?|pounds?|lbs?|ounces?|oz|grams?|kg|kilograms?|liters?|litres?|"
+    r"ml|gallons?|degrees?|radians?|people|persons?|students?|points?|times|ways"
+)
+_UNIT_TAIL_RE = re.compile(r"(?<=[\d}\s.])\s+(?:" + _UNITS + r")(?:\^\{?[23]\}?)?\s*$", re.IGNORECASE)
+_TEXT_CMDS = ("text", "textbf", "textit", "textrm", "mbox", "mathrm", "mathbf", "mathit", "operatorname")
+
+
+def _unwrap_commands(s: str, names: Sequence[str]) -> str:
+    """``\\text{abc}`` -> `` abc`` (a space, so "5\\text{cm}" keeps its unit apart)."""
+    pat = re.compile(r"\\(?:" + "|".join(names) + r")\s*\{")
+    while True:
+        m = pat.search(s)
+        if not m:
+            return s
+        end = _balanced(s, m.end() - 1)
+        if end is None:  # unbalanced: drop the command word only
+            return s[: m.start()] + s[m.end() - 1 :]
+        s = s[: m.start()] + " " + s[m.end() : end - 1] + s[end:]
+
+
+def normalize_answer(s: str, *, strip_spaces: bool = True) -> str:
+    """Fallback normaliser used before (and alongside) math-verify. Deterministic, pure."""
+    s = str(s).strip()
+    s = s.replace("\n", " ")
+    s = s.replace("\\$", "").replace("$", "")
+    s = re.sub(r"\\(?:displaystyle|left|right|bigl|bigr|Bigl|Bigr|big|Big|bigg|Bigg)(?![A-Za-z])", "", s)
+    s = re.sub(r"\\[dt]frac(?![A-Za-z])", r"\\frac", s)
+    s = s.replace("\\\\", "\x00")  # protect LaTeX row breaks (a double backslash) from the spacing rule
+    s = re.sub(r"\\[!,;:> ]", " ", s)
+    s = s.replace("\x00", "\\\\").replace("~", " ")
+    s = re.sub(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|°|\\degree", "", s)
+    s = s.replace("\\%", "").replace("%", "")
+    s = _unwrap_commands(s, _TEXT_CMDS)
+    prev = None
+    while prev != s:
+        prev = s
+        s = _UNIT_TAIL_RE.sub("", s).rstrip()
+    s = s.strip().rstrip(".").strip()
+    # \frac12, \frac 59, \frac9{19}, \frac{270}7, \sqrt2
+    s = re.sub(r"\\frac\s*(\d)\s*(\d)", r"\\frac{\1}{\2}", s)
+    s = re.sub(r"\\frac\s*(\d)\s*\{", r"\\frac{\1}{", s)
+    s = re.sub(r"\\frac\s*\{([^{}]*)\}\s*(\d)", r"\\frac{\1}{\2}", s)
+    s = re.sub(r"\\sqrt\s*(\d)", r"\\sqrt{\1}", s)
+    s = re.sub(r"\s+", "" if strip_spaces else " ", s).strip()
+    compact = s.replace(" ", "")
+    # thousands separators: only for a plain number such as 1,000 or 11,111,111,100.5
+    if re.fullmatch(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?", compact):
+        s = compact.replace(",", "")
+    # .5 -> 0.5 ; 2.50 -> 2.5 ; 3.0 -> 3
+    s = re.sub(r"(?<![\d.])\.(\d)", r"0.\1", s)
+    if re.fullmatch(r"-?\d+\.\d+", s):
+        s = s.rstrip("0").rstrip(".")
+    m = re.fullmatch(r"\(([A-Za-z])\)", s)
+    if m:
+        s = m.group(1)
+    return s
+
+
+# ---------------------------------------------------------------------------------------
+# math-verify check (runs in a worker process)
+# ---------------------------------------------------------------------------------------
+
+_quiet_done = False
+
+
+def _quiet_math_verify() -> None:
+    """We switch math-verify's timeouts off on purpose: silence its one-time warnings."""
+    global _quiet_done
+    if _quiet_done:
+        return
+    import logging
+
+    import math_verify.grader as grader
+    import math_verify.parser as parser
+
+    for mod in (parser, grader):
+        if hasattr(mod, "TIMEOUT_WARNING_SHOWN"):
+            mod.TIMEOUT_WARNING_SHOWN = True
+    try:
+        import math_verify.utils as utils
+
+        utils.TIMEOUT_WARNING_SHOWN = True
+    except ImportError:
+        pass
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    _quiet_done = True
+
+
+def _mv_pair(gold: str, pred: str) -> bool:
+    from math_verify import parse, verify
+
+    g = parse("\\boxed{" + gold + "}", parsing_timeout=None)
+    if not g:
+        return False
+    p = parse("\\boxed{" + pred + "}", parsing_timeout=None)
+    if not p:
+        return False
+    return bool(verify(g, p, timeout_seconds=None))
+
+
+def math_verify_equal(gold: str, pred: str) -> bool:
+    """math-verify on the raw strings, then on the normalised ones (spaces kept)."""
+    _quiet_math_verify()
+    if _mv_pair(gold, pred):
+        return True
+    ng, np_ = normalize_answer(gold, strip_spaces=False), normalize_answer(pred, strip_spaces=False)
+    if (ng, np_) != (gold, pred) and ng and np_:
+        return _mv_pair(ng, np_)
+    return False
+
+
+def _check_in_worker(gold: str, pred: str) -> bool:
+    return math_verify_equal(gold, pred)
+
+
+_BASE_RE = re.compile(r"([0-9A-Za-z]+)_\{?(\d+)\}?")
+
+
+def base_rule(gold: str, pred: str) -> bool | None:
+    """Numbers written in a base (``52_8``): math-verify drops the subscript, so ``52_8``
+    would equal ``52_7``. When both sides carry a base subscript, decide here: same digits
+    and same base. Otherwise None (no opinion; ``52`` for ``52_8`` stays correct, the
+    problem asked for the answer in base 8)."""
+    g = _BASE_RE.fullmatch(normalize_answer(gold))
+    p = _BASE_RE.fullmatch(normalize_answer(pred))
+    if g and p:
+        return (g.group(1).upper().lstrip("0"), g.group(2)) == (p.group(1).upper().lstrip("0"), p.group(2))
+    return None
+
+
+def answers_equivalent(gold: str, pred: str) -> bool:
+    """Unbounded, in-process equivalence test (normaliser, base rule, then math-verify). For
+    scripts; the verifier itself bounds the math-verify part with a deadline."""
+    ng = normalize_answer(gold)
+    if ng and ng == normalize_answer(pred):
+        return True
+    rule = base_rule(gold, pred)
+    if rule is not None:
+        return rule
+    return math_verify_equal(gold, pred)
+
+
+# ---------------------------------------------------------------------------------------
+# Verifier
+# ---------------------------------------------------------------------------------------
+
+
+class MathVerifier(Verifier):
+    """``MathVerifier(timeout=5.0, workers=None, isolation="process", memory_limit_mb=4096)``.
+
+    timeout:         seconds allowed for one math-verify check (hard deadline).
+    workers:         worker processes (and threads in ``score_batch``); default: CPU count.
+    isolation:       "process" (default) or "inline" (see the module docstring).
+    memory_limit_mb: address-space limit of each worker process (None: no limit).
+    """
+
+    name = "math"
+
+    def __init__(self, timeout: float = 5.0, workers: int | None = None, isolation: str = "process",
+                 memory_limit_mb: int | None = 4096, **options: Any) -> None:
+        if options:
+            raise UserError(f"verifier math: unknown option(s) {', '.join(sorted(options))}")
+        super().__init__(timeout=timeout, workers=workers, isolation=isolation, memory_limit_mb=memory_limit_mb)
+        try:
+            self.timeout = float(timeout)
+        except (TypeError, ValueError):
+            raise UserError(f"verifier math: timeout must be a number of seconds, got {timeout!r}") from None
+        if not self.timeout > 0:
+            raise UserError(f"verifier math: timeout must be > 0, got {timeout!r}")
+        if isolation not in ("process", "inline"):
+            raise UserError(f"verifier math: isolation must be 'process' or 'inline', got {isolation!r}")
+        if workers is not None and (not isinstance(workers, int) or workers < 1):
+            raise UserError(f"verifier math: workers must be a positive integer, got {workers!r}")
+        self.isolation = isolation
+        self.workers = workers
+        self.memory_limit_mb = memory_limit_mb
+        self._pool = None
+
+    @property
+    def pool(self) -> Any:
+        if self._pool is None:
+            self._pool = shared_pool(self.workers, self.memory_limit_mb, ("math_verify", __name__))
+        return self._pool
+
+    def _check(self, gold: str, pred: str) -> bool:
+        if self.isolation == "inline":
+            return call_inline(_check_in_worker, (gold, pred), self.timeout)
+        return self.pool.call(_check_in_worker, (gold, pred), self.timeout)
+
+    def score(self, problem: Problem, response: str) -> Verdict:
+        try:
+            return self._score(problem, response)
+        except Exception as exc:  # never raise on model output
+            return Verdict(0.0, False, None, "crash", f"{type(exc).__name__}: {exc}"[:300])
+
+    def _score(self, problem: Problem, response: str) -> Verdict:
+        gold = problem.answer
+        if gold is None or not str(gold).strip():
+            return Verdict(0.0, False, None, "crash", "problem has no gold answer")
+        if not isinstance(response, str):
+            response = "" if response is None else str(response)
+        pred = extract_answer(response)
+        if pred is None:
+            return Verdict(0.0, False, None, "no_answer", "no final answer found")
+        ng = normalize_answer(gold)
+        if ng and ng == normalize_answer(pred):
+            return Verdict(1.0, True, pred, "ok", "equal after normalisation")
+        rule = base_rule(gold, pred)
+        if rule is not None:
+            return Verdict(float(rule), rule, pred, "ok" if rule else "wrong", "base-subscript rule")
+        try:
+            equal = self._check(gold, pred)
+        except CallTimeout:
+            return Verdict(0.0, False, pred, "timeout", f"equivalence check exceeded {self.timeout:g} s")
+        except (WorkerCrashed, RemoteError) as exc:
+            return Verdict(0.0, False, pred, "crash", str(exc)[:300])
+        if equal:
+            return Verdict(1.0, True, pred, "ok", "math-verify equivalent")
+        return Verdict(0.0, False, pred, "wrong", "not equivalent")
+
+    def score_batch(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Verdict]:
+        """Parallel over worker processes (one thread per worker drives its calls)."""
+        problems, responses = list(problems), list(responses)
+        if len(problems) != len(responses):
+            raise ValueError("score_batch: problems and responses differ in length")
+        n_threads = 1 if self.isolation == "inline" else min(len(problems), self.pool.max_workers)
+        if n_threads <= 1:
+            return [self.score(p, r) for p, r in zip(problems, responses)]
+        with ThreadPoolExecutor(max_workers=n_threads, thread_name_prefix="math-verify") as ex:
+            return list(ex.map(self.score, problems, responses))
