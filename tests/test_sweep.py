@@ -141,7 +141,7 @@ def manifest(run_dir: str) -> dict:
 def test_study_finds_optimum_writes_best_and_resumes(tmp_path, fake, make_sweep):
     from mlmt_bench.sweep import run_sweep
 
-    path = make_sweep(n_trials=16, sampler="tpe", pruner="none", space={
+    path = make_sweep(n_trials=12, sampler="tpe", pruner="none", space={
         "algorithm.params.lam": {"type": "float", "low": 0.0, "high": 1.0},
         "train.problems_per_step": {"type": "int", "low": 2, "high": 8, "step": 2},
         "algorithm.params.value": {"type": "categorical", "choices": ["mc", "learned"]},
@@ -150,8 +150,8 @@ def test_study_finds_optimum_writes_best_and_resumes(tmp_path, fake, make_sweep)
     out = tmp_path / "runs" / "sw"
     db = out / "sw.db"
     assert db.exists() and result["storage"] == f"sqlite:///{db.resolve()}"
-    assert db_counts(db) == {"COMPLETE": 16} and len(fake.calls) == 16
-    assert result["counts"] == {"complete": 16}
+    assert db_counts(db) == {"COMPLETE": 12} and len(fake.calls) == 12
+    assert result["counts"] == {"complete": 12}
     best = result["best"]
     assert abs(best["params"]["algorithm.params.lam"] - 0.3) < 0.1
     assert best["value"] == max(r["value"] for r in result["trials"])
@@ -176,14 +176,14 @@ def test_study_finds_optimum_writes_best_and_resumes(tmp_path, fake, make_sweep)
 
     # same command again: nothing to do; a larger n_trials runs only the missing ones
     again = run_sweep(path, seed=0, progress=False)
-    assert db_counts(db) == {"COMPLETE": 16} and len(fake.calls) == 16
+    assert db_counts(db) == {"COMPLETE": 12} and len(fake.calls) == 12
     assert again["best"] == best
-    more = run_sweep(path, n_trials=19, seed=0, progress=False)
-    assert db_counts(db) == {"COMPLETE": 19} and len(fake.calls) == 19
-    assert sorted(r["number"] for r in more["trials"]) == list(range(19))
+    more = run_sweep(path, n_trials=14, seed=0, progress=False)
+    assert db_counts(db) == {"COMPLETE": 14} and len(fake.calls) == 14
+    assert sorted(r["number"] for r in more["trials"]) == list(range(14))
     # the resumed, re-seeded sampler drew new points
     lams = [r["params"]["algorithm.params.lam"] for r in more["trials"]]
-    assert len(set(lams)) == 19
+    assert len(set(lams)) == 14
 
 
 def test_cli_sweep_table_json_and_resume(tmp_path, fake, make_sweep):
