@@ -117,14 +117,31 @@ def run(spec: RunSpec, progress: bool = True, *, extra_manifest: dict[str, Any] 
     ``on_eval(record)`` is called after every evaluation; an exception it raises ends the run
     with the manifest status given by the exception's ``run_status`` attribute (else "failed").
     """
+    from mlmt_bench.dist import Dist, NullRunDir
+
     configure_torch(spec)
-    comp = build(spec, progress=progress)
-    run_dir = RunDir.create(spec.output_dir, spec.name, dump_yaml(spec), spec.seed)
-    if extra_manifest:
-        run_dir.update_manifest(**extra_manifest)
+    dist = Dist()
+    comp = _build_in_turn(spec, dist, progress)
+    run_dir: Any = None
+    if dist.is_main:
+        run_dir = RunDir.create(spec.output_dir, spec.name, dump_yaml(spec), spec.seed)
+        run_dir.update_manifest(**(extra_manifest or {}), world_size=dist.world)
+    path = dist.broadcast(str(run_dir.path) if run_dir else None)
+    run_dir = run_dir or NullRunDir(Path(path))
     trainer = make_trainer(spec, comp, run_dir)
-    trainer.on_eval = on_eval
-    return _train(trainer, run_dir, progress)
+    trainer.dist, trainer.on_eval = dist, on_eval
+    return _train(trainer, run_dir, progress and dist.is_main)
+
+
+def _build_in_turn(spec: RunSpec, dist: Any, progress: bool) -> Components:
+    """Build on the main process first (it may run the warm start), then on the others (cache hit)."""
+    if dist.is_main:
+        comp = build(spec, progress=progress)
+        dist.barrier()
+    else:
+        dist.barrier()
+        comp = build(spec, progress=False)
+    return comp
 
 
 def resume_run(path: Path | str, progress: bool = True) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from mlmt_bench.algorithms.update import LossConfig, update_policy
+from mlmt_bench.dist import Dist
 from mlmt_bench.evaluate import evaluate
 from mlmt_bench.metrics.feedback import flops_estimate
 from mlmt_bench.rollout.episodes import Actors, Sampling, rollout
@@ -57,6 +58,7 @@ class Trainer:
     counters: Counters = field(default_factory=Counters)
     optimizers: dict[int, Any] = field(default_factory=dict)  # id(policy) -> (optimizer, scheduler)
     on_eval: Callable[[dict[str, Any]], None] | None = None  # e.g. a sweep's pruning callback
+    dist: Dist = field(default_factory=Dist)  # data parallelism under `accelerate launch`
 
     def __post_init__(self) -> None:
         t = self.spec.train
@@ -83,7 +85,7 @@ class Trainer:
         while self.counters.step < t.steps and not self._budget_spent():
             step = self.counters.step
             problems = self.batch(step)
-            torch.manual_seed(_step_seed(self.spec.seed, step))
+            torch.manual_seed(_step_seed(self.spec.seed, step) + self.dist.rank)
 
             ro = rollout(self.algorithm.program(step), self.actors, problems, self.sampling)
             ctx = TrainContext(self.policies, self.spec.seed, self.frac_done())
@@ -93,16 +95,21 @@ class Trainer:
             updated, update_stats = self.update(items, self.algorithm.updates(step))
             train_s = time.perf_counter() - t0
             stats.update(self.algorithm.after_update(ro, step, ctx))
+            stats = {k: self.dist.mean(v) for k, v in stats.items()}  # over processes
 
-            gen = sum(ro.gen_tokens.values())
+            gen_by_role = {role: int(self.dist.sum(n)) for role, n in sorted(ro.gen_tokens.items())}
+            gen = sum(gen_by_role.values())
             trained = int(sum(s.get("trained_tokens", 0) for s in update_stats.values()))
             c = self.counters
             c.step += 1
             c.gen_tokens += gen
             c.trained_tokens += trained
-            c.flops += sum(flops_estimate(self._params(role), n, 0) for role, n in ro.gen_tokens.items() if n) + \
+            c.flops += sum(flops_estimate(self._params(role), n, 0) for role, n in gen_by_role.items() if n) + \
                 sum(flops_estimate(self._params(role), 0, int(s.get("trained_tokens", 0)))
                     for role, s in update_stats.items())
+            if self.dist.enabled:
+                stats["replica_spread"] = max(self.dist.replica_spread(p.trainable_parameters())
+                                              for p in self._trainable())
             c.wall_s = time.perf_counter() - started
             self.run_dir.log_metrics({
                 "kind": "train", **self._counters(), **stats, "updated": sorted(updated),
@@ -127,32 +134,37 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------
     def batch(self, step: int) -> list[Problem]:
-        """Problems of ``step``: consecutive slices of a per-epoch seeded permutation (resumable by step)."""
+        """This process's problems of ``step``: its share of consecutive slices of a per-epoch seeded
+        permutation (so the order depends only on the step: resumable)."""
         n, k = len(self.train_problems), self.spec.train.problems_per_step
         out = []
         for j in range(step * k, step * k + k):
             epoch, pos = divmod(j, n)
             perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.spec.seed * 7919 + epoch))
             out.append(self.train_problems[int(perm[pos])])
-        return out
+        return self.dist.shard(out)
 
     def update(self, items: dict[str, list], roles: set[str]) -> tuple[set[str], dict[str, dict[str, float]]]:
         """One optimiser update per distinct trainable model (a shared model gets both roles' items)."""
         by_model: dict[int, tuple[str, Any, list]] = {}
         for role in sorted(roles):
             policy = self.policies.get(role)
-            if policy is None or not policy.trainable or not items.get(role):
+            if policy is None or not policy.trainable or not self.dist.any(bool(items.get(role))):
                 continue
             name, _, acc = by_model.setdefault(id(policy), (role, policy, []))
             acc.extend(items[role])
         stats, updated = {}, set()
         for name, policy, its in by_model.values():
             opt, sched = self.optimizers[id(policy)]
-            stats[name] = update_policy(policy, opt, sched, its, self.loss_cfg)
+            stats[name] = update_policy(policy, opt, sched, its, self.loss_cfg, self.dist)
             updated |= {r for r in roles if self.policies.get(r) is policy}
         return updated, stats
 
-    def evaluate(self, started: float) -> dict[str, Any]:
+    def evaluate(self, started: float) -> dict[str, Any] | None:
+        """Held-out evaluation on the main process (the others wait)."""
+        if not self.dist.is_main:
+            self.dist.barrier()
+            return None
         e = self.spec.eval
         res = evaluate(self.algorithm.eval_program(), self.actors, self.eval_problems, self.eval_sampling,
                        verifier_name=self.verifier_name, feedback_metrics=e.feedback_metrics,
@@ -166,10 +178,14 @@ class Trainer:
             self.run_dir.log_sample({"step": self.counters.step, **s})
         if self.on_eval is not None:
             self.on_eval(record)
+        self.dist.barrier()
         return record
 
     # checkpoints ------------------------------------------------------------------------------
-    def save_checkpoint(self) -> Path:
+    def save_checkpoint(self) -> Path | None:
+        if not self.dist.is_main:
+            self.dist.barrier()
+            return None
         tmp = self.run_dir.begin_checkpoint(self.counters.step)
         saved: dict[int, str] = {}
         for role, policy in self.policies.items():
@@ -184,7 +200,9 @@ class Trainer:
             "algorithm": self.algorithm.state_dict(),
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
         }, tmp / "trainer_state.pt")
-        return self.run_dir.commit_checkpoint(tmp, self.counters.step)
+        path = self.run_dir.commit_checkpoint(tmp, self.counters.step)
+        self.dist.barrier()
+        return path
 
     def load_checkpoint(self, ckpt: Path) -> None:
         state = torch.load(ckpt / "trainer_state.pt", weights_only=False)

@@ -20,9 +20,9 @@ from mlmt_bench.rollout.chat import chat_ids
 from mlmt_bench.rollout.episodes import Actors, Program, Sampling, rollout
 from mlmt_bench.spec import validate_run
 from mlmt_bench.tracking import RunDir
-from mlmt_bench.types import Verdict
 
 from conftest import minimal_spec
+from support import ParityVerifier
 
 
 def make_spec(tmp_path, ckpt, algo="grpo", params=None, **over):
@@ -34,14 +34,6 @@ def make_spec(tmp_path, ckpt, algo="grpo", params=None, **over):
     d["backend"] = {"max_new_tokens": 12}
     d["eval"] = {"every": 0, "feedback_metrics": True}
     return validate_run(d, "test")
-
-
-class ParityVerifier:
-    """Reward 1 for an even number of generated characters: a non-degenerate, deterministic signal."""
-
-    def score_batch(self, problems, responses):
-        return [Verdict(float(len(r) % 2 == 0), len(r) % 2 == 0, r, "ok" if len(r) % 2 == 0 else "wrong")
-                for r in responses]
 
 
 def build_trainer(spec, tmp_path):
@@ -203,26 +195,12 @@ def _spec_file(tmp_path, ckpt, out):
     return p
 
 
-# The parity verifier is registered in the subprocess through a sitecustomize-free route: a
-# small launcher that registers it and then calls the CLI.
-LAUNCHER = """
-import sys
-from mlmt_bench import registry
-registry.verifiers.register("parity-test", "test_trainer_support:ParityVerifier", "parity (tests)")
-from mlmt_bench.cli import main
-sys.argv = ["mlmt-bench"] + sys.argv[1:]
-main()
-"""
+TESTS = Path(__file__).resolve().parent
 
 
 def _launch(tmp_path, args):
-    (tmp_path / "launch.py").write_text(LAUNCHER)
-    (tmp_path / "test_trainer_support.py").write_text(
-        "from mlmt_bench.types import Verdict\nfrom mlmt_bench.verifiers.base import Verifier\n"
-        "class ParityVerifier(Verifier):\n    def score(self, p, r):\n"
-        "        ok = len(r) % 2 == 0\n        return Verdict(float(ok), ok, r, 'ok' if ok else 'wrong')\n")
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    return subprocess.Popen([sys.executable, str(tmp_path / "launch.py"), "-q", *args], env=env,
+    env = {**os.environ, "PYTHONPATH": str(TESTS)}
+    return subprocess.Popen([sys.executable, str(TESTS / "launch_cli.py"), "-q", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -12,6 +12,10 @@ from typing import Any, Sequence
 import torch
 
 from mlmt_bench.algorithms import core
+from mlmt_bench.dist import Dist
+
+
+_SINGLE = Dist()
 
 
 @dataclass
@@ -80,13 +84,19 @@ class LossConfig:
 
 
 def update_policy(policy: Any, optimizer: torch.optim.Optimizer, scheduler: Any, items: list[TrainItem],
-                  cfg: LossConfig) -> dict[str, float]:
+                  cfg: LossConfig, dist: Any = None) -> dict[str, float]:
     """``cfg.epochs`` passes over ``items``, each one optimiser step (with ``grad_accum`` micro-batches).
 
     The micro-batch losses are weighted so that the sum equals the loss aggregated over the
-    whole batch (token_mean: by tokens; the per-sequence modes: by sequences).
+    whole batch (token_mean: by tokens; the per-sequence modes: by sequences). Under data
+    parallelism (``dist``, see mlmt_bench/dist.py) the batch is the union of every process's
+    items: weights use the global counts and gradients are summed across processes, so the
+    update equals the single-process update on the whole batch.
     """
-    if not items:
+    dist = dist or _SINGLE
+    total_tokens = int(dist.sum(sum(len(it.ids) for it in items)))
+    total_items = int(dist.sum(len(items)))
+    if total_items == 0:
         return {}
     model, pad_id = policy.model, policy.tokenizer.pad_token_id
     needs_ref = any(it.beta > 0 for it in items)
@@ -98,8 +108,7 @@ def update_policy(policy: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
                 logp, mask, _ = sequence_logprobs(model, chunk, pad_id)
                 for b, it in enumerate(chunk):
                     it.old_logp = logp[b, mask[b]].detach().cpu()
-    total_tokens = sum(len(it.ids) for it in items)
-    max_len = max(len(it.prompt_ids) + len(it.ids) for it in items) - 1
+    max_len = int(dist.max(max((len(it.prompt_ids) + len(it.ids) for it in items), default=0))) - 1
     stats: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "entropy": 0.0}
     for _ in range(cfg.epochs):
         optimizer.zero_grad(set_to_none=True)
@@ -115,16 +124,19 @@ def update_policy(policy: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
                                      beta=beta if needs_ref else 0.0, agg=cfg.loss_agg,
                                      max_len=max_len if cfg.loss_agg == "constant_norm" else None)
             n_tok = int(mask.sum())
-            weight = n_tok / total_tokens if cfg.loss_agg == "token_mean" else len(chunk) / len(items)
+            weight = n_tok / total_tokens if cfg.loss_agg == "token_mean" else len(chunk) / total_items
             (loss * weight).backward()
             stats["loss"] += float(loss.detach()) * weight / cfg.epochs
             stats["clip_frac"] += s["clip_frac"] * n_tok / total_tokens / cfg.epochs
             stats["kl"] += s["kl"] * n_tok / total_tokens / cfg.epochs
             stats["entropy"] += float(entropy[mask].sum()) / total_tokens / cfg.epochs
+        dist.sum_grads(policy.trainable_parameters())
         stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), cfg.grad_clip))
         optimizer.step()
         if scheduler is not None:
             scheduler.step()
+    stats = {k: dist.sum(v) for k, v in stats.items()}  # local shares of global means add up
+    stats["grad_norm"] /= dist.world
     stats["trained_tokens"] = float(total_tokens * cfg.epochs)
     return stats
 

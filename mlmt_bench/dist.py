@@ -1,0 +1,106 @@
+"""Data parallelism for the shared trainer, through ``accelerate launch`` (DDP semantics).
+
+Each process generates the rollouts of its share of a step's problems (whole groups, so
+group-relative advantages stay local), computes its gradient with the *global* loss
+normalisation, and the gradients are summed across processes before every optimiser step, so
+all replicas hold identical weights. One process (rank 0) evaluates and writes the run
+directory. With a single process every method is a no-op.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+
+class Dist:
+    """Collectives used by the trainer; ``world == 1`` makes them all no-ops."""
+
+    def __init__(self) -> None:
+        self.rank, self.world = 0, 1
+        self._dist = None
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            from accelerate import PartialState
+
+            state = PartialState(cpu=not torch.cuda.is_available())
+            self.rank, self.world = state.process_index, state.num_processes
+            import torch.distributed as dist
+
+            self._dist = dist
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    def shard(self, items: list[Any]) -> list[Any]:
+        """This process's share of ``items`` (strided)."""
+        return items[self.rank::self.world]
+
+    def sum(self, value: float) -> float:
+        if not self.enabled:
+            return value
+        t = torch.tensor([float(value)], dtype=torch.float64)
+        self._dist.all_reduce(t)
+        return float(t)
+
+    def max(self, value: float) -> float:
+        if not self.enabled:
+            return value
+        t = torch.tensor([float(value)], dtype=torch.float64)
+        self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX)
+        return float(t)
+
+    def mean(self, value: float) -> float:
+        return self.sum(value) / self.world
+
+    def any(self, flag: bool) -> bool:
+        return self.sum(1.0 if flag else 0.0) > 0
+
+    def sum_grads(self, params: list[torch.nn.Parameter]) -> None:
+        """Sum gradients over processes (a parameter without a gradient contributes zeros)."""
+        if not self.enabled:
+            return
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            self._dist.all_reduce(p.grad)
+
+    def replica_spread(self, params: list[torch.nn.Parameter]) -> float:
+        """max − min over processes of a weight checksum: 0.0 when every replica holds the same weights."""
+        if not self.enabled:
+            return 0.0
+        checksum = torch.tensor([sum(float(p.detach().double().sum()) for p in params)], dtype=torch.float64)
+        hi, lo = checksum.clone(), checksum.clone()
+        self._dist.all_reduce(hi, op=self._dist.ReduceOp.MAX)
+        self._dist.all_reduce(lo, op=self._dist.ReduceOp.MIN)
+        return float(hi - lo)
+
+    def broadcast(self, obj: Any) -> Any:
+        if not self.enabled:
+            return obj
+        box = [obj]
+        self._dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.enabled:
+            self._dist.barrier()
+
+
+class NullRunDir:
+    """What non-main processes write to: nothing."""
+
+    def __init__(self, path: Any) -> None:
+        self.path = path
+
+    def metrics(self) -> list[dict[str, Any]]:
+        return []
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *a, **k: None
