@@ -157,6 +157,7 @@ class Trainer:
         for name, policy, its in by_model.values():
             opt, sched = self.optimizers[id(policy)]
             stats[name] = update_policy(policy, opt, sched, its, self.loss_cfg, self.dist)
+            self.actors.backend.sync_weights(policy.model)  # generation engines see the new weights
             updated |= {r for r in roles if self.policies.get(r) is policy}
         return updated, stats
 
