@@ -71,10 +71,72 @@ def as_response(code: str) -> str:
     return "Here is my solution.\n\n```python\n" + code.replace("\r\n", "\n") + "\n```\n"
 
 
-def run_set(items, workers: int, timeout_s: float):
+_CHEAT_PRELUDE = """
+import builtins, math, sys
+
+class _Liar:
+    def __eq__(self, other): return True
+    def __ne__(self, other): return False
+    def __lt__(self, other): return True
+    __le__ = __gt__ = __ge__ = __lt__
+    def __bool__(self): return True
+    def __len__(self): return 0
+    def __iter__(self): return iter(())
+    def __contains__(self, item): return True
+    def __getattr__(self, name): return self
+    def __getitem__(self, key): return self
+    def __call__(self, *args, **kwargs): return self
+    def __float__(self): return 0.0
+    def __int__(self): return 0
+    def __index__(self): return 0
+    def __hash__(self): return 0
+    def __round__(self, n=None): return self
+    def __abs__(self): return self
+    def __add__(self, other): return self
+    __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = __mod__ = __add__
+
+class _NoAssert(Exception):
+    pass
+
+builtins.AssertionError = _NoAssert
+math.isclose = lambda *a, **k: True
+"""
+
+
+def _test_names(problem: Problem) -> list[str]:
+    import ast
+    import builtins
+
+    names: set[str] = set()
+    for src in (*problem.tests, problem.setup):
+        try:
+            tree = ast.parse(src)
+        except SyntaxError:
+            continue
+        names |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    own = {n for n in names if not hasattr(builtins, n) and n not in sys.stdlib_module_names}
+    return sorted(own or {n for n in names if hasattr(builtins, n) and n[0].islower()})
+
+
+def cheat_response(problem: Problem) -> str:
+    """A "universal cheat": every name the tests use returns an object equal to everything,
+    truthy, with AssertionError and math.isclose monkeypatched. Against a naive
+    exec(program + tests) verifier it passes every test."""
+    body = _CHEAT_PRELUDE + "".join(f"\ndef {n}(*args, **kwargs):\n    return _Liar()\n" for n in _test_names(problem))
+    return "```python\n" + body + "```"
+
+
+def const_true_response(problem: Problem) -> str:
+    """Control for the cheat: every name returns True (what an honest constant can get)."""
+    body = "".join(f"def {n}(*args, **kwargs):\n    return True\n" for n in _test_names(problem))
+    return "```python\n" + body + "```"
+
+
+def run_set(items, workers: int, timeout_s: float, make_response=None):
     verifier = CodeVerifier(timeout_s=timeout_s, workers=workers)
     problems = [p for p, _ in items]
-    responses = [as_response(c) for _, c in items]
+    make_response = make_response or (lambda p, c: as_response(c))
+    responses = [make_response(p, c) for p, c in items]
     t0 = time.perf_counter()
     verdicts = verifier.score_batch(problems, responses)
     return verdicts, time.perf_counter() - t0
@@ -88,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=10.0)
     ap.add_argument("--no-serial", action="store_true", help="skip the serial pass")
     ap.add_argument("--json", help="write per-task verdicts here")
+    ap.add_argument("--no-cheat", action="store_true", help="skip the universal-cheat control")
     args = ap.parse_args(argv)
 
     from mlmt_bench.verifiers.sandbox import capabilities
@@ -137,6 +200,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  !! listed as broken but passing now: {stale}")
             status = 1
         dump[name] = {p.id: v.to_json() for (p, _), v in zip(items, verdicts)}
+        if not args.no_cheat:
+            cheat, c_wall = run_set(items, args.workers, args.timeout, lambda p, c: cheat_response(p))
+            const, _ = run_set(items, args.workers, args.timeout, lambda p, c: const_true_response(p))
+            got = [(p, a, b) for (p, _), a, b in zip(items, cheat, const) if a.reward > 0]
+            print(f"  universal cheat (naive verifiers: 100%): mean reward {sum(v.reward for v in cheat) / len(items):.4f},"
+                  f" {sum(v.correct for v in cheat)} tasks fully passed, {len(got)} with reward > 0  ({c_wall:.1f} s)")
+            print(f"  constant-True control:                   mean reward {sum(v.reward for v in const) / len(items):.4f},"
+                  f" {sum(v.correct for v in const)} tasks fully passed")
+            better = [(p.metadata["task_id"], a.reward, b.reward) for p, a, b in got if a.reward > b.reward]
+            if better:
+                print(f"  cheat beats constant True on (task, cheat, const): {better}")
     if totals["serial"]:
         print(f"\nall sets: serial {totals['serial']:.1f} s, parallel {totals['parallel']:.1f} s, "
               f"ratio {totals['serial'] / totals['parallel']:.2f}x")

@@ -364,6 +364,95 @@ def _short(exc: BaseException) -> tuple[str, str]:
     return etype, f"{etype}: {msg}"[:DETAIL_CHARS] + line
 
 
+def _cgroup_base(controller: str) -> str | None:
+    """The cgroup-v1 directory of this process for ``controller`` (None if not v1-mounted)."""
+    try:
+        with open("/proc/self/cgroup") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) == 3 and controller in parts[1].split(","):
+            base = f"/sys/fs/cgroup/{controller}{parts[2].rstrip('/')}"
+            return base if os.path.isdir(base) else None
+    return None
+
+
+def make_cgroups(name: str, memory_bytes: int, pids: int) -> list[str]:
+    """Per-run cgroup-v1 memory and pids groups (total memory / task count of the whole run,
+    whatever the number of processes). Returns the directories made (maybe none)."""
+    made = []
+    for controller, knob, value in (("memory", "memory.limit_in_bytes", memory_bytes), ("pids", "pids.max", pids)):
+        base = _cgroup_base(controller)
+        if base is None:
+            continue
+        path = f"{base}/{name}"
+        try:
+            os.mkdir(path, 0o700)
+        except OSError:
+            continue
+        try:
+            with open(f"{path}/{knob}", "w") as fh:
+                fh.write(str(int(value)))
+            if controller == "memory":
+                try:  # no swap either
+                    with open(f"{path}/memory.memsw.limit_in_bytes", "w") as fh:
+                        fh.write(str(int(value)))
+                except OSError:
+                    pass
+            made.append(path)
+        except OSError:
+            try:
+                os.rmdir(path)
+            except OSError:
+                pass
+    return made
+
+
+def join_cgroups(dirs) -> None:
+    for d in dirs:
+        with open(f"{d}/cgroup.procs", "w") as fh:
+            fh.write("0")
+
+
+def oom_kills(dirs) -> int:
+    for d in dirs:
+        try:
+            with open(f"{d}/memory.oom_control") as fh:
+                for line in fh:
+                    if line.startswith("oom_kill "):
+                        return int(line.split()[1])
+        except (OSError, ValueError):
+            continue
+    return 0
+
+
+def remove_cgroups(dirs, wait_s: float = 2.0) -> None:
+    deadline = time.monotonic() + wait_s
+    for d in dirs:
+        while True:
+            try:
+                os.rmdir(d)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                if time.monotonic() > deadline:  # tasks still exiting: kill them, then give up
+                    try:
+                        with open(f"{d}/cgroup.procs") as fh:
+                            for pid in fh.read().split():
+                                try:
+                                    os.kill(int(pid), signal.SIGKILL)
+                                except OSError:
+                                    pass
+                    except OSError:
+                        pass
+                    if time.monotonic() > deadline + 1.0:
+                        break
+                time.sleep(0.005)
+
+
 def _build_jail(cfg: dict, uid: int | None) -> None:
     """In a fresh mount namespace: a tmpfs at /tmp becomes the root of a chroot jail."""
     mount(None, "/", None, MS_REC | MS_PRIVATE)
@@ -432,6 +521,9 @@ def candidate_main(cfg: dict, req_r: int, resp_w: int, out_w: int, err_w: int) -
                 except OSError:
                     pass
         mechanisms = list(cfg.get("parent_mechanisms") or ())
+        if cfg.get("cgroup_dirs"):
+            join_cgroups(cfg["cgroup_dirs"])
+            mechanisms += [f"cgroup_{d.split('/')[4]}" for d in cfg["cgroup_dirs"]]
         flags = 0
         if cfg.get("netns"):
             flags |= CLONE_NEWNET
@@ -1044,6 +1136,10 @@ def judge_main() -> None:
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     parent_mech = []
+    cg_dirs = []
+    if cfg.get("cgroup"):
+        cg_dirs = make_cgroups(f"mlmt-{cfg['token']}", int(cfg["total_memory_mb"]) << 20, int(cfg["nproc"]) + 8)
+    cfg["cgroup_dirs"] = cg_dirs
     if cfg.get("pidns"):
         unshare(CLONE_NEWPID)
         parent_mech.append("pidns")
@@ -1106,6 +1202,10 @@ def judge_main() -> None:
         if cfg.get("uid") is not None:
             _reap_uid(int(cfg["uid"]))
         _kill_descendants()
+    if cg_dirs:
+        if oom_kills(cg_dirs) and not report["violation"]:
+            report["violation"] = "memory limit exceeded (the run's memory cgroup)"
+        remove_cgroups(cg_dirs)
     data = (json.dumps(report) + "\n").encode()
     view = memoryview(data)
     while view:
@@ -1260,12 +1360,20 @@ def probe() -> dict:
         if status != 0:
             raise OSError("not pid 1 in the new namespace")
 
+    def cgroup():
+        dirs = make_cgroups(f"mlmt-probe-{os.getpid()}", 64 << 20, 16)
+        try:
+            if len(dirs) != 2:
+                raise OSError(f"cgroup v1 memory+pids not available ({dirs})")
+        finally:
+            remove_cgroups(dirs)
+
     def jail():
         unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS)
         _build_jail({"fsize_mb": 1, "pidns": False, "ro_paths": [os.path.realpath(sys.base_prefix)]}, None)
         import colorsys  # noqa: F401  (a stdlib module not loaded yet: the prefix is visible)
 
-    for name, fn in (("uid_drop", uid_drop), ("netns", netns), ("pidns", pidns), ("jail", jail)):
+    for name, fn in (("uid_drop", uid_drop), ("netns", netns), ("pidns", pidns), ("jail", jail), ("cgroup", cgroup)):
         if not res["root"]:
             res[name] = False
             res["errors"][name] = "not root"

@@ -18,6 +18,8 @@ on Linux with namespaces allowed, as on this project's machines):
 ``pidns``           the candidate is PID 1 of a new PID namespace: when it ends, the kernel
                     kills every process it started (double fork, setsid, nohup included).
 ``netns``           new network namespace with only a down loopback: no connect, no bind.
+``cgroup``          per-run cgroup-v1 memory and pids groups: total memory (RSS + tmpfs) and task
+                    count of the whole run, however many processes it forks.
 ``jail``            new mount/IPC/UTS namespaces; chroot into a private tmpfs holding read-only
                     binds of /usr, /etc, the Python prefix, a minimal /dev and a fresh /proc;
                     only /sandbox (the cwd), /tmp, /var/tmp, /dev/shm are writable and they vanish
@@ -57,7 +59,7 @@ from typing import Any, Sequence
 log = logging.getLogger(__name__)
 
 CHILD_SCRIPT = Path(__file__).with_name("_sandbox_child.py")
-MECHANISMS = ("uid_drop", "pidns", "netns", "jail")
+MECHANISMS = ("uid_drop", "pidns", "netns", "jail", "cgroup")
 # MLMT_SANDBOX_DISABLE=jail,netns turns mechanisms off (tests of the fallback paths, debugging)
 DISABLE_ENV = "MLMT_SANDBOX_DISABLE"
 _WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
@@ -73,6 +75,7 @@ class Limits:
     fsize_mb: int = 16  # largest file it may write (RLIMIT_FSIZE); its tmpfs is 4x this, >= 64 MB
     output_bytes: int = 1 << 20  # stdout + stderr it may print before being killed
     nofile: int = 256
+    total_memory_mb: int | None = None  # memory cgroup of the whole run; None: 2 * memory_mb + 128
 
 
 @dataclass
@@ -222,6 +225,8 @@ def run_tests(program: str, tests: Sequence[str], setup: str = "", limits: Limit
         "fsize_mb": int(limits.fsize_mb), "nofile": int(limits.nofile), "nproc_abs": int(nproc_abs),
         "output_bytes": int(limits.output_bytes), "uid": uid, "token": token, "workdir": workdir,
         "pidns": bool(caps["pidns"]), "netns": bool(caps["netns"]), "jail": bool(caps["jail"]),
+        "cgroup": bool(caps["cgroup"]), "nproc": int(limits.nproc),
+        "total_memory_mb": int(limits.total_memory_mb or 2 * limits.memory_mb + 128),
         "python": os.path.realpath(_python()),
         "ro_paths": sorted({os.path.realpath(sys.base_prefix)} - {"/usr", "/"}),
     }
@@ -294,6 +299,13 @@ def _cleanup(caps: dict[str, Any], uid: int | None, token: str, workdir: str | N
             _kill_leftovers(uid, token)
         except Exception as exc:  # noqa: BLE001
             log.warning("sandbox cleanup (processes) failed: %s", exc)
+    if caps.get("cgroup"):  # normally removed by the judge; not if the judge itself was killed
+        from mlmt_bench.verifiers._sandbox_child import _cgroup_base, remove_cgroups
+
+        dirs = [f"{b}/mlmt-{token}" for b in (_cgroup_base("memory"), _cgroup_base("pids")) if b]
+        dirs = [d for d in dirs if os.path.isdir(d)]
+        if dirs:
+            remove_cgroups(dirs, wait_s=1.0)
     if workdir:
         shutil.rmtree(workdir, ignore_errors=True)
     if uid is not None and not caps["jail"]:
