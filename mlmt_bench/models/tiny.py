@@ -1,0 +1,150 @@
+"""Tiny Llama-architecture policies built from a preset (no download), for CPU runs and tests.
+
+The presets live in ``registry/models/tiny-*.yaml`` (the single source of the numbers):
+``tiny-0.5m``, ``tiny-2m``, ``tiny-8m``, ``tiny-20m``. The vocabulary, pad and EOS ids come
+from the tokenizer; there is no BOS; input and output embeddings are tied.
+
+A preset is found, in order, in ``$MLMT_BENCH_REGISTRY/models/``, ``./registry/models/`` and
+the ``registry/models/`` folder of the source checkout this module was imported from. A path to
+a ``.yaml`` file is accepted as the preset too.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from mlmt_bench.errors import UserError
+
+#: Keys of a preset's ``config:`` mapping, passed to ``LlamaConfig`` (``rope_theta`` is
+#: translated to ``rope_parameters``).
+CONFIG_KEYS = (
+    "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+    "max_position_embeddings", "rope_theta", "rms_norm_eps", "initializer_range", "tie_word_embeddings",
+    "head_dim", "hidden_act",
+)
+
+
+def registry_dirs() -> list[Path]:
+    """Folders searched for ``<preset>.yaml``, first match wins."""
+    dirs: list[Path] = []
+    env = os.environ.get("MLMT_BENCH_REGISTRY")
+    if env:
+        dirs.append(Path(env) / "models")
+    dirs.append(Path.cwd() / "registry" / "models")
+    dirs.append(Path(__file__).resolve().parents[2] / "registry" / "models")
+    out: list[Path] = []
+    for d in dirs:
+        if d not in out:
+            out.append(d)
+    return out
+
+
+def preset_names() -> list[str]:
+    names: set[str] = set()
+    for d in registry_dirs():
+        if d.is_dir():
+            names.update(p.stem for p in d.glob("tiny-*.yaml"))
+    return sorted(names)
+
+
+def load_preset(preset: str | os.PathLike[str]) -> dict[str, Any]:
+    """The preset's YAML as a dict (``name``, ``kind``, ``description``, ``config``)."""
+    import yaml
+
+    path: Path | None = None
+    p = Path(preset)
+    if p.suffix in (".yaml", ".yml") and p.is_file():
+        path = p
+    else:
+        for d in registry_dirs():
+            cand = d / f"{preset}.yaml"
+            if cand.is_file():
+                path = cand
+                break
+    if path is None:
+        import difflib
+
+        known = preset_names()
+        close = difflib.get_close_matches(str(preset), known, n=1, cutoff=0.5)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise UserError(f"unknown tiny model preset {str(preset)!r}{hint} (known: {', '.join(known) or 'none'}; "
+                        f"searched {', '.join(str(d) for d in registry_dirs())})")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
+        raise UserError(f"{path}: expected a mapping with a 'config:' mapping of LlamaConfig numbers")
+    unknown = sorted(set(data["config"]) - set(CONFIG_KEYS))
+    if unknown:
+        raise UserError(f"{path}: config: unknown key(s) {', '.join(unknown)} (known: {', '.join(CONFIG_KEYS)})")
+    data.setdefault("name", path.stem)
+    return data
+
+
+def tiny_config(preset: str | os.PathLike[str], tokenizer: Any) -> Any:
+    """The ``LlamaConfig`` of a preset, with vocabulary and special ids from ``tokenizer``."""
+    from transformers import LlamaConfig
+
+    cfg = dict(load_preset(preset)["config"])
+    rope_theta = float(cfg.pop("rope_theta", 10000.0))
+    return LlamaConfig(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
+        use_cache=True,
+        **cfg,
+    )
+
+
+def build_tiny_model(preset: str | os.PathLike[str], tokenizer: Any, seed: int = 0) -> Any:
+    """A freshly initialised ``LlamaForCausalLM`` (float32, train mode) for ``preset``.
+
+    Initialisation is deterministic for ``seed`` and does not touch the global RNG.
+    """
+    import torch
+    from transformers import LlamaForCausalLM
+
+    config = tiny_config(preset, tokenizer)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.bos_token_id = None
+    model.train()
+    return model
+
+
+def num_parameters(model: Any) -> int:
+    """Distinct parameters (tied embeddings counted once)."""
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel()
+    return total
+
+
+def save_checkpoint(model: Any, tokenizer: Any, directory: str | os.PathLike[str]) -> Path:
+    """Write model and tokenizer as an ordinary HF checkpoint directory."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(directory))
+    tokenizer.save_pretrained(str(directory))
+    return directory
+
+
+def load_checkpoint(directory: str | os.PathLike[str]) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` from a checkpoint directory (float32, eval mode)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    return model, tokenizer
