@@ -28,11 +28,16 @@ from mlmt_bench.verifiers.code import CodeVerifier
 
 DATA_DIR = Path(os.environ.get("MLMT_DATA_DIR", "/work/shared/data"))
 
-# Reference solutions that fail their own tests upstream (checked by hand against the data
-# files; they fail the same way under a plain `exec(code + setup + tests)`), keyed by
-# (set, task_id), with the reason.
-KNOWN_BROKEN_MBPP: dict[tuple[str, int], str] = {
-}
+# Reference solutions that fail their own tests upstream, keyed by (set, task_id), with a
+# one-line reason each. It is empty, and that was checked rather than assumed: with these data
+# files (see /work/shared/data/SOURCES.md) every reference solution of both sets passes all of
+# its tests through this verifier (974/974 full, 427/427 sanitized), and also under a plain
+# `exec(code + "\n" + setup + "\n" + tests)` in a fresh CPython 3.11.7 with PYTHONHASHSEED
+# 0..7 (no hash-order dependence), and the 11 full-set `challenge_test_list`s pass too. MBPP's
+# known defects are elsewhere (task 118's junk prompt text, prompts that do not name the function
+# the tests call), which a reference-solution run cannot see. Add an entry only for a failure
+# that reproduces under a plain exec; a failure that only this verifier shows is a bug here.
+KNOWN_BROKEN_MBPP: dict[tuple[str, int], str] = {}
 
 
 def load_full(path: Path | None = None) -> list[tuple[Problem, str]]:
@@ -156,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     from mlmt_bench.verifiers.sandbox import capabilities
 
     caps = capabilities()
-    print("isolation:", ", ".join(m for m in ("uid_drop", "pidns", "netns", "jail") if caps.get(m)) or "basic",
+    print("isolation:", ", ".join(m for m in ("uid_drop", "pidns", "netns", "jail", "cgroup") if caps.get(m)) or "basic",
           f"(cpus={os.cpu_count()})")
     status = 0
     dump = {}

@@ -388,6 +388,17 @@ def test_monkeypatching_assert_builtins_and_eq_cannot_fake_a_pass():
     assert (v.kind, v.reward) == ("wrong", 0.0), (v, run.details)
 
 
+def test_rebinding_an_expected_value_defined_by_the_setup_does_not_help():
+    v, _ = attack("""
+        def f(x):
+            globals()["expected"] = 7
+            globals()["expected_list"] = [7]
+            return 7
+        """, tests=("assert f(1) == expected", "assert [f(1)] == expected_list"),
+        setup="expected = 12345\nexpected_list = [12345]")
+    assert (v.kind, v.reward) == ("wrong", 0.0)
+
+
 def test_inspecting_frames_and_memory_finds_no_expected_value():
     secret = 10 ** 17 + secrets.randbelow(10 ** 17)
     v, run = attack(f"""

@@ -1065,22 +1065,48 @@ class _Rewriter(ast.NodeTransformer):
         return ast.copy_location(call, node)
 
 
-def _trusted_namespace(setup: str) -> dict:
+def judge_setup(setup: str) -> tuple[dict, set[str]]:
+    """J's trusted namespace from the setup, and the names only C has.
+
+    The setup runs in C (after the program: MBPP's ``root = Node(1)`` needs the program's class),
+    so what it binds is candidate-controlled there. J itself takes only the setup's stdlib
+    imports and its plain-literal assignments (``expected = [1, 2]``, via ``ast.literal_eval``);
+    tests then use J's copies. Every other name the setup binds is "C only": a test's use of it
+    is evaluated in C, like a call to the program (fine for inputs, not for expected values).
+    """
     ns: dict = {"__builtins__": builtins, "__name__": "__judge__"}
+    c_only: set[str] = set()
     try:
         tree = ast.parse(setup or "")
-    except BaseException:  # noqa: BLE001
-        return ns
+    except BaseException:  # noqa: BLE001 - C reports the setup's syntax error
+        return ns, c_only
     for node in tree.body:
+        bound = _bound_names(node)
+        done = False
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
             if all(m.split(".")[0] in sys.stdlib_module_names and m.split(".")[0] not in _NO_IMPORT
                    for m in mods) and not getattr(node, "level", 0):
                 try:
                     exec(compile(ast.Module([node], []), "<setup-imports>", "exec"), ns)  # noqa: S102
+                    done = True
                 except Exception:  # noqa: BLE001
                     pass
-    return ns
+        elif isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets):
+            try:
+                value = ast.literal_eval(node.value)
+                for t in node.targets:
+                    ns[t.id] = value
+                done = True
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                pass
+        if done:
+            c_only -= bound
+        else:
+            c_only |= bound
+            for name in bound:
+                ns.pop(name, None)
+    return ns, c_only
 
 
 def prepare_test(test: str, ns: dict, setup_bound: set[str], program_defs: set[str], table: list):
@@ -1242,11 +1268,7 @@ def _judge_run(judge: Judge, cfg: dict, tests: list, report: dict) -> None:
     report["mechanisms"] = [str(m) for m in first.get("mechanisms", [])]
     report["status"] = "loading"
     # prepare the tests while C loads the program
-    ns = _trusted_namespace(cfg.get("setup") or "")
-    try:
-        setup_bound = _bound_names(ast.parse(cfg.get("setup") or "")) - set(ns)
-    except BaseException:  # noqa: BLE001
-        setup_bound = set()
+    ns, setup_bound = judge_setup(cfg.get("setup") or "")
     program_defs = _top_level_defs(cfg["program"])
     table: list[str] = []
     codes = []

@@ -17,7 +17,14 @@ Order of execution in the sandbox, as in MBPP: the program, then ``problem.setup
 ``test_setup_code`` / ``test_imports``; it may use the program's names), then the tests, each
 evaluated by the trusted judge (see :mod:`mlmt_bench.verifiers.sandbox`). The program runs as a
 module named ``__solution__`` (``if __name__ == "__main__":`` blocks are skipped), with the
-standard library only.
+standard library only; builtins it monkeypatches are restored before each answer is sent.
+
+What the judge trusts: the tests' own text, stdlib modules, and from the setup only its stdlib
+imports and plain-literal assignments. Anything else the setup defines lives in the candidate's
+process, so it is fine as an *input* (``root = Node(1)``) but must not hold an expected value.
+Results cross from the candidate as plain data (numbers, strings, bytes, containers, Counter,
+deque, Decimal, Fraction, iterators as lists); any other object arrives as an opaque token that
+only has its truth value and equals nothing but itself.
 """
 
 from __future__ import annotations
