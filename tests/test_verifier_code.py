@@ -227,3 +227,17 @@ def test_every_mbpp_reference_solution_outside_the_known_broken_list_passes():
             if not v.correct and (name, p.metadata["task_id"]) not in bench.KNOWN_BROKEN_MBPP:
                 failures.append((name, p.id, v.kind, v.detail))
     assert not failures, json.dumps(failures[:20], indent=1)
+
+
+def test_humaneval_style_check_function(verifier):
+    """HumanEval tests define check(candidate) and call it with the function: the judge gets a
+    callable handle; each call runs in the sandbox, the comparisons stay in the judge."""
+    test = ("def check(candidate):\n    assert candidate([1.0, 2.0, 3.0], 0.5) == False\n"
+            "    assert candidate([1.0, 2.8, 3.0, 4.0, 5.0, 2.0], 0.3) == True\n"
+            "    assert abs(candidate([1.0, 1.05], 0.1) - 1) < 1e-9\n\ncheck(has_close_elements)\n")
+    p = Problem(id="t/he0", benchmark="test", prompt="", tests=(test,))
+    good = ("def has_close_elements(numbers, threshold):\n    return any(abs(a - b) < threshold "
+            "for i, a in enumerate(numbers) for b in numbers[i + 1:])")
+    assert verifier.score(p, fenced(good)).kind == "ok"
+    liar = "class L:\n    def __eq__(s, o):\n        return True\ndef has_close_elements(n, t):\n    return L()"
+    assert verifier.score(p, fenced(liar)).reward == 0.0

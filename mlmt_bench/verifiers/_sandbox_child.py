@@ -248,24 +248,43 @@ def encode_value(v, _budget=None):
         return ["IT"] + items
     if isinstance(v, (collections.abc.KeysView, collections.abc.ValuesView, collections.abc.ItemsView)):
         return ["L"] + [e(x) for x in v]
-    # anything else (a re.Match, an instance of the program's own class ...) travels as an opaque
-    # token carrying only its truth value: `assert f(x)` / `assert not f(x)` still work, and a
-    # truth bit is no more than returning True/False. It compares equal to nothing but itself.
+    if isinstance(v, Opaque):  # J passing a sandbox object back (e.g. a function) as an argument
+        if v.handle is None:
+            raise EncodeError("this sandbox object cannot be sent back")
+        return ["H", v.handle]
+    # anything else (a re.Match, an instance of the program's own class, a function ...) travels
+    # as an opaque token carrying only its truth value and, if callable, a handle J can call
+    # (HumanEval's `check(candidate)`): `assert f(x)` / `assert not f(x)` still work, and a truth
+    # bit is no more than returning True/False. It compares equal to nothing but itself.
     try:
         truth = bool(v)
     except Exception:  # noqa: BLE001
         truth = None
-    return ["OBJ", str(type(v).__name__)[:80], truth]
+    handle = None
+    if callable(v):
+        handle = len(_HANDLES) + 1
+        _HANDLES[handle] = v
+    return ["OBJ", str(type(v).__name__)[:80], truth, handle]
+
+
+_HANDLES: dict = {}  # C only: callables J holds handles to
+_JUDGE = None  # J only: the Judge that Opaque.__call__ goes through
 
 
 class Opaque:
     """J's stand-in for a sandbox value that is not plain data (see ``encode_value``)."""
 
-    __slots__ = ("type_name", "truth")
+    __slots__ = ("type_name", "truth", "handle")
 
-    def __init__(self, type_name: str, truth: bool | None) -> None:
+    def __init__(self, type_name: str, truth: bool | None, handle: int | None = None) -> None:
         self.type_name = type_name
         self.truth = truth
+        self.handle = handle
+
+    def __call__(self, *args, **kwargs):
+        if self.handle is None or _JUDGE is None:
+            raise TypeError(f"the {self.type_name} object in the sandbox is not callable")
+        return _JUDGE.call(self.handle, args, kwargs)
 
     def __bool__(self) -> bool:
         if self.truth is None:
@@ -340,8 +359,13 @@ def decode_value(x):
         if type(num) is not int or type(den) is not int:
             raise DecodeError("malformed fraction")
         return fractions.Fraction(num, den)
-    if tag == "OBJ" and len(rest) == 2 and isinstance(rest[0], str) and rest[1] in (True, False, None):
-        return Opaque(rest[0][:80], rest[1])
+    if tag == "OBJ" and len(rest) == 3 and isinstance(rest[0], str) and rest[1] in (True, False, None) \
+            and (rest[2] is None or (type(rest[2]) is int and rest[2] > 0)):
+        return Opaque(rest[0][:80], rest[1], rest[2])
+    if tag == "H" and len(rest) == 1 and type(rest[0]) is int:
+        if rest[0] not in _HANDLES:  # only meaningful in C, for handles it gave out
+            raise DecodeError("unknown handle")
+        return _HANDLES[rest[0]]
     raise DecodeError(f"unknown value tag {tag[:20]!r}")
 
 
@@ -689,20 +713,26 @@ def _serve(cfg: dict, req_r: int, resp_w: int) -> None:
         try:
             os.set_blocking(req_r, True)
             msg = read_frame(req_r)
-            if msg.get("t") != "eval":
+            if msg.get("t") not in ("eval", "call"):
                 os._exit(0)
         except BaseException:  # noqa: BLE001
             os._exit(0)
         rid = None
         try:
             rid = msg.get("id")
-            code = compile(msg["src"], "<test>", "eval")
-            env = g
-            if msg.get("locals"):
-                env = dict(g)
-                for k, v in msg["locals"].items():
-                    env[k] = decode_value(v)
-            value = eval(code, env)  # noqa: S307
+            if msg["t"] == "call":
+                fn = _HANDLES[msg["h"]]
+                args = [decode_value(a) for a in msg["args"]]
+                kwargs = {k: decode_value(v) for k, v in msg["kwargs"].items()}
+                value = fn(*args, **kwargs)
+            else:
+                code = compile(msg["src"], "<test>", "eval")
+                env = g
+                if msg.get("locals"):
+                    env = dict(g)
+                    for k, v in msg["locals"].items():
+                        env[k] = decode_value(v)
+                value = eval(code, env)  # noqa: S307
             restore()
             data = pack({"t": "result", "id": rid, "ok": True, "v": encode_value(value)})
             if len(data) > MAX_FRAME:
@@ -971,12 +1001,21 @@ class Judge:
             raise ProgramGone(self.status) from None
 
     def remote(self, src: str, local_values: dict):
+        enc = {k: encode_value(v) for k, v in local_values.items()}
+        return self._request({"t": "eval", "src": src, "locals": enc})
+
+    def call(self, handle: int, args: tuple, kwargs: dict):
+        enc_args = [encode_value(a) for a in args]
+        enc_kwargs = {str(k): encode_value(v) for k, v in kwargs.items()}
+        return self._request({"t": "call", "h": handle, "args": enc_args, "kwargs": enc_kwargs})
+
+    def _request(self, msg: dict):
         if self.status is not None:
             raise ProgramGone(self.status)
         self.next_id += 1
         rid = self.next_id
-        enc = {k: encode_value(v) for k, v in local_values.items()}
-        self.send({"t": "eval", "id": rid, "src": src, "locals": enc})
+        msg["id"] = rid
+        self.send(msg)
         while True:
             frame = self.next_frame()
             if frame.get("t") != "result" or frame.get("id") != rid:
@@ -1283,6 +1322,8 @@ def _judge_run(judge: Judge, cfg: dict, tests: list, report: dict) -> None:
         return judge.remote(table[idx], local_values)
 
     ns["__mlmt_remote__"] = remote
+    global _JUDGE
+    _JUDGE = judge
     frame = judge.next_frame()
     if frame.get("t") == "load_error":
         report["status"] = "load_error"
