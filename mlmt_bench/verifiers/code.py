@@ -33,6 +33,8 @@ import ast
 import logging
 import re
 import textwrap
+import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
@@ -47,9 +49,16 @@ _OPEN_FENCE = re.compile(r"^[ \t]*```[ \t]*([^\s`]*)[^\n]*\n", re.M)
 _PY_LANGS = {"python", "py", "python3", "py3", "pycon", "ipython"}
 
 
+# compiling model output must not print its SyntaxWarnings / DeprecationWarnings (invalid
+# escapes ...) in the host; catch_warnings touches global state, hence the lock
+_quiet = threading.Lock()
+
+
 def _parses(text: str) -> bool:
     try:
-        ast.parse(text)
+        with _quiet, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ast.parse(text)
         return True
     except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
         return False
@@ -87,7 +96,9 @@ def extract_program(response: Any) -> str | None:
 
 def _syntax_error(program: str) -> str | None:
     try:
-        compile(program, "solution.py", "exec", dont_inherit=True)
+        with _quiet, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compile(program, "solution.py", "exec", dont_inherit=True)
     except SyntaxError as exc:
         where = f" (line {exc.lineno})" if exc.lineno else ""
         return f"{type(exc).__name__}: {exc.msg}{where}"
