@@ -21,11 +21,13 @@ class Dist:
     def __init__(self) -> None:
         self.rank, self.world = 0, 1
         self._dist = None
+        self.device = torch.device("cpu")
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             from accelerate import PartialState
 
             state = PartialState(cpu=not torch.cuda.is_available())
             self.rank, self.world = state.process_index, state.num_processes
+            self.device = state.device  # NCCL reduces only tensors on the process's GPU
             import torch.distributed as dist
 
             self._dist = dist
@@ -45,14 +47,14 @@ class Dist:
     def sum(self, value: float) -> float:
         if not self.enabled:
             return value
-        t = torch.tensor([float(value)], dtype=torch.float64)
+        t = torch.tensor([float(value)], dtype=torch.float64, device=self.device)
         self._dist.all_reduce(t)
         return float(t)
 
     def max(self, value: float) -> float:
         if not self.enabled:
             return value
-        t = torch.tensor([float(value)], dtype=torch.float64)
+        t = torch.tensor([float(value)], dtype=torch.float64, device=self.device)
         self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX)
         return float(t)
 
@@ -75,7 +77,8 @@ class Dist:
         """max − min over processes of a weight checksum: 0.0 when every replica holds the same weights."""
         if not self.enabled:
             return 0.0
-        checksum = torch.tensor([sum(float(p.detach().double().sum()) for p in params)], dtype=torch.float64)
+        checksum = torch.tensor([sum(float(p.detach().double().sum()) for p in params)], dtype=torch.float64,
+                                device=self.device)
         hi, lo = checksum.clone(), checksum.clone()
         self._dist.all_reduce(hi, op=self._dist.ReduceOp.MAX)
         self._dist.all_reduce(lo, op=self._dist.ReduceOp.MIN)

@@ -83,7 +83,8 @@ def build(spec: RunSpec, progress: bool = True) -> Components:
     dirs = {}
     if any(p is not None and p.model == "tiny" and not p.path for p in (spec.policies.solver, spec.policies.critic)):
         dirs, _ = bootstrap_dirs(spec, progress=progress)
-    solver = registry.models.get(spec.policies.solver.model)("solver", spec.policies.solver, dirs)
+    device = _device()
+    solver = registry.models.get(spec.policies.solver.model)("solver", spec.policies.solver, dirs, device)
     policies: dict[str, Any] = {"solver": solver, "critic": None}
     variant = getattr(params, "variant", None)
     if variant == "shared_policy":
@@ -92,12 +93,21 @@ def build(spec: RunSpec, progress: bool = True) -> Components:
         critic_spec = spec.policies.critic
         if variant == "fixed_feedback":
             critic_spec = critic_spec.model_copy(update={"trainable": False})
-        policies["critic"] = registry.models.get(critic_spec.model)("critic", critic_spec, dirs)
+        policies["critic"] = registry.models.get(critic_spec.model)("critic", critic_spec, dirs, device)
     if variant == "oracle_feedback" and not hasattr(benchmark, "oracle_feedback"):
         raise UserError(f"algorithm.params.variant: oracle_feedback needs a benchmark with an oracle critic "
                         f"(synthetic-*), not {b.name}")
     return Components(benchmark, templates_for(spec, benchmark), verifier, verifier_name, backend, policies,
                       algorithm, train, evals)
+
+
+def _device() -> str | None:
+    """This process's GPU (``LOCAL_RANK`` under accelerate), or None for the CPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
 
 
 def make_trainer(spec: RunSpec, comp: Components, run_dir: RunDir) -> Any:

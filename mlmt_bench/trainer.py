@@ -212,6 +212,7 @@ class Trainer:
             if policy is None or id(policy) in loaded or not (ckpt / role).exists():
                 continue
             policy.load_weights(ckpt / role)
+            self.actors.backend.sync_weights(policy.model)
             loaded.add(id(policy))
         for role, (opt_state, sched_state) in state["optimizers"].items():
             opt, sched = self.optimizers[id(self.policies[role])]
