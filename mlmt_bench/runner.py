@@ -48,15 +48,9 @@ def bootstrap_dirs(spec: RunSpec, progress: bool = True, evaluate: bool = False)
     """Checkpoints of the warm start (built on first use, then reused from the cache)."""
     if spec.bootstrap is None:
         return {}, {}
-    from pydantic import ValidationError
-
     from mlmt_bench.models.bootstrap import BootstrapConfig, ensure_bootstrap, evaluate_bootstrap
-    from mlmt_bench.spec import format_validation_error
 
-    try:
-        cfg = BootstrapConfig.model_validate(spec.bootstrap)
-    except ValidationError as exc:
-        raise UserError(format_validation_error("spec", exc, "bootstrap", BootstrapConfig)) from None
+    cfg = BootstrapConfig.model_validate(spec.bootstrap)  # checked by spec.validate_run
     result = ensure_bootstrap(cfg, progress=progress)
     report = dict(result.report)
     if evaluate:

@@ -121,7 +121,7 @@ class ExperimentSpec(_Spec):
     """Several arms (run-spec overrides of one base) × seeds, compared in one report."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")
-    base: dict[str, Any]
+    base: dict[str, Any] | str = Field(description="a run spec, inline or as a path relative to this file")
     arms: dict[str, dict[str, Any]] = Field(min_length=1)
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     output_dir: str = "runs"
@@ -323,6 +323,13 @@ def validate_run(data: dict[str, Any], source: str) -> RunSpec:
     except ValidationError as exc:
         raise UserError(format_validation_error(source, exc, "algorithm.params", params_model)) from None
     spec.algorithm.params = params.model_dump()
+    if spec.bootstrap is not None:
+        from mlmt_bench.models.bootstrap import BootstrapConfig
+
+        try:
+            BootstrapConfig.model_validate(spec.bootstrap)
+        except ValidationError as exc:
+            raise UserError(format_validation_error(source, exc, "bootstrap", BootstrapConfig)) from None
     if spec.algorithm.name == "mlmt" and params.variant not in ("shared_policy", "oracle_feedback", "null_feedback") \
             and spec.policies.critic is None:
         raise UserError(f"{source}: policies.critic: required by algorithm mlmt (variant {params.variant})")
@@ -360,7 +367,8 @@ def load_experiment(path: Path | str, overrides: list[str] | None = None) -> tup
         exp = ExperimentSpec.model_validate(data)
     except ValidationError as exc:
         raise UserError(format_validation_error(str(path), exc, model=ExperimentSpec)) from None
-    base = apply_overrides(exp.base, overrides or [], RunSpec)
+    base_raw = load_raw(path.parent / exp.base) if isinstance(exp.base, str) else exp.base
+    base = apply_overrides(base_raw, overrides or [], RunSpec)
     exp.base = base
     arms: dict[str, RunSpec] = {}
     for arm, over in exp.arms.items():
