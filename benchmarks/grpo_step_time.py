@@ -38,6 +38,7 @@ import json
 import os
 import platform
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -217,6 +218,8 @@ def run_mlmt(args: argparse.Namespace) -> dict[str, Any]:
             texts[key] = s.getvalue()
         out["profile"] = texts
         out["profile_steps"] = args.steps
+    if not args.keep_tmp:
+        shutil.rmtree(work, ignore_errors=True)
     return out
 
 
@@ -336,6 +339,8 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
     trainer.train()
     elapsed = time.perf_counter() - t0
     assert len(ends) == total and len(tokens_per_call) == total, (len(ends), len(tokens_per_call))
+    if not args.keep_tmp:
+        shutil.rmtree(work, ignore_errors=True)
     step_s = [ends[i] - ends[i - 1] for i in range(args.warmup, total)]
     core = [ends[i] - begins[i] for i in range(args.warmup, total)]
     rollout = gen_s[args.warmup:total]
@@ -388,6 +393,8 @@ def _child(args: argparse.Namespace, side: str, model_dir: str, out: Path, profi
         cmd.append("--no-force-length")
     if profile:
         cmd.append("--profile")
+    if args.keep_tmp:
+        cmd.append("--keep-tmp")
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
            "PYTHONWARNINGS": "ignore"}
@@ -482,6 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile-top", type=int, default=30)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "grpo_step_time.json"))
     p.add_argument("--verbose", action="store_true", help="show the children's output")
+    p.add_argument("--keep-tmp", action="store_true", help="keep the model and run directories under $TMPDIR")
     p.add_argument("--only", choices=["mlmt", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
     p.add_argument("--child-out", help=argparse.SUPPRESS)
@@ -563,6 +571,8 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
     }, indent=2))
     print(f"\nwrote {out}")
+    if not args.keep_tmp:
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 
