@@ -60,7 +60,13 @@ class Algorithm:
 
     @staticmethod
     def items(rollout: Rollout, indices: list[int], beta: float) -> list[TrainItem]:
-        """Train items for turns whose gradient is non-zero (advantage ≠ 0 or a KL term)."""
+        """Train items for turns whose gradient is non-zero (advantage ≠ 0 or a KL term).
+
+        Dropping zero-advantage turns saves their forward/backward pass, and it also takes them
+        out of the loss normaliser: as with DAPO's dynamic sampling, a flat group leaves the
+        batch instead of being averaged in as zeros (TRL's ``dapo`` loss keeps them in the
+        denominator, so its effective step is smaller when many groups are flat).
+        """
         return [TrainItem(rollout.turns[i].prompt_ids, rollout.turns[i].ids, rollout.turns[i].advantage, beta)
                 for i in indices if rollout.turns[i].ids and (rollout.turns[i].advantage != 0.0 or beta > 0)]
 
