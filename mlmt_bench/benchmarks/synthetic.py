@@ -1,47 +1,54 @@
 """``synthetic-arith``: multi-step integer arithmetic with written steps and an oracle critic.
 
-The embedded default benchmark: small enough that a 1-10M parameter character-level model
-learns it on a laptop CPU in minutes, yet a real learning problem with a verifiable answer,
-room to make (and to fix) mistakes, and a rule-based critic that knows the gold solution.
+The embedded default benchmark: small enough that a ~0.5M-parameter character-level model
+learns it on a laptop CPU in a minute or two, yet a real learning problem with a verifiable
+answer, room to make (and to fix) mistakes, and a rule-based critic that knows the gold steps.
 
 A problem is an expression over small positive integers evaluated **left to right** (no
 operator precedence), every intermediate result reduced modulo ``modulus``::
 
-    problem   7+5*3-4
-    solution  7+5=12;12*3=36;36-4=32;#32
-    answer    32
+    problem   9-6+9+1                       7+5*3-4       (ops="+-*")
+    solution  9-6=3;3+9=12;12+1=13;#13      7+5=12;12*3=36;36-4=32;#32
+    answer    13                            32
 
 The solution writes one step per operator, ``a<op>b=r`` separated by ``;``, then ``#`` and the
-final answer. ``difficulty`` is the number of steps (operators); ``max_operand`` bounds the
-operands (1..max_operand) and ``modulus`` the intermediate values (0..modulus-1).
+final answer. Options: ``difficulty`` is the number of steps (operators, default 3),
+``ops`` the operators drawn from (default ``"+-"``; ``"+-*"`` adds products mod 100, much
+harder for a tiny model), ``max_operand`` bounds the operands (1..max_operand, default 9) and
+``modulus`` the values (0..modulus-1, default 100). Ready-made settings:
+``registry/benchmarks/synthetic-*.yaml``.
 
-Besides the problems, the module provides what the bootstrap and the ``oracle_feedback``
+Besides the problems, the module provides what the warm start and the ``oracle_feedback``
 ablation need:
 
-- :func:`oracle_feedback` ``(problem, attempt) -> str``: a critic that sees the gold steps and
-  names the first wrong step with its correct value (``step 2 wrong: 12*3=36``), a wrong final
-  line (``answer wrong: #32``) or says ``answer ok``.
+- :func:`oracle_feedback` ``(problem, attempt) -> str``: a critic that sees the gold steps. A
+  right answer gets ``ok;ok;ok;answer ok``; otherwise it walks the steps, ``ok`` for each
+  right one, and stops at the first wrong one with its correct form (``ok;wrong: 3+9=12``),
+  or ends ``answer wrong: #13`` when only the final line is wrong.
 - :func:`inject_errors` ``(solution, rng) -> str``: a plausible wrong attempt (an arithmetic
   slip, a miscopied operand or operator, a dropped step ...) whose later steps are computed
   consistently from the mistake, as a model would.
 - :func:`apply_feedback` ``(problem, attempt, feedback) -> str``: the scripted corrector that
-  applies only the feedback's correction and recomputes what follows.
+  applies only the feedback's correction and recomputes what follows (``revision=True``:
+  only the part that changes, ``3+9=12;12+1=13;#13``, the form the warm solver writes).
 """
 
 from __future__ import annotations
 
 import random
 import re
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 from mlmt_bench.benchmarks.base import Benchmark
 from mlmt_bench.errors import UserError
 from mlmt_bench.types import Problem, PromptTemplates
 
 OPS = "+-*"
+DEFAULT_OPS = "+-"
 ANSWER_MARK = "#"
 STEP_SEP = ";"
 OK_FEEDBACK = "answer ok"
+STEP_OK = "ok"
 
 #: Short on purpose: the tiny models pay for every character.
 TEMPLATES = PromptTemplates(
@@ -55,7 +62,7 @@ Step = tuple[int, str, int, int]  # (a, op, b, result)
 
 _STEP_RE = re.compile(r"^\s*(-?\d+)\s*([+\-*])\s*(-?\d+)\s*=\s*(-?\d+)\s*$")
 _ANSWER_RE = re.compile(r"#\s*(-?\d+)")
-_FEEDBACK_STEP_RE = re.compile(r"step\s+(\d+)\s+wrong:\s*(-?\d+)\s*([+\-*])\s*(-?\d+)\s*=\s*(-?\d+)")
+_FEEDBACK_STEP_RE = re.compile(r"((?:\s*ok\s*;)*)\s*wrong:\s*(-?\d+)\s*([+\-*])\s*(-?\d+)\s*=\s*(-?\d+)")
 _FEEDBACK_ANSWER_RE = re.compile(r"answer wrong:\s*#\s*(-?\d+)")
 _PROBLEM_RE = re.compile(r"^\s*(\d+)((?:\s*[+\-*]\s*\d+)+)\s*$")
 
@@ -86,12 +93,19 @@ def format_solution(steps: Sequence[Step], answer: int | None = None) -> str:
     return STEP_SEP.join(format_step(s) for s in steps) + f"{STEP_SEP}{ANSWER_MARK}{answer}"
 
 
-def solve(first: int, ops: Sequence[tuple[str, int]], modulus: int) -> list[Step]:
-    """The gold steps for ``first op1 b1 op2 b2 ...`` evaluated left to right mod ``modulus``."""
+Arithmetic = Callable[[int, str, int, int], int]  # (a, op, b, modulus) -> result
+
+
+def solve(first: int, ops: Sequence[tuple[str, int]], modulus: int, arithmetic: Arithmetic = apply_op) -> list[Step]:
+    """The gold steps for ``first op1 b1 op2 b2 ...`` evaluated left to right mod ``modulus``.
+
+    ``arithmetic`` replaces the true one (e.g. to write the solution of a solver with
+    misconceptions, as the warm start does).
+    """
     steps: list[Step] = []
     a = first % modulus
     for op, b in ops:
-        r = apply_op(a, op, b, modulus)
+        r = arithmetic(a, op, b, modulus)
         steps.append((a, op, b, r))
         a = r
     return steps
@@ -138,57 +152,91 @@ def _modulus(problem: Problem) -> int:
 # --------------------------------------------------------------------------- oracle critic
 
 
+def step_feedback(i: int, step: Step) -> str:
+    """Feedback flagging step ``i`` (1-based) and giving its correct form: ``ok;ok;wrong: 12*3=36``."""
+    return f"{STEP_OK}{STEP_SEP}" * (i - 1) + f"wrong: {format_step(step)}"
+
+
+def feedback_is_ok(feedback: str) -> bool:
+    """Whether the feedback (oracle's or a critic's) says the attempt is right."""
+    return feedback.strip().endswith(OK_FEEDBACK)
+
+
 def oracle_feedback(problem: Problem, attempt: str) -> str:
     """Rule-based feedback from a critic that sees the gold steps.
 
-    - ``answer ok`` if the final answer is right;
-    - else ``step i wrong: <gold step i>`` for the first step (1-based) that is missing,
-      unreadable or differs from the gold one;
-    - else (all steps right, wrong or missing final line) ``answer wrong: #<gold answer>``.
+    A right final answer gets ``ok`` for every step and ``answer ok``. Otherwise it walks the
+    steps in order, ``ok`` for each right one, and stops at the first step that is missing,
+    unreadable or differs from the gold one, which it gives correctly::
+
+        7+5=12;12*3=35;35-4=31;#31   ->  ok;wrong: 12*3=36
+        7+5=12;12*3=36;36-4=32;#32   ->  ok;ok;ok;answer ok
+        7+5=12;12*3=36;36-4=32;#30   ->  ok;ok;ok;answer wrong: #32
+
+    Walking the steps (rather than naming the step, ``step 2 wrong``) lets a small model
+    check one step per feedback token, the way it solves one step per solution token.
     """
     gold = _gold_steps(problem)
     steps, answer = parse_attempt(attempt)
+    walked = f"{STEP_OK}{STEP_SEP}" * len(gold)
     if answer is not None and problem.answer is not None and str(answer) == str(problem.answer).strip():
-        return OK_FEEDBACK
+        return walked + OK_FEEDBACK  # a right answer is never flagged, even if a step slipped
     for i, g in enumerate(gold):
         if i >= len(steps) or steps[i] != g:
-            return f"step {i + 1} wrong: {format_step(g)}"
-    return f"answer wrong: {ANSWER_MARK}{gold[-1][3]}"
+            return step_feedback(i + 1, g)
+    return walked + f"answer wrong: {ANSWER_MARK}{gold[-1][3]}"
 
 
-def apply_feedback(problem: Problem, attempt: str, feedback: str) -> str:
+def apply_feedback(problem: Problem, attempt: str, feedback: str, *, revision: bool = False,
+                   arithmetic: Arithmetic = apply_op) -> str:
     """The scripted "follow the feedback" corrector.
 
-    Applies only what the feedback states: ``step i wrong: S`` keeps the attempt's steps
+    Applies only what the feedback states: ``ok;...;wrong: S`` (step ``i`` after ``i-1`` oks) keeps the attempt's steps
     before ``i``, writes ``S`` as step ``i`` and recomputes the remaining steps from the
     problem; ``answer wrong: #N`` keeps the steps and rewrites the final line. Any other
-    feedback (``answer ok``, null feedback, nonsense) returns the attempt unchanged.
+    feedback (``answer ok``, null feedback, nonsense) keeps the attempt.
+
+    ``revision=True`` returns only what changes, in the form the warm-started solver writes
+    its refinements: the steps from the corrected one on and the final line
+    (``S;...;#N``), just ``#N`` for a corrected final line, or the attempt's own final line
+    when the feedback asks for no change. The final answer is the same either way.
+    ``arithmetic`` computes the recomputed steps (default: the true arithmetic).
     """
     m = _FEEDBACK_STEP_RE.search(feedback)
     if m:
-        i = int(m.group(1))
+        i = m.group(1).count(STEP_OK) + 1
         first, ops = parse_problem(problem.prompt)
-        n = len(ops)
-        if not 1 <= i <= n:
-            return attempt
-        steps, _ = parse_attempt(attempt)
-        kept = [s for s in steps[: i - 1]]
-        if len(kept) < i - 1 or any(s is None for s in kept):
-            return attempt  # the feedback claims earlier steps are fine, but they are unreadable
+        if not 1 <= i <= len(ops):
+            return _keep(attempt, revision)
+        kept: list[Step] = []
+        if not revision:
+            steps, _ = parse_attempt(attempt)
+            if len(steps) < i - 1 or any(s is None for s in steps[: i - 1]):
+                return attempt  # the feedback claims earlier steps are fine, but they are unreadable
+            kept = [s for s in steps[: i - 1] if s is not None]
         fixed: Step = (int(m.group(2)), m.group(3), int(m.group(4)), int(m.group(5)))
-        new_steps: list[Step] = [s for s in kept if s is not None] + [fixed]
+        new_steps: list[Step] = kept + [fixed]
         a = fixed[3]
         modulus = _modulus(problem)
         for op, b in ops[i:]:
-            r = apply_op(a, op, b, modulus)
+            r = arithmetic(a, op, b, modulus)
             new_steps.append((a, op, b, r))
             a = r
         return format_solution(new_steps)
     m = _FEEDBACK_ANSWER_RE.search(feedback)
     if m:
+        if revision:
+            return f"{ANSWER_MARK}{int(m.group(1))}"
         body = attempt.split(ANSWER_MARK, 1)[0].rstrip().rstrip(STEP_SEP)
         return f"{body}{STEP_SEP}{ANSWER_MARK}{int(m.group(1))}" if body else f"{ANSWER_MARK}{int(m.group(1))}"
-    return attempt
+    return _keep(attempt, revision)
+
+
+def _keep(attempt: str, revision: bool) -> str:
+    if not revision:
+        return attempt
+    _, answer = parse_attempt(attempt)
+    return attempt if answer is None else f"{ANSWER_MARK}{answer}"
 
 
 # --------------------------------------------------------------------------- error injection
@@ -198,7 +246,7 @@ _ERROR_WEIGHTS = (0.55, 0.15, 0.10, 0.10, 0.05, 0.05)
 
 
 def inject_errors(solution: str, rng: random.Random, *, modulus: int = 100, max_operand: int = 9,
-                  second_error_rate: float = 0.15) -> str:
+                  ops: str = DEFAULT_OPS, second_error_rate: float = 0.15) -> str:
     """A wrong attempt derived from a gold ``solution`` (as written by :func:`format_solution`).
 
     One mistake (kind drawn from arith 55%, operand 15%, operator 10%, copy 10%, answer 5%,
@@ -212,7 +260,7 @@ def inject_errors(solution: str, rng: random.Random, *, modulus: int = 100, max_
         raise ValueError(f"not a well-formed solution: {solution!r}")
     gold_steps: list[Step] = [s for s in gold if s is not None]
     for _ in range(50):
-        text = _inject_once(gold_steps, rng, modulus, max_operand, second_error_rate)
+        text = _inject_once(gold_steps, rng, modulus, max_operand, ops, second_error_rate)
         _, ans = parse_attempt(text)
         if ans != gold_answer:
             return text
@@ -238,7 +286,7 @@ def _slip(value: int, rng: random.Random, modulus: int) -> int:
     return (value + 1) % modulus
 
 
-def _inject_once(gold: list[Step], rng: random.Random, modulus: int, max_operand: int,
+def _inject_once(gold: list[Step], rng: random.Random, modulus: int, max_operand: int, ops: str,
                  second_error_rate: float) -> str:
     n = len(gold)
     kind = rng.choices(_ERROR_KINDS, weights=_ERROR_WEIGHTS)[0]
@@ -257,7 +305,8 @@ def _inject_once(gold: list[Step], rng: random.Random, modulus: int, max_operand
             if kind == "operand" and max_operand > 1:
                 b = rng.choice([x for x in range(1, max_operand + 1) if x != b])
             elif kind == "operator":
-                op = rng.choice([o for o in OPS if o != op])
+                others = [o for o in (ops if len(ops) > 1 else OPS) if o != op]
+                op = rng.choice(others)
             elif kind == "copy":
                 a = _slip(a, rng, modulus)
             r = apply_op(a, op, b, modulus)
@@ -279,7 +328,7 @@ class SyntheticArith(Benchmark):
     """Left-to-right integer arithmetic with written steps (see the module docstring).
 
     Options: ``difficulty`` (steps per problem, default 3), ``max_operand`` (default 9),
-    ``modulus`` (default 100), ``ops`` (operators used, default ``"+-*"``), ``n_train``
+    ``modulus`` (default 100), ``ops`` (operators used, default ``"+-"``), ``n_train``
     (default 20000) and ``n_eval`` (default 500). Both splits are generated from ``seed``;
     the eval split depends only on the seed and the problem options (not on ``n_train``),
     and no expression appears in both splits.
@@ -291,7 +340,7 @@ class SyntheticArith(Benchmark):
     templates: ClassVar[PromptTemplates] = TEMPLATES
 
     def __init__(self, path: str | None = None, seed: int = 0, difficulty: int = 3, max_operand: int = 9,
-                 modulus: int = 100, ops: str = OPS, n_train: int = 20000, n_eval: int = 500,
+                 modulus: int = 100, ops: str = DEFAULT_OPS, n_train: int = 20000, n_eval: int = 500,
                  **options: Any) -> None:
         super().__init__(path=path, seed=seed, **options)
         if path is not None:
@@ -369,7 +418,8 @@ class SyntheticArith(Benchmark):
         return oracle_feedback(problem, attempt)
 
     def inject_errors(self, solution: str, rng: random.Random) -> str:
-        return inject_errors(solution, rng, modulus=self.modulus, max_operand=self.max_operand)
+        return inject_errors(solution, rng, modulus=self.modulus, max_operand=self.max_operand, ops=self.ops)
 
-    def apply_feedback(self, problem: Problem, attempt: str, feedback: str) -> str:
-        return apply_feedback(problem, attempt, feedback)
+    def apply_feedback(self, problem: Problem, attempt: str, feedback: str, *, revision: bool = False,
+                       arithmetic: Arithmetic = apply_op) -> str:
+        return apply_feedback(problem, attempt, feedback, revision=revision, arithmetic=arithmetic)
