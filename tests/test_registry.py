@@ -81,10 +81,13 @@ def test_import_is_light():
 @pytest.fixture(scope="module")
 def plugin_site(tmp_path_factory) -> Path:
     """The demo plugin (tests/plugin_pkg) installed with pip into a private target directory."""
+    import shutil
+
     target = tmp_path_factory.mktemp("site")
+    source = tmp_path_factory.mktemp("src") / "plugin_pkg"  # a copy: building writes build/ into it
+    shutil.copytree(ROOT / "tests" / "plugin_pkg", source)
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--target", str(target), str(ROOT / "tests" / "plugin_pkg")], check=True,
-                   capture_output=True, text=True)
+                    "--target", str(target), str(source)], check=True, capture_output=True, text=True)
     return target
 
 
