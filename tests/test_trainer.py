@@ -247,3 +247,25 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tiny_ckpt, tmp_path):
     train_steps = [r["step"] for r in m_b if r["kind"] == "train"]
     assert train_steps == [1, 2, 3, 4, 5, 6]
     assert json.loads((run / "manifest.json").read_text())["status"] == "completed"
+
+
+def test_lora_policy_trains_only_the_adapter_and_checkpoints_as_peft(tiny_ckpt, tmp_path):
+    d = minimal_spec()
+    d.update(output_dir=str(tmp_path / "runs"))
+    d["policies"] = {"solver": {"model": "tiny", "path": str(tiny_ckpt), "lr": 1e-2,
+                                "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}}}
+    d["algorithm"] = {"name": "grpo", "params": {"group_size": 4, "beta": 0.1}}  # KL against the adapter-off base
+    d["backend"] = {"max_new_tokens": 10}
+    d["train"] = {"steps": 1, "problems_per_step": 2}
+    d["eval"] = {"every": 0, "limit": 2}
+    spec = validate_run(d, "test")
+    trainer = build_trainer(spec, tmp_path)
+    policy = trainer.policies["solver"]
+    assert policy.is_lora and policy.ref_model is None
+    before = _weights(policy)
+    trainer.train()
+    after = policy.model.state_dict()
+    moved = {k for k in before if not torch.equal(before[k], after[k])}
+    assert moved and all("lora_" in k for k in moved)  # the base weights never move
+    ckpt = trainer.run_dir.latest_checkpoint() / "solver"
+    assert (ckpt / "adapter_config.json").exists() and (ckpt / "adapter_model.safetensors").exists()
