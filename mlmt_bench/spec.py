@@ -10,12 +10,15 @@ from __future__ import annotations
 import copy
 import difflib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mlmt_bench.errors import UserError
+
+
+_M = TypeVar("_M", bound=BaseModel)
 
 
 class _Spec(BaseModel):
@@ -359,14 +362,18 @@ def load_run_spec(path: Path | str, overrides: list[str] | None = None) -> RunSp
     return validate_run(data, str(path))
 
 
+def load_validated(path: Path | str, model: type[_M]) -> _M:
+    """A spec file (with its ``extends:`` chain) validated as ``model``, with one-line errors."""
+    try:
+        return model.model_validate(load_raw(Path(path)))
+    except ValidationError as exc:
+        raise UserError(format_validation_error(str(path), exc, model=model)) from None
+
+
 def load_experiment(path: Path | str, overrides: list[str] | None = None) -> tuple[ExperimentSpec, dict[str, RunSpec]]:
     """An experiment and its arms, each arm validated as a run spec (``--set`` applies to the base)."""
     path = Path(path)
-    data = load_raw(path)
-    try:
-        exp = ExperimentSpec.model_validate(data)
-    except ValidationError as exc:
-        raise UserError(format_validation_error(str(path), exc, model=ExperimentSpec)) from None
+    exp = load_validated(path, ExperimentSpec)
     base_raw = load_raw(path.parent / exp.base) if isinstance(exp.base, str) else exp.base
     base = apply_overrides(base_raw, overrides or [], RunSpec)
     exp.base = base

@@ -58,7 +58,7 @@ from pydantic import Field, ValidationError
 
 from mlmt_bench.errors import UserError
 from mlmt_bench.spec import (RunSpec, SweepSpec, _Spec, apply_overrides, dump_yaml, format_validation_error,
-                             is_experiment, load_raw, validate_run)
+                             is_experiment, load_raw, load_validated, validate_run)
 
 if TYPE_CHECKING:  # pragma: no cover
     import optuna
@@ -203,11 +203,7 @@ def _check_space_path(sweep_path: Path, path: str) -> None:
 def load_sweep(path: Path | str, overrides: list[str] | None = None, study_name: str | None = None) -> Sweep:
     """Read and check a sweep file up front; ``overrides`` (``--set``) apply to its run spec."""
     path = Path(path)
-    data = load_raw(path)
-    try:
-        spec = SweepSpec.model_validate(data)
-    except ValidationError as exc:
-        raise UserError(format_validation_error(str(path), exc, model=SweepSpec)) from None
+    spec = load_validated(path, SweepSpec)
     for name, what in ((spec.name, "name"), (study_name, "--study")):
         if name is not None and not _NAME.match(name):
             raise UserError(f"{path}: {what}: must match {_NAME.pattern} (it names run directories), got {name!r}")
