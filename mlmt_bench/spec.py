@@ -258,6 +258,11 @@ def _model_of(annotation: Any) -> Any:
     return None
 
 
+# pydantic error type -> (symbol shown, key of the bound in the error context)
+_BOUNDS = {"greater_than_equal": ("≥", "ge"), "greater_than": (">", "gt"),
+           "less_than_equal": ("≤", "le"), "less_than": ("<", "lt")}
+
+
 def format_validation_error(source: str, exc: ValidationError, prefix: str = "",
                             model: type[BaseModel] | None = None) -> str:
     """The first pydantic error as ``source: field.path: what, got value``."""
@@ -270,14 +275,9 @@ def format_validation_error(source: str, exc: ValidationError, prefix: str = "",
         what = "required field is missing"
     elif kind == "extra_forbidden":
         what = "unknown field" + _field_hint(model, list(err["loc"]))
-    elif kind == "greater_than_equal":
-        what = f"must be ≥ {ctx.get('ge')}, got {got!r}"
-    elif kind == "greater_than":
-        what = f"must be > {ctx.get('gt')}, got {got!r}"
-    elif kind == "less_than_equal":
-        what = f"must be ≤ {ctx.get('le')}, got {got!r}"
-    elif kind == "less_than":
-        what = f"must be < {ctx.get('lt')}, got {got!r}"
+    elif kind in _BOUNDS:
+        symbol, key = _BOUNDS[kind]
+        what = f"must be {symbol} {ctx.get(key)}, got {got!r}"
     elif kind == "literal_error":
         what = f"must be one of {ctx.get('expected')}, got {got!r}"
     elif kind == "string_pattern_mismatch":
