@@ -15,6 +15,7 @@ from mlmt_bench.verifiers.math import (
     MathVerifier,
     answers_equivalent,
     extract_answer,
+    integer_rule,
     math_verify_equal,
     normalize_answer,
 )
@@ -272,6 +273,24 @@ def test_no_answer(verifier: MathVerifier) -> None:
 def test_wrong_answer(verifier: MathVerifier) -> None:
     v = verifier.score(prob("5"), "so \\boxed{6}")
     assert v.kind == "wrong" and v.extracted == "6" and not v.correct
+
+
+@pytest.mark.parametrize(("gold", "pred", "expected"), [
+    ("2", "3", False), ("7", "007", True), ("0", "-0", True), ("-12", "12", False),
+    ("+5", "5", True), ("1" + "0" * 5000, "1" + "0" * 5000, True), ("1" + "0" * 5000, "1" + "0" * 4999, False),
+    ("0.5", "1/2", None), ("2", "2.0", None), ("x", "3", None),
+])
+def test_integer_rule(gold: str, pred: str, expected: bool | None) -> None:
+    assert integer_rule(gold, pred) is expected
+    if expected is not None and len(gold) < 20:
+        assert math_verify_equal(gold, pred) is expected  # the shortcut agrees with math-verify
+
+
+def test_integers_need_no_worker() -> None:
+    v = MathVerifier(timeout=1e-9)  # any math-verify call would time out
+    assert v.score(prob("2"), "it is 3").kind == "wrong"
+    assert v.score(prob("1,000"), "\\boxed{1000}").kind == "ok"
+    assert v.score(prob("1/2"), "\\boxed{0.5}").kind == "timeout"
 
 
 def test_never_raises(verifier: MathVerifier) -> None:

@@ -43,14 +43,13 @@ def test_inline_problems(tmp_path: Path) -> None:
     summary = verify_file("math", inp, out)
     assert summary["n"] == 3 and summary["correct"] == 1
     assert summary["mean_reward"] == pytest.approx(1 / 3)
+    rows = _read(out)
+    assert [r["verdict"]["kind"] for r in rows] == ["ok", "wrong", "no_answer"], [r["verdict"] for r in rows]
     assert summary["kinds"]["ok"] == 1 and summary["kinds"]["wrong"] == 1 and summary["kinds"]["no_answer"] == 1
     assert set(summary["kinds"]) == set(VERDICT_KINDS)
-    rows = _read(out)
-    assert len(rows) == 3
     assert rows[0]["extra"] == 7 and rows[0]["problem"] == p and rows[0]["response"] == "\\boxed{2}"
     assert rows[0]["verdict"] == {"reward": 1.0, "correct": True, "extracted": "2", "kind": "ok",
                                   "detail": rows[0]["verdict"]["detail"]}
-    assert [r["verdict"]["kind"] for r in rows] == ["ok", "wrong", "no_answer"]
     assert not list(tmp_path.glob(".out.jsonl.*"))  # no temp file left
 
 

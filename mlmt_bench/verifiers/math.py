@@ -10,8 +10,9 @@ Extraction (:func:`extract_answer`), first rule that finds something wins:
 Equivalence (:func:`answers_equivalent`): the two strings are equal after the fallback
 normaliser :func:`normalize_answer` (drops ``\\text{}``, ``\\left``/``\\right``, ``$``, spaces,
 ``^\\circ``, ``\\%``, unit words, thousands separators, a trailing ``.``; ``\\dfrac`` ->
-``\\frac``; ``\\frac12`` -> ``\\frac{1}{2}``), or math-verify's ``verify(parse(gold),
-parse(pred))`` holds for the raw or the normalised strings.
+``\\frac``; ``\\frac12`` -> ``\\frac{1}{2}``); two plain integers are compared by value
+without math-verify (:func:`integer_rule`); otherwise math-verify's ``verify(parse(gold),
+parse(pred))`` must hold for the raw or the normalised strings.
 
 Timeouts: math-verify's own signal-based timeouts are switched off and each math-verify
 check runs in a worker process with a hard deadline (``timeout`` seconds, default 5); see
@@ -282,6 +283,25 @@ def base_rule(gold: str, pred: str) -> bool | None:
     return None
 
 
+_INT_RE = re.compile(r"[-+]?\d+")
+
+
+def integer_rule(norm_gold: str, norm_pred: str) -> bool | None:
+    """Two normalised plain integers (``-12``, ``007``) are equal iff their values are, as
+    math-verify would also say; decided here so most GSM8K and synthetic answers need no
+    worker round-trip (and cannot time out on a loaded machine). Otherwise None."""
+    if _INT_RE.fullmatch(norm_gold) and _INT_RE.fullmatch(norm_pred):
+        return _canonical_int(norm_gold) == _canonical_int(norm_pred)
+    return None
+
+
+def _canonical_int(s: str) -> str:
+    """``"-007"`` -> ``"-7"``, ``"-0"`` -> ``"0"``; on the text, so a 10,000-digit answer
+    does not hit Python's int-conversion limit."""
+    digits = s.lstrip("+-").lstrip("0") or "0"
+    return "-" + digits if s.startswith("-") and digits != "0" else digits
+
+
 def answers_equivalent(gold: str, pred: str) -> bool:
     """Unbounded, in-process equivalence test (normaliser, base rule, then math-verify). For
     scripts; the verifier itself bounds the math-verify part with a deadline."""
@@ -291,6 +311,9 @@ def answers_equivalent(gold: str, pred: str) -> bool:
     rule = base_rule(gold, pred)
     if rule is not None:
         return rule
+    same = integer_rule(ng, normalize_answer(pred))
+    if same is not None:
+        return same
     return math_verify_equal(gold, pred)
 
 
@@ -362,6 +385,9 @@ class MathVerifier(Verifier):
         rule = base_rule(gold, pred)
         if rule is not None:
             return Verdict(float(rule), rule, pred, "ok" if rule else "wrong", "base-subscript rule")
+        same = integer_rule(ng, normalize_answer(pred))
+        if same is not None:
+            return Verdict(float(same), same, pred, "ok" if same else "wrong", "integer comparison")
         try:
             equal = self._check(gold, pred)
         except CallTimeout:
