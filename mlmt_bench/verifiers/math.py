@@ -325,7 +325,8 @@ def answers_equivalent(gold: str, pred: str) -> bool:
 class MathVerifier(Verifier):
     """``MathVerifier(timeout=5.0, workers=None, isolation="process", memory_limit_mb=4096)``.
 
-    timeout:         seconds allowed for one math-verify check (hard deadline).
+    timeout:         CPU seconds allowed for one math-verify check (hard deadline; at most
+                     4x that in wall time on a loaded machine, see ``verifiers.timeout``).
     workers:         worker processes (and threads in ``score_batch``); default: CPU count.
     isolation:       "process" (default) or "inline" (see the module docstring).
     memory_limit_mb: address-space limit of each worker process (None: no limit).

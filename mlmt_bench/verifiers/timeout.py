@@ -18,6 +18,13 @@ so we switch math-verify's own timeouts off (``parsing_timeout=None``,
   address-space limit, so a blow-up ends as a ``MemoryError`` in the worker. A new
   worker's start-up (about 0.5 s to import sympy and math-verify) is not charged to the
   call's deadline.
+* The deadline is CPU time, with a wall-clock cap: when ``timeout`` wall seconds pass
+  without an answer, the call goes on waiting while the worker has used less than
+  ``timeout`` CPU seconds on it, up to ``max_wall_factor`` (4) times ``timeout`` of wall
+  time. A runaway computation on an idle machine still ends after about ``timeout``
+  seconds, but a check that merely waited for a CPU on a loaded machine (CI, a busy
+  rollout) is not misjudged as a timeout. Where a process's CPU time cannot be read (not
+  Linux), the deadline is wall time alone.
 * Calls from several threads run in parallel, one worker each (up to ``max_workers``).
 * Where a worker cannot be started (not a POSIX system, no ``sys.executable``),
   :func:`call_inline` runs the function in the calling process: with ``signal.setitimer``
@@ -147,6 +154,16 @@ class _Worker:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def cpu_seconds(self) -> float | None:
+        """User + system CPU time the worker has used so far (Linux ``/proc``), or None."""
+        try:
+            with open(f"/proc/{self.proc.pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            # fields[0] is the state (field 3 of stat(5)); utime and stime are fields 14, 15
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            return None
+
     def exitcode(self) -> int | None:
         try:
             return self.proc.wait(timeout=1)
@@ -230,6 +247,7 @@ class WorkerPool:
         self._closed = False
         self.timeouts = 0  # workers killed for missing a deadline (for tests and logs)
         self.startup_timeout = 120.0  # seconds a new worker may take to import its modules
+        self.max_wall_factor = 4.0  # wall-clock cap of a call, in multiples of its CPU deadline
 
     # -- worker bookkeeping -------------------------------------------------------------
     def _acquire(self) -> _Worker | None:
@@ -284,8 +302,11 @@ class WorkerPool:
         ok = False
         try:
             try:
+                cpu_at_send, sent_at = w.cpu_seconds(), time.monotonic()
                 w.send((fn, args))
                 ready = w.poll(timeout)
+                if not ready and timeout is not None:
+                    ready = self._wait_while_starved(w, timeout, cpu_at_send, sent_at)
             except (OSError, EOFError, BrokenPipeError) as exc:
                 raise WorkerCrashed(f"verifier worker pipe failed: {exc}") from exc
             if not ready:
@@ -302,6 +323,22 @@ class WorkerPool:
         if not success:
             raise RemoteError(value)
         return value
+
+    def _wait_while_starved(self, w: _Worker, timeout: float, cpu_at_send: float | None, sent_at: float) -> bool:
+        """The wall deadline has passed: keep waiting while the worker has used less than
+        ``timeout`` CPU seconds on this call, until ``max_wall_factor * timeout`` wall
+        seconds after it was sent. True if the answer arrived."""
+        hard_stop = sent_at + self.max_wall_factor * timeout
+        while True:
+            cpu = w.cpu_seconds()
+            now = time.monotonic()
+            if cpu is None or cpu_at_send is None or now >= hard_stop:
+                return False
+            cpu_left = timeout - (cpu - cpu_at_send)
+            if cpu_left <= 0:
+                return False
+            if w.poll(min(cpu_left, hard_stop - now)):
+                return True
 
     def close(self) -> None:
         with self._cond:
