@@ -55,7 +55,7 @@ def test_misconceptions():
 def test_training_examples_train_exactly_the_assistant_turns():
     from mlmt_bench.models.tokenizer import build_char_tokenizer
 
-    cfg = BootstrapConfig(**{**TINY, "feedback_token_weight": 1.0})
+    cfg = BootstrapConfig(**{**TINY, "feedback_token_weight": 1.0, "critic_token_weight": 1.0})
     bench = bootstrap._benchmark(cfg)
     tok = build_char_tokenizer()
     data = bootstrap._Data(cfg, bench, tok)
@@ -76,6 +76,12 @@ def test_training_examples_train_exactly_the_assistant_turns():
     ids, spans = data.solver_refine(rng)
     start, end, w = spans[-1]
     assert w == 4.0 and 0 < end - start <= 2 and tok.decode(ids[start:end]).isdigit()
+    # ... and the critic's decisions: each verdict's first character and the computed values.
+    ids, spans = data.critic(rng)
+    fb = tok.decode(ids[spans[0][0]:spans[0][1] - 1])
+    weighted = [tok.decode(ids[a:b]) for a, b, w in spans[1:]]
+    assert all(w == 3.0 for _, _, w in spans[1:]) and weighted == [fb[a:b] for a, b in bootstrap._decision_chars(fb)]
+    assert not weighted or weighted[0] in ("o", "w", "a")
 
 
 def test_bootstrap_is_cached_by_config(tmp_path, monkeypatch):
@@ -132,3 +138,22 @@ def test_critic_init_solver_needs_the_same_preset(tmp_path):
     with pytest.raises(UserError, match="critic_preset == solver_preset"):
         ensure_bootstrap(BootstrapConfig(**{**TINY, "critic_preset": "tiny-2m", "solver_steps": 1}),
                          cache_dir=tmp_path, progress=False)
+
+
+def test_thread_count_changes_speed_only(tmp_path):
+    """The cache key ignores `threads` because the weights do not depend on it: check that."""
+    one = ensure_bootstrap(BootstrapConfig(**{**TINY, "threads": 1}), cache_dir=tmp_path / "one", progress=False)
+    two = ensure_bootstrap(BootstrapConfig(**{**TINY, "threads": 2}), cache_dir=tmp_path / "two", progress=False)
+    assert _weights(one.solver_dir) == _weights(two.solver_dir)
+    assert _weights(one.critic_dir) == _weights(two.critic_dir)
+
+
+def test_thread_tuner_probes_then_keeps_the_faster():
+    tuner = bootstrap.ThreadTuner(None, every=10, probe=2)
+    if tuner.choices == [1]:
+        pytest.skip("one CPU")
+    assert [tuner.threads_for(s) for s in range(4)] == [1, 1, 2, 2]
+    for s, secs in zip(range(4), (1.0, 1.0, 3.0, 3.0)):  # one thread is faster here
+        tuner.record(s, tuner.threads_for(s), secs, 10)
+    assert tuner.best == 1 and tuner.threads_for(5) == 1
+    assert bootstrap.ThreadTuner(3).threads_for(0) == 3

@@ -81,14 +81,14 @@ class BootstrapConfig(BaseModel):
     seed: int = Field(0, description="seeds model initialisation, data sampling and error injection")
     solver_preset: str = Field("tiny-0.5m", description="tiny model preset of the solver (registry/models/)")
     critic_preset: str = Field("tiny-0.5m", description="tiny model preset of the critic (registry/models/)")
-    solver_steps: int = Field(900, ge=0, description="solver SFT optimizer steps")
-    solver_batch: int = Field(32, ge=1, description="solver conversations per step")
-    solver_lr: float = Field(3e-3, gt=0, description="solver peak learning rate (AdamW, warmup then cosine to 10%)")
+    solver_steps: int = Field(1600, ge=0, description="solver SFT optimizer steps")
+    solver_batch: int = Field(16, ge=1, description="solver conversations per step")
+    solver_lr: float = Field(2e-3, gt=0, description="solver peak learning rate (AdamW, warmup then cosine to 10%)")
     critic_init: Literal["solver", "scratch"] = Field(
         "solver", description="start the critic from the trained solver's weights (same preset only) or from scratch")
     critic_steps: int = Field(600, ge=0, description="critic SFT optimizer steps")
-    critic_batch: int = Field(32, ge=1, description="critic conversations per step")
-    critic_lr: float = Field(3e-3, gt=0, description="critic peak learning rate")
+    critic_batch: int = Field(16, ge=1, description="critic conversations per step")
+    critic_lr: float = Field(2e-3, gt=0, description="critic peak learning rate")
     warmup_frac: float = Field(0.05, ge=0, le=1, description="share of steps with linear learning-rate warmup")
     n_problems: int | None = Field(None, ge=1, description="use only the first N training problems (None: all)")
     misconceptions: float = Field(
@@ -110,19 +110,22 @@ class BootstrapConfig(BaseModel):
         0.3, ge=0, le=1, description="share of corrective refinements whose feedback states a made-up value that the "
                                      "target follows: teaches the solver to read feedback rather than recompute")
     feedback_token_weight: float = Field(
-        3.0, ge=0, description="loss weight of the refinement tokens the feedback dictates (the corrected value)")
+        3.0, ge=0, description="loss weight of the revision tokens dictated by the context (the corrected value "
+                               "stated by the feedback; the final answer a revision keeps)")
     critic_wrong_frac: float = Field(0.5, ge=0, le=1, description="share of critic attempts with injected errors")
     critic_noise: float = Field(0.1, ge=0, le=1,
                                 description="share of critic targets replaced by wrong or unhelpful feedback")
+    critic_token_weight: float = Field(3.0, ge=0, description="loss weight of the critic's decisions: each verdict's "
+                                                              "first character and the values it computes")
     onpolicy_frac: float = Field(0.5, ge=0, le=1,
                                  description="share of refinement and critic attempts that are the solver's own greedy "
                                              "attempts (the rest: gold or injected errors)")
     onpolicy_start: float = Field(0.3, ge=0, le=1, description="share of solver steps before the first own attempts")
     pool_size: int = Field(256, ge=1, description="own attempts generated per refresh (x4 once for the critic)")
-    pool_every: int = Field(50, ge=1, description="solver steps between refreshes of the own-attempt pool")
+    pool_every: int = Field(100, ge=1, description="solver steps between refreshes of the own-attempt pool")
     threads: int | None = Field(
-        None, ge=1, description="torch CPU threads; None: 2 (or the CPU count if lower), 1 when the 1-minute load "
-                                "average says the cores are busy. Speed only: not part of the cache key")
+        None, ge=1, description="torch CPU threads; None: measured while training, 1 or 2, whichever is faster "
+                                "on this machine now. Speed only: not part of the cache key")
 
     @field_validator("benchmark_options")
     @classmethod
@@ -315,16 +318,23 @@ class _Data:
                                  {"role": "assistant", "content": attempt},
                                  {"role": "user", "content": self.templates.render_refine(feedback)},
                                  {"role": "assistant", "content": target}], trained=(1, 3) if right else (3,))
-        # Up-weight the tokens the feedback dictates (the corrected value): the only ones that
-        # teach the solver to read the feedback instead of recomputing its own (wrong) belief.
-        if self.cfg.feedback_token_weight != 1.0 and "wrong: " in feedback and "#" not in feedback:
-            fixed = feedback.split("wrong: ", 1)[-1]
-            at = target.find(fixed)
-            if at >= 0:
-                value_from = at + fixed.rindex("=") + 1
+        # Up-weight the tokens dictated by the context rather than computed: the corrected value
+        # the feedback states, or the final answer a revision keeps (from the attempt) or takes
+        # (from `answer wrong: #N`). They teach the solver to read instead of recomputing its own
+        # (possibly wrong) belief, or falling back on a habitual answer.
+        if self.cfg.feedback_token_weight != 1.0 and not (null and not keep):
+            lo_char = hi_char = -1
+            if "wrong: " in feedback and "#" not in feedback:
+                fixed = feedback.split("wrong: ", 1)[-1]
+                at = target.find(fixed)
+                if at >= 0:
+                    lo_char, hi_char = at + fixed.rindex("=") + 1, at + len(fixed)
+            elif target.startswith("#"):
+                lo_char, hi_char = 1, len(target)
+            if 0 <= lo_char < hi_char:
                 base = spans[-1][0]
-                lo = base + len(self.encode(target[:value_from]))
-                hi = base + len(self.encode(target[: at + len(fixed)]))
+                lo = base + len(self.encode(target[:lo_char]))
+                hi = base + len(self.encode(target[:hi_char]))
                 spans.append((lo, hi, self.cfg.feedback_token_weight))
         return ids, spans
 
@@ -333,8 +343,27 @@ class _Data:
         feedback = self.bench.oracle_feedback(p, attempt)
         if rng.random() < self.cfg.critic_noise:
             feedback = noisy_feedback(p, attempt, feedback, rng, self.templates.null_feedback)
-        return self._conv([{"role": "user", "content": self.templates.render_feedback(p, attempt)},
-                           {"role": "assistant", "content": feedback}])
+        ids, spans = self._conv([{"role": "user", "content": self.templates.render_feedback(p, attempt)},
+                                 {"role": "assistant", "content": feedback}])
+        # Up-weight the decisions: the first character of each verdict (ok / wrong / answer) and
+        # the values the critic computes; the rest (separators, copied operands) is easy.
+        w = self.cfg.critic_token_weight
+        if w != 1.0:
+            base = spans[-1][0]
+            for lo_char, hi_char in _decision_chars(feedback):
+                lo = base + len(self.encode(feedback[:lo_char]))
+                hi = base + len(self.encode(feedback[:hi_char]))
+                spans.append((lo, hi, w))
+        return ids, spans
+
+
+def _decision_chars(feedback: str) -> list[tuple[int, int]]:
+    """[start, end) character spans of a walk feedback's verdicts and computed values."""
+    import re
+
+    out = [(m.start(1), m.start(1) + 1) for m in re.finditer(r"(?:^|;)\s*(ok|wrong|answer)", feedback)]
+    out += [(m.start(1), m.end(1)) for m in re.finditer(r"[=#]\s*(-?\d+)", feedback)]
+    return out
 
 
 class Misconceptions:
@@ -422,6 +451,40 @@ def auto_threads(threads: int | None) -> int:
     return n
 
 
+class ThreadTuner:
+    """Picks the torch thread count by measurement while training, unless one is configured.
+
+    Every ``every`` steps it times ``probe`` steps at each candidate count (1 and 2) and keeps
+    the faster per token until the next probe: two threads win on an idle machine, one wins
+    by far once other processes compete for the cores. The weights do not depend on the
+    count (checked bit for bit on the CPUs this was developed on), so this only changes speed.
+    """
+
+    def __init__(self, fixed: int | None, every: int = 100, probe: int = 3) -> None:
+        cpus = os.cpu_count() or 1
+        self.choices = [fixed] if fixed else sorted({1, min(2, cpus)})
+        self.best = fixed or auto_threads(None)
+        self.every, self.probe = every, probe
+        self._timings: dict[int, list[float]] = {}
+        self.used: dict[int, int] = {}
+
+    def threads_for(self, step: int) -> int:
+        k = step % self.every
+        if len(self.choices) > 1 and k < self.probe * len(self.choices):
+            return self.choices[k // self.probe]
+        return self.best
+
+    def record(self, step: int, threads: int, seconds: float, tokens: int) -> None:
+        self.used[threads] = self.used.get(threads, 0) + 1
+        k = step % self.every
+        n = self.probe * len(self.choices)
+        if len(self.choices) > 1 and k < n:
+            self._timings.setdefault(threads, []).append(seconds / max(1, tokens))
+            if k == n - 1:
+                self.best = min(self._timings, key=lambda t: sorted(self._timings[t])[len(self._timings[t]) // 2])
+                self._timings = {}
+
+
 @contextlib.contextmanager
 def torch_threads(n: int | None) -> Iterator[None]:
     import torch
@@ -487,16 +550,21 @@ def _lr_at(step: int, steps: int, peak: float, warmup_frac: float) -> float:
 
 def _sft(model: Any, make_example: Callable[[random.Random, int], Example], *, steps: int, batch: int,
          lr: float, warmup_frac: float, rng: random.Random, pad_id: int, on_step: Callable[[float], None],
-         before_step: Callable[[int], None] | None = None) -> dict:
+         before_step: Callable[[int], None] | None = None, threads: int | None = None) -> dict:
     """Plain SFT loop: AdamW, warmup + cosine, grad-norm clip 1. Returns a summary."""
     import torch
 
+    tuner = ThreadTuner(threads)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
     losses: list[float] = []
     tokens = 0
     t0, c0 = time.perf_counter(), time.process_time()
     for step in range(steps):
+        n_threads = tuner.threads_for(step)
+        if torch.get_num_threads() != n_threads:
+            torch.set_num_threads(n_threads)
+        t_step = time.perf_counter()
         if before_step is not None:
             before_step(step)
         for group in opt.param_groups:
@@ -510,11 +578,13 @@ def _sft(model: Any, make_example: Callable[[random.Random, int], Example], *, s
         opt.step()
         losses.append(float(loss.detach()))
         tokens += int(input_ids.numel())
+        tuner.record(step, n_threads, time.perf_counter() - t_step, int(input_ids.numel()))
         on_step(losses[-1])
     tail = losses[-max(1, len(losses) // 10):] if losses else [float("nan")]
     return {"steps": steps, "batch": batch, "lr": lr, "first_loss": losses[0] if losses else None,
             "final_loss": sum(tail) / len(tail), "tokens": tokens, "seconds": round(time.perf_counter() - t0, 2),
-            "cpu_seconds": round(time.process_time() - c0, 2)}
+            "cpu_seconds": round(time.process_time() - c0, 2),
+            "steps_by_threads": {str(k): v for k, v in sorted(tuner.used.items())}}
 
 
 def _build(cfg: BootstrapConfig, bench: Any, out: Path, progress: bool) -> dict[str, Any]:
@@ -535,9 +605,7 @@ def _build(cfg: BootstrapConfig, bench: Any, out: Path, progress: bool) -> dict[
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
     }
     backend = HFBackend()
-    threads = auto_threads(cfg.threads)
-    report["threads"] = threads
-    with torch_threads(threads), _quiet_transformers(), _progress(progress) as bar:
+    with torch_threads(cfg.threads), _quiet_transformers(), _progress(progress) as bar:
         save_tokenizer(tok, out / "tokenizer")
 
         def stage(role: str, steps: int) -> Callable[[float], None]:
@@ -565,7 +633,7 @@ def _build(cfg: BootstrapConfig, bench: Any, out: Path, progress: bool) -> dict[
         summary = _sft(solver, lambda r, step: makers[plan[step]](r), steps=cfg.solver_steps,
                        batch=cfg.solver_batch, lr=cfg.solver_lr, warmup_frac=cfg.warmup_frac,
                        rng=random.Random(f"bootstrap:{cfg.seed}:solver"), pad_id=tok.pad_token_id,
-                       on_step=stage("solver", cfg.solver_steps), before_step=refresh)
+                       on_step=stage("solver", cfg.solver_steps), before_step=refresh, threads=cfg.threads)
         summary.update(preset=cfg.solver_preset, params=num_parameters(solver),
                        steps_by_kind={k: plan.count(i) for i, k in enumerate(("turn1", "refine", "critique"))})
         report["solver"] = summary
@@ -584,7 +652,7 @@ def _build(cfg: BootstrapConfig, bench: Any, out: Path, progress: bool) -> dict[
             critic = build_tiny_model(cfg.critic_preset, tok, seed=cfg.seed + 1)
         summary = _sft(critic, lambda r, step: data.critic(r), steps=cfg.critic_steps, batch=cfg.critic_batch,
                        lr=cfg.critic_lr, warmup_frac=cfg.warmup_frac, rng=random.Random(f"bootstrap:{cfg.seed}:critic"),
-                       pad_id=tok.pad_token_id, on_step=stage("critic", cfg.critic_steps))
+                       pad_id=tok.pad_token_id, on_step=stage("critic", cfg.critic_steps), threads=cfg.threads)
         summary.update(preset=cfg.critic_preset, params=num_parameters(critic), init=cfg.critic_init)
         report["critic"] = summary
         critic.eval()
@@ -637,8 +705,8 @@ def evaluate_bootstrap(result: BootstrapResult, n_eval: int = 200, *, backend: A
     with torch_threads(cfg.threads), _quiet_transformers():
         solver, tok = load_checkpoint(result.solver_dir)
         critic, ctok = load_checkpoint(result.critic_dir)
-        # Character-level tokens: a solution is len(text) + EOS; feedback is never longer than
-        # "step N wrong: " plus one step, which the solution length + 16 bounds as well.
+        # Character-level tokens: a solution is len(text) + EOS. Feedback (3 characters per
+        # step walked, then one step or the final line) fits in the same bound.
         sol_len = max(len(bench.solution(p)) for p in problems) + 16
         fb_len = sol_len
 
