@@ -7,7 +7,8 @@ import random
 import pytest
 
 from mlmt_bench.benchmarks.synthetic import SyntheticArith
-from mlmt_bench.models.tokenizer import CHARACTERS, build_char_tokenizer, chat_ids, encode, load_tokenizer
+from mlmt_bench.models.tokenizer import CHARACTERS, build_char_tokenizer, encode, load_tokenizer
+from mlmt_bench.rollout.chat import chat_ids
 
 
 @pytest.fixture(scope="module")

@@ -178,7 +178,7 @@ def tiny_lora(tok):
 
 
 def prompts_for(tok):
-    from mlmt_bench.models.tokenizer import chat_ids
+    from mlmt_bench.rollout.chat import chat_ids
 
     return [chat_ids(tok, [{"role": "user", "content": c}], add_generation_prompt=True) for c in ("1+1=", "2*3=")]
 

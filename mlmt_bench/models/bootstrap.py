@@ -229,7 +229,8 @@ class _Data:
     """Conversations for SFT as :data:`Example` s, sampled from seeded RNGs."""
 
     def __init__(self, cfg: BootstrapConfig, bench: Any, tokenizer: Any) -> None:
-        from mlmt_bench.models.tokenizer import chat_ids, encode
+        from mlmt_bench.models.tokenizer import encode
+        from mlmt_bench.rollout.chat import chat_ids
 
         self.cfg = cfg
         self.bench = bench
@@ -689,7 +690,7 @@ def evaluate_bootstrap(result: BootstrapResult, n_eval: int = 200, *, backend: A
     """
     from mlmt_bench import registry
     from mlmt_bench.models.tiny import load_checkpoint
-    from mlmt_bench.models.tokenizer import chat_ids
+    from mlmt_bench.rollout.chat import chat_ids
     from mlmt_bench.rollout.chat import close_turn
 
     cfg = result.config

@@ -96,9 +96,3 @@ def load_tokenizer(directory: str | Path) -> Any:
 def encode(tokenizer: Any, text: str) -> list[int]:
     """Token ids of plain text, with no special tokens added."""
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def chat_ids(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> list[int]:
-    """Ids of ``messages`` rendered by the chat template (no BOS, nothing else added)."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
-    return encode(tokenizer, text)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 
-def chat_ids(tokenizer: Any, messages: list[dict[str, str]], *, add_generation_prompt: bool) -> list[int]:
-    """Token ids of ``messages`` rendered by the tokenizer's chat template."""
+def chat_ids(tokenizer: Any, messages: list[dict[str, str]], *, add_generation_prompt: bool = False) -> list[int]:
+    """Token ids of ``messages`` rendered by the tokenizer's chat template (nothing added
+    beyond what the template writes)."""
     out = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                         tokenize=True, return_dict=False)
     if isinstance(out, dict) or hasattr(out, "keys"):  # some tokenizers return a BatchEncoding
