@@ -227,3 +227,20 @@ def test_load_run_errors(tmp_path):
         load_run(bad)
     with pytest.raises(UserError, match="no run directories"):
         build_comparison({"a": []}, tmp_path / "o")
+
+
+def test_curves_pool_each_runs_last_eval_into_one_final_point(tmp_path):
+    from mlmt_bench.report.figures import aggregate_curves
+
+    r = tmp_path / "runs"
+    a = make_run(r, "m-20250101T000000Z", seed=0, arm="m", t1=[0] * 4, t2=[0] * 4,
+                 curve=[(0, 0, 0.0, .25, .25), (10, 1000, 1e12, .5, .5), (17, 1700, 1.7e12, .5, .5)])
+    b = make_run(r, "m-20250101T000001Z", seed=1, arm="m", t1=[0] * 4, t2=[0] * 4,
+                 curve=[(0, 0, 0.0, .25, .25), (10, 1100, 1.1e12, .5, .75), (18, 1900, 1.9e12, .5, 1.0)])
+    c = aggregate_curves([load_run(a), load_run(b)], "gen_tokens")
+    # steps 17 and 18 are both "the end": one point, mean of 0.5 and 1.0, x = mean(1700, 1900)
+    assert c["step"].tolist() == [0, 10, 18]
+    assert c["n"].tolist() == [2, 2, 2]
+    assert c["x"].tolist() == pytest.approx([0, 1050, 1800])
+    assert c["y"].tolist() == pytest.approx([.25, .625, .75])
+    assert c["lo"].tolist() == pytest.approx([.25, .5, .5]) and c["hi"].tolist() == pytest.approx([.25, .75, 1.0])

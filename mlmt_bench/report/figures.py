@@ -28,23 +28,25 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def aggregate_curves(results: list["RunResult"], x_key: str) -> dict[str, np.ndarray]:
-    """Mean over seeds at matching eval points (same step), with the min–max band.
+    """Mean over seeds at matching eval points, with the min–max band.
 
-    Each step counts the seeds that recorded both ``x_key`` and acc@t2 there; x is the mean of
-    their x values (seeds generate slightly different token counts by the same step).
-    returns: {"x", "y", "lo", "hi", "n"} arrays over the steps, ordered by step.
+    Intermediate evals match by step; every run's last eval counts as one shared "final" point,
+    because seeds stop at slightly different steps under a token budget (17 and 18, say) and
+    matching those by step would draw one-seed points at the end. Each point counts the seeds
+    that recorded both ``x_key`` and acc@t2 there; x is the mean of their x values (seeds
+    generate slightly different token counts by the same step).
+    returns: {"step", "x", "y", "lo", "hi", "n"} arrays over the points, ordered by x ("step"
+    is the largest step in the point).
     """
-    by_step: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    groups: dict[Any, list[tuple[float, float, int]]] = defaultdict(list)
     for r in results:
-        for rec in r.curve:
-            step = rec.get("step")
-            xs, ys = _point(rec, x_key)
-            if step is not None and xs is not None:
-                by_step[int(step)].append((xs, ys))
-    steps = sorted(by_step)
-    pts = [np.asarray(by_step[s], dtype=float) for s in steps]
+        points = [(int(rec["step"]), *_point(rec, x_key)) for rec in r.curve if rec.get("step") is not None]
+        points = [p for p in points if p[1] is not None]
+        for i, (step, xs, ys) in enumerate(points):
+            groups["final" if i == len(points) - 1 else step].append((xs, ys, step))
+    pts = sorted((np.asarray(g, dtype=float) for g in groups.values()), key=lambda p: p[:, 0].mean())
     return {
-        "step": np.asarray(steps),
+        "step": np.asarray([int(p[:, 2].max()) for p in pts], dtype=int),
         "x": np.asarray([p[:, 0].mean() for p in pts]),
         "y": np.asarray([p[:, 1].mean() for p in pts]),
         "lo": np.asarray([p[:, 1].min() for p in pts]),
