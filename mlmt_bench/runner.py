@@ -44,14 +44,28 @@ def templates_for(spec: RunSpec, benchmark: Any) -> PromptTemplates:
     return PromptTemplates(**{**benchmark.templates.__dict__, **overrides})
 
 
+def warm_start_config(spec: RunSpec) -> Any:
+    """The spec's ``bootstrap:`` section as a BootstrapConfig. Where the section names no
+    benchmark, the warm start uses the run's own benchmark and options if that benchmark has an
+    oracle critic, so that it trains on the kind of problem the run is evaluated on."""
+    from mlmt_bench.models.bootstrap import BootstrapConfig
+
+    raw = dict(spec.bootstrap or {})
+    if "benchmark" not in raw:
+        bench_cls = registry.benchmarks.get(spec.benchmark.name)
+        if all(hasattr(bench_cls, m) for m in ("solution", "oracle_feedback", "inject_errors")):
+            raw["benchmark"] = spec.benchmark.name
+            raw.setdefault("benchmark_options", dict(spec.benchmark.options))
+    return BootstrapConfig.model_validate(raw)  # the section itself is checked by spec.validate_run
+
+
 def bootstrap_dirs(spec: RunSpec, progress: bool = True, evaluate: bool = False) -> tuple[dict[str, Path], dict]:
     """Checkpoints of the warm start (built on first use, then reused from the cache)."""
     if spec.bootstrap is None:
         return {}, {}
-    from mlmt_bench.models.bootstrap import BootstrapConfig, ensure_bootstrap, evaluate_bootstrap
+    from mlmt_bench.models.bootstrap import ensure_bootstrap, evaluate_bootstrap
 
-    cfg = BootstrapConfig.model_validate(spec.bootstrap)  # checked by spec.validate_run
-    result = ensure_bootstrap(cfg, progress=progress)
+    result = ensure_bootstrap(warm_start_config(spec), progress=progress)
     report = dict(result.report)
     if evaluate:
         report["eval"] = evaluate_bootstrap(result)

@@ -157,3 +157,34 @@ def test_thread_tuner_probes_then_keeps_the_faster():
         tuner.record(s, tuner.threads_for(s), secs, 10)
     assert tuner.best == 1 and tuner.threads_for(5) == 1
     assert bootstrap.ThreadTuner(3).threads_for(0) == 3
+
+
+def _spec(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "run.yaml"
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+def test_warm_start_follows_the_runs_synthetic_benchmark(tmp_path: Path) -> None:
+    from mlmt_bench.runner import warm_start_config
+    from mlmt_bench.spec import load_run_spec
+
+    base = ("name: t\nbenchmark: {name: synthetic-arith, options: {difficulty: 5}}\n"
+            "policies: {solver: {model: tiny}}\nalgorithm: {name: grpo}\n")
+    cfg = warm_start_config(load_run_spec(_spec(tmp_path, base + "bootstrap: {}\n")))
+    assert (cfg.benchmark, cfg.benchmark_options) == ("synthetic-arith", {"difficulty": 5})
+    # a bootstrap section that names its own benchmark keeps it, options included
+    cfg = warm_start_config(load_run_spec(_spec(tmp_path, base + "bootstrap: {benchmark: synthetic-arith}\n")))
+    assert cfg.benchmark_options == {}
+    # the default run spec's warm start is the default one (same cache key)
+    default = warm_start_config(load_run_spec(Path(__file__).resolve().parents[1] / "registry" / "runs" / "grpo.yaml"))
+    assert default.key() == BootstrapConfig().key()
+
+
+def test_warm_start_keeps_its_default_benchmark_for_a_benchmark_without_oracle(tmp_path: Path) -> None:
+    from mlmt_bench.runner import warm_start_config
+    from mlmt_bench.spec import load_run_spec
+
+    spec = load_run_spec(_spec(tmp_path, "name: t\nbenchmark: {name: gsm8k}\npolicies: {solver: {model: tiny}}\n"
+                                         "algorithm: {name: grpo}\nbootstrap: {}\n"))
+    assert warm_start_config(spec).benchmark == "synthetic-arith"
