@@ -202,6 +202,46 @@ def report(
     _emit(summary, lambda: typer.echo(f"wrote {', '.join(summary['files'].values())}"))
 
 
+@app.command("eval")
+@_user_errors
+def eval_(
+    path: Path = typer.Argument(..., metavar="MODEL", help="HF or peft checkpoint dir, checkpoint step dir, or run dir "
+                                "(its latest checkpoint)."),
+    tasks: str = typer.Option(..., "--tasks", "-t", help="Comma-separated lm-eval task names."),
+    include_path: Optional[Path] = typer.Option(None, "--include-path", help="Folder of extra task YAML files "
+                                                "(local data: dataset_path: json)."),
+    policy: str = typer.Option("solver", "--policy", help="Policy of a checkpoint step or run dir: solver or critic."),
+    limit: Optional[float] = typer.Option(None, "--limit", min=0, help="Examples per task (a fraction if < 1)."),
+    num_fewshot: Optional[int] = typer.Option(None, "--num-fewshot", min=0, help="Few-shot examples (task default)."),
+    batch_size: str = typer.Option("8", "--batch-size", help="Batch size, or 'auto'."),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)."),
+    backend: str = typer.Option("hf", "--backend", help="Harness model: hf or vllm."),
+    chat_template: bool = typer.Option(False, "--apply-chat-template/--no-chat-template",
+                                       help="Render prompts with the model's chat template."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the harness's samplers."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the results (and the harness config) as JSON."),
+) -> None:
+    """Evaluate a checkpoint with EleutherAI's lm-evaluation-harness (the `eval` extra)."""
+    from mlmt_bench.external_eval import run_lm_eval
+
+    lim: int | float | None = None if limit is None else (int(limit) if limit >= 1 else limit)
+    bs: int | str = int(batch_size) if batch_size.isdigit() else batch_size
+    summary = run_lm_eval(path, [t.strip() for t in tasks.split(",") if t.strip()], policy=policy,
+                          include_path=include_path, limit=lim, num_fewshot=num_fewshot, batch_size=bs,
+                          device=device, backend=backend, apply_chat_template=chat_template, seed=seed, out=out)
+
+    def human() -> None:
+        typer.echo(f"model: {summary['model']}")
+        for task, metrics in summary["tasks"].items():
+            shown = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items() if not k.endswith("_stderr")
+                              and "_stderr," not in k and k != "sample_len")
+            typer.echo(f"  {task} (n={summary['n_samples'].get(task, '?')}): {shown}")
+        if out:
+            typer.echo(f"wrote {out}")
+
+    _emit(summary, human)
+
+
 @app.command()
 @_user_errors
 def sweep(

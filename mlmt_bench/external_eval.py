@@ -1,0 +1,156 @@
+"""External evaluation of a checkpoint with EleutherAI's lm-evaluation-harness (`eval` extra).
+
+``mlmt-bench eval PATH --tasks gsm8k,arc_easy`` runs harness tasks on a model that
+mlmt-bench trained (or any HF checkpoint), so a result can be compared with numbers other
+projects report through the same harness. PATH may be
+
+- an HF checkpoint directory (``config.json``) or a peft adapter directory
+  (``adapter_config.json``: evaluated on top of its ``base_model_name_or_path``);
+- a checkpoint step directory ``checkpoints/step-NNNNNN`` (its ``solver/``, or the policy
+  named by ``policy``);
+- a run directory (its latest checkpoint step that holds that policy).
+
+Tasks come from the harness's own registry (their datasets from the hub, on a machine that
+reaches it) and from ``include_path``, a folder of task YAML files, which is how local data
+is evaluated offline (``dataset_path: json`` with ``data_files``). Results are the
+harness's metric values per task, optionally written as JSON to ``out`` (atomically).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from mlmt_bench.errors import UserError
+from mlmt_bench.tracking import atomic_write_text
+
+BACKENDS = ("hf", "vllm")
+
+
+def resolve_checkpoint(path: Path | str, policy: str = "solver") -> Path:
+    """The model directory that ``path`` names (see the module docstring)."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{path}: no such file or directory")
+    if (path / "config.json").is_file() or (path / "adapter_config.json").is_file():
+        return path
+    if (path / policy).is_dir():
+        return resolve_checkpoint(path / policy, policy)
+    steps = sorted(p for p in (path / "checkpoints").glob("step-*") if (p / policy).is_dir())
+    if steps:
+        return resolve_checkpoint(steps[-1] / policy, policy)
+    raise UserError(f"{path}: not a model directory, a checkpoint step or a run directory with a "
+                    f"{policy!r} checkpoint")
+
+
+def harness_model_args(model_dir: Path, backend: str = "hf", dtype: str = "auto") -> dict[str, Any]:
+    """``model_args`` for the harness's ``hf`` or ``vllm`` model (a dict, so paths may hold commas)."""
+    if backend not in BACKENDS:
+        raise UserError(f"--backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    args: dict[str, Any] = {"pretrained": str(model_dir), "dtype": dtype}
+    adapter = model_dir / "adapter_config.json"
+    if adapter.is_file():
+        try:
+            base = json.loads(adapter.read_text(encoding="utf-8")).get("base_model_name_or_path")
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{adapter}: unreadable adapter config ({exc})") from None
+        if not base:
+            raise UserError(f"{adapter}: no base_model_name_or_path; cannot tell which model the adapter is for")
+        args["pretrained"] = base
+        if backend == "hf":
+            args["peft"] = str(model_dir)
+        else:
+            args.update(enable_lora=True, lora_local_path=str(model_dir))
+    return args
+
+
+def _check_tasks(task_manager: Any, tasks: Sequence[str]) -> None:
+    known = set(task_manager.all_tasks)
+    for task in tasks:
+        if task not in known:
+            close = difflib.get_close_matches(task, sorted(known), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise UserError(f"lm-eval: unknown task {task!r}{hint}")
+
+
+def _plain(value: Any) -> Any:
+    """Harness results hold numpy scalars; JSON wants Python numbers."""
+    if hasattr(value, "item") and callable(value.item):
+        return value.item()
+    return value
+
+
+def summarise(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{task: {metric: value}}`` from the harness's ``results`` (the ``,none`` filter suffix
+    dropped; other filters keep theirs), stderr entries included."""
+    out: dict[str, dict[str, Any]] = {}
+    for task, metrics in results.items():
+        row: dict[str, Any] = {}
+        for key, value in metrics.items():
+            if key in ("alias", "name") or not isinstance(_plain(value), (int, float)):
+                continue
+            row[key.removesuffix(",none")] = _plain(value)
+        out[task] = row
+    return out
+
+
+def run_lm_eval(
+    path: Path | str,
+    tasks: Sequence[str],
+    *,
+    policy: str = "solver",
+    include_path: Path | None = None,
+    limit: int | float | None = None,
+    num_fewshot: int | None = None,
+    batch_size: int | str = 8,
+    device: str | None = None,
+    backend: str = "hf",
+    apply_chat_template: bool = False,
+    seed: int = 0,
+    out: Path | None = None,
+) -> dict[str, Any]:
+    """Run the harness; returns ``{"model", "tasks": {task: {metric: value}}, "n_samples", "out"}``."""
+    if not tasks:
+        raise UserError("--tasks: give at least one task")
+    model_dir = resolve_checkpoint(path, policy)
+    model_args = harness_model_args(model_dir, backend)
+    if include_path is not None and not Path(include_path).is_dir():
+        raise UserError(f"--include-path {include_path}: not a directory")
+    try:
+        from lm_eval import evaluator
+        from lm_eval.tasks import TaskManager
+    except ImportError:
+        raise UserError("lm-eval is not installed; install the eval extra: pip install -e '.[eval]'") from None
+
+    task_manager = TaskManager(include_path=str(include_path) if include_path else None)
+    _check_tasks(task_manager, tasks)
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        res = evaluator.simple_evaluate(
+            model=backend, model_args=model_args, tasks=list(tasks), task_manager=task_manager,
+            num_fewshot=num_fewshot, batch_size=batch_size, device=device, limit=limit,
+            apply_chat_template=apply_chat_template, random_seed=seed, numpy_random_seed=seed,
+            torch_random_seed=seed, fewshot_random_seed=seed,
+        )
+    except (ConnectionError, TimeoutError) as exc:  # a task's dataset on an unreachable hub
+        raise UserError(f"lm-eval: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
+                        "(a hub task needs network access; local data goes through --include-path)") from None
+    summary = {
+        "model": str(model_dir),
+        "tasks": summarise(res["results"]),
+        "n_samples": {t: _plain(v.get("effective", v.get("original")))
+                      for t, v in (res.get("n-samples") or {}).items()},
+        "out": str(out) if out else None,
+    }
+    if out is not None:
+        record = {**summary, "model_args": model_args, "backend": backend, "limit": limit,
+                  "num_fewshot": num_fewshot, "apply_chat_template": apply_chat_template, "seed": seed,
+                  "versions": res.get("versions"), "n-shot": res.get("n-shot"), "configs": res.get("configs")}
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(Path(out), json.dumps(record, indent=2, default=str) + "\n")
+    return summary

@@ -1,0 +1,139 @@
+"""`mlmt-bench eval`: lm-evaluation-harness on a checkpoint, with local task files (no hub)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlmt_bench.errors import UserError
+from mlmt_bench.external_eval import harness_model_args, resolve_checkpoint, summarise
+
+QUESTIONS = [f"{a}+{b}=" for a in range(1, 5) for b in range(1, 4)]
+
+
+def _task_dir(tmp_path: Path, rows: list[dict], gen_targets: list[str] | None = None) -> Path:
+    d = tmp_path / "tasks"
+    d.mkdir(exist_ok=True)
+    data = d / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    common = f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
+    (d / "mc.yaml").write_text(
+        "task: local_mc\n" + common + "output_type: multiple_choice\ndoc_to_text: '{{question}}'\n"
+        "doc_to_choice: '{{choices}}'\ndoc_to_target: label\n"
+        "metric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n")
+    (d / "gen.yaml").write_text(
+        "task: local_gen\n" + common + "output_type: generate_until\ndoc_to_text: '{{question}}'\n"
+        "doc_to_target: '{{target}}'\ngeneration_kwargs:\n  until: ['\\n']\n  max_gen_toks: 4\n  do_sample: false\n"
+        "metric_list:\n  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\n")
+    return d
+
+
+def _loglik(model, tok, context: str, continuation: str) -> float:
+    """Sum of log p(continuation | context) with the model, computed here (not by the harness)."""
+    import torch
+
+    from mlmt_bench.models.tokenizer import encode
+
+    ctx, cont = encode(tok, context), encode(tok, continuation)
+    ids = torch.tensor([ctx + cont])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids).logits[0, :-1].double(), -1)
+    return float(sum(logp[len(ctx) - 1 + i, t] for i, t in enumerate(cont)))
+
+
+def _greedy(model, tok, context: str, n: int) -> str:
+    import torch
+
+    from mlmt_bench.models.tokenizer import encode
+
+    ids = torch.tensor([encode(tok, context)])
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=tok.pad_token_id)
+    return tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True).split("\n")[0]
+
+
+@pytest.fixture(scope="module")
+def model_and_rows(tiny_ckpt: Path):
+    from mlmt_bench.models.tiny import load_checkpoint
+
+    model, tok = load_checkpoint(tiny_ckpt)
+    model.eval()
+    rows = []
+    for i, q in enumerate(QUESTIONS):
+        a, b = (int(x) for x in q[:-1].split("+"))
+        choices = [str(a + b), str(a + b + 1), str(a * b + 7)]
+        greedy = _greedy(model, tok, q, 4)
+        rows.append({"question": q, "choices": choices, "label": i % 3,
+                     "target": greedy if i % 2 == 0 else greedy + "#"})
+    return model, tok, rows
+
+
+def test_the_harness_scores_our_checkpoint_as_an_independent_computation_does(tiny_ckpt, model_and_rows, tmp_path):
+    from mlmt_bench.external_eval import run_lm_eval
+
+    model, tok, rows = model_and_rows
+    tasks = _task_dir(tmp_path, rows)
+    out = tmp_path / "res" / "lm_eval.json"
+    summary = run_lm_eval(tiny_ckpt, ["local_mc", "local_gen"], include_path=tasks, device="cpu",
+                          batch_size=4, out=out)
+    # multiple choice: argmax of log p(" " + choice | question), computed here
+    right = [max(range(3), key=lambda j: _loglik(model, tok, r["question"], " " + r["choices"][j])) == r["label"]
+             for r in rows]
+    assert summary["tasks"]["local_mc"]["acc"] == pytest.approx(sum(right) / len(rows), abs=1e-9)
+    # generation: every other target is the model's own greedy output, the rest are not
+    assert summary["tasks"]["local_gen"]["exact_match"] == pytest.approx(0.5)
+    assert summary["n_samples"] == {"local_mc": len(rows), "local_gen": len(rows)}
+    record = json.loads(out.read_text())
+    assert record["tasks"] == summary["tasks"] and record["model_args"]["pretrained"] == str(tiny_ckpt)
+    assert not list(out.parent.glob(".*tmp*"))
+
+
+def test_resolve_checkpoint_accepts_run_step_and_model_dirs(tiny_ckpt, tmp_path):
+    run = tmp_path / "run"
+    for step in ("step-000002", "step-000010"):
+        shutil.copytree(tiny_ckpt, run / "checkpoints" / step / "solver")
+    (run / "checkpoints" / "step-000011").mkdir()  # no solver/: skipped
+    assert resolve_checkpoint(run) == run / "checkpoints" / "step-000010" / "solver"
+    assert resolve_checkpoint(run / "checkpoints" / "step-000002") == run / "checkpoints" / "step-000002" / "solver"
+    assert resolve_checkpoint(tiny_ckpt) == tiny_ckpt
+    with pytest.raises(UserError, match="'critic' checkpoint"):
+        resolve_checkpoint(run, policy="critic")
+    with pytest.raises(UserError, match="no such file"):
+        resolve_checkpoint(tmp_path / "missing")
+
+
+def test_a_peft_adapter_is_evaluated_on_its_base(tmp_path):
+    d = tmp_path / "adapter"
+    d.mkdir()
+    (d / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "Qwen/Qwen2.5-0.5B"}))
+    assert harness_model_args(d) == {"pretrained": "Qwen/Qwen2.5-0.5B", "dtype": "auto", "peft": str(d)}
+    assert harness_model_args(d, "vllm") == {"pretrained": "Qwen/Qwen2.5-0.5B", "dtype": "auto",
+                                             "enable_lora": True, "lora_local_path": str(d)}
+    (d / "adapter_config.json").write_text("{}")
+    with pytest.raises(UserError, match="base_model_name_or_path"):
+        harness_model_args(d)
+    with pytest.raises(UserError, match="--backend"):
+        harness_model_args(d, "sglang")
+
+
+def test_summarise_drops_the_default_filter_suffix():
+    import numpy as np
+
+    res = {"t": {"alias": "t", "acc,none": np.float64(0.25), "acc_stderr,none": 0.1, "exact_match,strict": 1.0}}
+    assert summarise(res) == {"t": {"acc": 0.25, "acc_stderr": 0.1, "exact_match,strict": 1.0}}
+
+
+def test_cli_errors_are_one_line(tiny_ckpt, tmp_path):
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "mlmt_bench.cli", *args], capture_output=True, text=True)
+
+    r = cli("eval", str(tiny_ckpt), "--tasks", "local_mcq", "--include-path", str(_task_dir(tmp_path, [])))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert r.stderr.startswith("error: lm-eval: unknown task 'local_mcq'; did you mean local_mc")
+    r = cli("eval", str(tmp_path / "nope"), "--tasks", "x")
+    assert r.returncode == 2 and r.stderr.strip() == f"error: {tmp_path / 'nope'}: no such file or directory"
