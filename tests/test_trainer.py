@@ -269,3 +269,28 @@ def test_lora_policy_trains_only_the_adapter_and_checkpoints_as_peft(tiny_ckpt, 
     assert moved and all("lora_" in k for k in moved)  # the base weights never move
     ckpt = trainer.run_dir.latest_checkpoint() / "solver"
     assert (ckpt / "adapter_config.json").exists() and (ckpt / "adapter_model.safetensors").exists()
+
+
+def test_sequence_logprobs_runs_the_lm_head_only_where_tokens_are_trained(tiny_ckpt: Path) -> None:
+    from mlmt_bench.algorithms.update import TrainItem, sequence_logprobs
+    from mlmt_bench.models.tiny import load_checkpoint
+
+    model, tok = load_checkpoint(tiny_ckpt)
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(3, 4), (7, 2), (5, 6)]  # (prompt, completion) lengths: L = 11, shortest prompt 3
+    items = [TrainItem(torch.randint(5, 90, (p,), generator=gen).tolist(), torch.randint(5, 90, (c,), generator=gen).tolist(), 0.0)
+             for p, c in shapes]
+    seen: list[tuple[int, ...]] = []
+    hook = model.lm_head.register_forward_hook(lambda mod, inp, out: seen.append(tuple(out.shape)))
+    with torch.no_grad():
+        logp, mask, entropy = sequence_logprobs(model, items, tok.pad_token_id, with_entropy=True)
+    hook.remove()
+    assert seen == [(3, 11 - 2, model.config.vocab_size)]  # positions 2..10, not all 11
+    assert logp.shape == mask.shape == entropy.shape == (3, 8)
+    for b, it in enumerate(items):  # each row against its own full, unpadded forward pass
+        ids = torch.tensor([it.prompt_ids + it.ids])
+        with torch.no_grad():
+            full = torch.log_softmax(model(ids).logits[0, :-1].double(), -1)
+        expected = full[len(it.prompt_ids) - 1:, :].gather(1, torch.tensor(it.ids)[:, None])[:, 0]
+        torch.testing.assert_close(logp[b, mask[b]].double(), expected, atol=1e-5, rtol=0)
+        assert int(mask[b].sum()) == len(it.ids)

@@ -6,6 +6,7 @@ coefficients; batching, log-probs, the clipped loss and gradient accumulation li
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -49,21 +50,42 @@ def padded_batch(items: Sequence[TrainItem], pad_id: int) -> tuple[torch.Tensor,
 
 def sequence_logprobs(model: Any, items: Sequence[TrainItem], pad_id: int, *, with_entropy: bool = False,
                       reference: Any = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Per-token log-probs ``[B, L-1]`` of the trained ids (and the mask; entropy if asked).
+    """Per-token log-probs ``[B, L-1-s]`` of the trained ids, the matching slice of the mask from
+    :func:`padded_batch` (and the entropy if asked), where ``s + 1`` is the shortest prompt:
+    positions before it predict only prompt tokens in every row.
+
+    The LM head runs only on the positions kept (``logits_to_keep``, as TRL does), which saves
+    ``[B, s, vocab]`` of logits: a long shared context times a 150k vocabulary is most of the
+    activation memory of a real model's update. A model that ignores the argument gives the
+    same result, sliced afterwards.
 
     ``reference``: a callable ``(**inputs) -> logits`` used instead of ``model`` (π_ref).
     """
     input_ids, attention, mask = padded_batch(items, pad_id)
+    start = min(len(it.prompt_ids) for it in items) - 1  # first position whose prediction is trained
+    keep = input_ids.shape[1] - start
     device = next(model.parameters()).device
     inputs = dict(input_ids=input_ids.to(device), attention_mask=attention.to(device))
+    if _takes_logits_to_keep(model):
+        inputs["logits_to_keep"] = keep
     logits = reference(**inputs) if reference is not None else model(**inputs).logits
-    logits = logits[:, :-1]
-    logp = core.token_logprobs(logits, inputs["input_ids"][:, 1:])
+    logits = logits[:, -keep:-1]  # [B, keep-1]: predictions of tokens start+1 .. L-1
+    logp = core.token_logprobs(logits, inputs["input_ids"][:, start + 1:])
     entropy = None
     if with_entropy:
         with torch.no_grad():
             entropy = core.entropy_from_logits(logits.detach())
-    return logp, mask.to(device), entropy
+    return logp, mask[:, start:].to(device), entropy
+
+
+def _takes_logits_to_keep(model: Any) -> bool:
+    """Whether ``model.forward`` names ``logits_to_keep`` (transformers' causal LMs; a peft
+    wrapper passes it through to its base model)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        return "logits_to_keep" in inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _scatter_old(items: Sequence[TrainItem], mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
