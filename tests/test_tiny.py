@@ -41,6 +41,25 @@ def test_presets_come_from_the_registry_yaml(tok):
         sum(p.numel() for p in build_tiny_model("tiny-0.5m", tok).model.parameters())
 
 
+def test_an_installed_copy_finds_the_presets_under_its_prefix(tmp_path, monkeypatch):
+    """What a wheel install sees: no registry/ in the working directory or beside the package,
+    the presets in <sys.prefix>/share/mlmt-bench/registry/models (pyproject's data-files)."""
+    import shutil
+    import sys
+
+    import mlmt_bench.models.tiny as tiny
+
+    share = tmp_path / "prefix" / "share" / "mlmt-bench" / "registry" / "models"
+    share.mkdir(parents=True)
+    shutil.copy(tiny.registry_dirs()[-2] / "tiny-2m.yaml", share / "tiny-2m.yaml")
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "prefix"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tiny, "__file__", str(tmp_path / "site-packages" / "mlmt_bench" / "models" / "tiny.py"))
+    monkeypatch.delenv("MLMT_BENCH_REGISTRY", raising=False)
+    assert preset_names() == ["tiny-2m"]
+    assert load_preset("tiny-2m")["name"] == "tiny-2m"
+
+
 def test_unknown_preset_says_what_exists(tok):
     with pytest.raises(UserError, match="did you mean 'tiny-2m'"):
         build_tiny_model("tiny-2n", tok)

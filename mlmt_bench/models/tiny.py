@@ -4,14 +4,16 @@ The presets live in ``registry/models/tiny-*.yaml`` (the single source of the nu
 ``tiny-0.5m``, ``tiny-2m``, ``tiny-8m``, ``tiny-20m``. The vocabulary, pad and EOS ids come
 from the tokenizer; there is no BOS; input and output embeddings are tied.
 
-A preset is found, in order, in ``$MLMT_BENCH_REGISTRY/models/``, ``./registry/models/`` and
-the ``registry/models/`` folder of the source checkout this module was imported from. A path to
-a ``.yaml`` file is accepted as the preset too.
+A preset is found, in order, in ``$MLMT_BENCH_REGISTRY/models/``, ``./registry/models/``, the
+``registry/models/`` folder of the source checkout this module was imported from, and
+``<sys.prefix>/share/mlmt-bench/registry/models/``, where a wheel or ``pip install .`` puts
+the presets. A path to a ``.yaml`` file is accepted as the preset too.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,7 @@ def registry_dirs() -> list[Path]:
         dirs.append(Path(env) / "models")
     dirs.append(Path.cwd() / "registry" / "models")
     dirs.append(Path(__file__).resolve().parents[2] / "registry" / "models")
+    dirs.append(Path(sys.prefix) / "share" / "mlmt-bench" / "registry" / "models")
     out: list[Path] = []
     for d in dirs:
         if d not in out:
