@@ -690,8 +690,7 @@ def evaluate_bootstrap(result: BootstrapResult, n_eval: int = 200, *, backend: A
     """
     from mlmt_bench import registry
     from mlmt_bench.models.tiny import load_checkpoint
-    from mlmt_bench.rollout.chat import chat_ids
-    from mlmt_bench.rollout.chat import close_turn
+    from mlmt_bench.rollout.chat import chat_ids, close_turn
 
     cfg = result.config
     bench = _benchmark(cfg)
