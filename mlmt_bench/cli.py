@@ -211,7 +211,7 @@ def eval_(
     include_path: Optional[Path] = typer.Option(None, "--include-path", help="Folder of extra task YAML files "
                                                 "(local data: dataset_path: json)."),
     policy: str = typer.Option("solver", "--policy", help="Policy of a checkpoint step or run dir: solver or critic."),
-    limit: Optional[float] = typer.Option(None, "--limit", min=0, help="Examples per task (a fraction if < 1)."),
+    limit: Optional[float] = typer.Option(None, "--limit", help="Examples per task (a fraction if < 1)."),
     num_fewshot: Optional[int] = typer.Option(None, "--num-fewshot", min=0, help="Few-shot examples (task default)."),
     batch_size: str = typer.Option("8", "--batch-size", help="Batch size, or 'auto'."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)."),
@@ -224,6 +224,8 @@ def eval_(
     """Evaluate a checkpoint with EleutherAI's lm-evaluation-harness (the `eval` extra)."""
     from mlmt_bench.external_eval import run_lm_eval
 
+    if limit is not None and limit <= 0:
+        raise UserError(f"--limit must be > 0 (a count, or a fraction below 1), got {limit:g}")
     lim: int | float | None = None if limit is None else (int(limit) if limit >= 1 else limit)
     bs: int | str = int(batch_size) if batch_size.isdigit() else batch_size
     summary = run_lm_eval(path, [t.strip() for t in tasks.split(",") if t.strip()], policy=policy,
