@@ -33,15 +33,20 @@ def utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file + rename, so readers never see half a file."""
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file + rename, so readers never see half a file."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
+    with open(tmp, "wb") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """:func:`atomic_write_bytes` of ``text`` in UTF-8."""
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def git_sha(cwd: Path | None = None) -> str | None:
@@ -90,20 +95,26 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Records of a JSONL file; a torn last line (a crash mid-write) is ignored, others are errors."""
+def read_jsonl_lines(path: Path) -> list[tuple[int, Any]]:
+    """(line number, record) of a JSONL file this module wrote; a torn last line (a crash
+    mid-write) is ignored, any other bad line is a file:line UserError."""
     records = []
     lines = Path(path).read_text(encoding="utf-8").splitlines()
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            records.append((i, json.loads(line)))
         except json.JSONDecodeError:
             if i == len(lines):
                 break
             raise UserError(f"{path}:{i}: not valid JSON") from None
     return records
+
+
+def read_jsonl(path: Path) -> list[Any]:
+    """Records of a JSONL file (see :func:`read_jsonl_lines`)."""
+    return [rec for _, rec in read_jsonl_lines(path)]
 
 
 class RunDir:

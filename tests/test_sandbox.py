@@ -270,63 +270,61 @@ def test_writing_outside_the_working_directory_fails_or_is_undone():
     assert v.reward == 0.0 and v.kind == "wrong"
 
 
-def test_opening_a_socket_connect_and_bind():
+@pytest.fixture
+def listening_server():
+    """A non-blocking TCP server on a free localhost port: ``(socket, port)``. If the sandboxed
+    program reached it, ``accept()`` would return instead of raising BlockingIOError."""
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(5)
     server.setblocking(False)
-    port = server.getsockname()[1]
-    try:
-        v, _ = attack(f"""
-            import socket
-            ok = []
-            try:
-                s = socket.create_connection(("127.0.0.1", {port}), timeout=1)
-                s.sendall(b"escaped")
-                ok.append("connect")
-            except Exception:
-                pass
-            try:
-                b = socket.socket()
-                b.bind(("127.0.0.1", 0))
-                b.listen(1)
-                ok.append("bind")
-            except Exception:
-                pass
-            def f(x):
-                return x + 1
-            """)
-        assert (v.kind, v.reward) == ("sandbox_violation", 0.0)
-        assert "network" in v.detail
-        with pytest.raises(BlockingIOError):
-            server.accept()
-    finally:
-        server.close()
+    yield server, server.getsockname()[1]
+    server.close()
+
+
+def test_opening_a_socket_connect_and_bind(listening_server):
+    server, port = listening_server
+    v, _ = attack(f"""
+        import socket
+        ok = []
+        try:
+            s = socket.create_connection(("127.0.0.1", {port}), timeout=1)
+            s.sendall(b"escaped")
+            ok.append("connect")
+        except Exception:
+            pass
+        try:
+            b = socket.socket()
+            b.bind(("127.0.0.1", 0))
+            b.listen(1)
+            ok.append("bind")
+        except Exception:
+            pass
+        def f(x):
+            return x + 1
+        """)
+    assert (v.kind, v.reward) == ("sandbox_violation", 0.0)
+    assert "network" in v.detail
+    with pytest.raises(BlockingIOError):
+        server.accept()
 
 
 @pytest.mark.skipif(not CAPS["netns"], reason="needs a network namespace")
-def test_socket_from_a_fresh_interpreter_without_the_audit_hook_still_has_no_network():
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(5)
-    server.setblocking(False)
-    port = server.getsockname()[1]
-    try:
-        v, run = attack(f"""
-            import subprocess, sys
-            r = subprocess.run([sys.executable, "-I", "-c",
-                "import socket; socket.create_connection(('127.0.0.1', {port}), timeout=1); print('CONNECTED')"],
-                capture_output=True, text=True)
-            print(r.stdout, r.stderr[-200:])
-            def f(x):
-                return x
-            """)
-        assert "CONNECTED" not in run.stdout
-        assert v.reward == 0.0
-        with pytest.raises(BlockingIOError):
-            server.accept()
-    finally:
-        server.close()
+def test_socket_from_a_fresh_interpreter_without_the_audit_hook_still_has_no_network(listening_server):
+    server, port = listening_server
+    v, run = attack(f"""
+        import subprocess, sys
+        r = subprocess.run([sys.executable, "-I", "-c",
+            "import socket; socket.create_connection(('127.0.0.1', {port}), timeout=1); print('CONNECTED')"],
+            capture_output=True, text=True)
+        print(r.stdout, r.stderr[-200:])
+        def f(x):
+            return x
+        """)
+    assert "CONNECTED" not in run.stdout
+    assert v.reward == 0.0
+    with pytest.raises(BlockingIOError):
+        server.accept()
 
 
 def test_sys_exit_before_the_tests():

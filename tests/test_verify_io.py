@@ -152,3 +152,17 @@ def test_code_verifier_is_only_reached_through_the_registry() -> None:
 
     source = Path(vio.__file__).read_text()
     assert "verifiers.code" not in source and "CodeVerifier" not in source
+
+
+def test_gzip_input_and_undecodable_bytes(tmp_path: Path) -> None:
+    import gzip
+
+    p = Problem(id="p1", benchmark="x", prompt="1+1?", answer="2").to_json()
+    gz = tmp_path / "in.jsonl.gz"
+    gz.write_bytes(gzip.compress((json.dumps({"problem": p, "response": "\\boxed{2}"}) + "\n").encode()))
+    assert verify_file("math", gz, tmp_path / "out.jsonl")["correct"] == 1
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(json.dumps({"problem": p, "response": "x"}).encode() + b"\n\xff\xfe\n")
+    with pytest.raises(UserError, match=r"bad\.jsonl:2: corrupt data file: not valid UTF-8") as info:
+        verify_file("math", bad, tmp_path / "out2.jsonl")
+    assert "\n" not in str(info.value) and not (tmp_path / "out2.jsonl").exists()

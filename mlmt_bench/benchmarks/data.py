@@ -33,7 +33,7 @@ import threading
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from mlmt_bench.benchmarks.base import Benchmark
 from mlmt_bench.errors import UserError
@@ -133,24 +133,32 @@ def _check_row(path: Path, line: int, row: Any, required: Sequence[str]) -> dict
     return row
 
 
-def read_jsonl(path: Path, required: Sequence[str] = ()) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
+def iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed value) of each non-blank line of a JSON Lines file (plain or gzip).
+    A line that is not JSON, or a file that cannot be decoded, is a one-line file:line UserError."""
     lineno = 0
     try:
-        with _open_text(path) as f:
-            for lineno, line in enumerate(f, 1):
+        with (gzip.open(path, "rb") if _is_gzip(path) else open(path, "rb")) as f:
+            for lineno, raw in enumerate(f, 1):
+                try:  # line by line, so an undecodable byte is reported on its own line
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise _decode_error(path, lineno, exc) from None
                 if not line.strip():
                     continue
                 try:
-                    row = json.loads(line)
+                    value = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise UserError(f"{path}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
-                rows.append(_check_row(path, lineno, row, required))
+                yield lineno, value
     except UserError:
         raise
     except _DECODE_ERRORS as exc:
         raise _decode_error(path, lineno + 1, exc) from None
-    return rows
+
+
+def read_jsonl(path: Path, required: Sequence[str] = ()) -> list[dict[str, Any]]:
+    return [_check_row(path, lineno, row, required) for lineno, row in iter_jsonl(path)]
 
 
 def read_json_array(path: Path, required: Sequence[str] = ()) -> list[dict[str, Any]]:

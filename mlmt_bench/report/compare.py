@@ -32,7 +32,7 @@ from mlmt_bench.metrics.stats import (
     paired_bootstrap_diff,
     tokens_to_reach,
 )
-from mlmt_bench.tracking import atomic_write_text, read_jsonl
+from mlmt_bench.tracking import atomic_write_text, read_jsonl_lines
 
 # A run directory is ``<name>-<YYYYmmddTHHMMSSZ>`` with ``-<i>`` when two started the same second.
 _STAMP_RE = re.compile(r"-\d{8}T\d{6}Z(?:-\d+)?$")
@@ -115,15 +115,13 @@ def strip_stamp(name: str) -> str:
 
 
 def _read_records(path: Path) -> list[tuple[int, dict[str, Any]]]:
-    """(line number, record) of a JSONL file. tracking.read_jsonl does the parsing (a torn last
-    line is ignored, any other bad line is a file:line UserError); each record must be an object."""
-    records = read_jsonl(path)
-    linenos = [i for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if line.strip()]
-    out = []
-    for lineno, rec in zip(linenos, records):
+    """(line number, record) of a JSONL file, as tracking.read_jsonl_lines parses it (a torn
+    last line is ignored, any other bad line is a file:line UserError); each record must be an
+    object."""
+    out = read_jsonl_lines(path)
+    for lineno, rec in out:
         if not isinstance(rec, dict):
             raise UserError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
-        out.append((lineno, rec))
     return out
 
 

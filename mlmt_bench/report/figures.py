@@ -5,26 +5,16 @@ counting steps). matplotlib is imported inside the functions, with the Agg backe
 from __future__ import annotations
 
 import io
-import os
 from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from mlmt_bench.tracking import atomic_write_bytes
+
 if TYPE_CHECKING:
     from mlmt_bench.report.compare import RunResult
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` via a temporary file + rename (like tracking.atomic_write_text)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def aggregate_curves(results: list["RunResult"], x_key: str) -> dict[str, np.ndarray]:

@@ -10,7 +10,8 @@ Each output line is the input object plus ``"verdict": Verdict.to_json()``, in i
 The output is written to a temporary file next to OUT and renamed over it at the end, so a
 failure never leaves a half-written OUT nor clobbers an existing one. Every input line is
 validated before any scoring starts; a bad one is a one-line
-:class:`~mlmt_bench.errors.UserError` naming ``file:line``.
+:class:`~mlmt_bench.errors.UserError` naming ``file:line``. IN is read by the benchmark
+data reader (:func:`~mlmt_bench.benchmarks.data.iter_jsonl`), so it may be gzip-compressed.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from mlmt_bench.benchmarks.data import iter_jsonl
 from mlmt_bench.errors import UserError
 from mlmt_bench.types import VERDICT_KINDS, Problem, Verdict
 from mlmt_bench.verifiers.base import Verifier
@@ -75,47 +77,36 @@ class _ProblemIndex:
 
 def read_requests(in_path: Path) -> list[tuple[dict[str, Any], Problem, str]]:
     """(input object, problem, response) per non-blank line; UserError on a bad line."""
-    index = _ProblemIndex()
-    out: list[tuple[dict[str, Any], Problem, str]] = []
     try:
-        f = open(in_path, encoding="utf-8")
+        open(in_path, "rb").close()
     except OSError as exc:
         raise UserError(f"{in_path}: cannot read input ({exc.strerror or exc})") from None
-    with f:
-        lineno = 0
-        try:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                where = f"{in_path}:{lineno}"
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise UserError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
-                if not isinstance(obj, dict):
-                    raise UserError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-                if "verdict" in obj:
-                    raise UserError(f"{where}: line already has a 'verdict' (is this an output file?)")
-                response = obj.get("response")
-                if not isinstance(response, str):
-                    raise UserError(f"{where}: 'response' must be a string")
-                if "problem" in obj:
-                    pj = obj["problem"]
-                    if not isinstance(pj, dict) or "id" not in pj:
-                        raise UserError(f"{where}: 'problem' must be a Problem object with an 'id'")
-                    try:
-                        problem = Problem.from_json(pj)
-                    except (TypeError, ValueError, KeyError) as exc:
-                        raise UserError(f"{where}: bad 'problem' ({type(exc).__name__}: {exc})") from None
-                elif "benchmark" in obj and "id" in obj:
-                    if not isinstance(obj["benchmark"], str):
-                        raise UserError(f"{where}: 'benchmark' must be a string")
-                    problem = index.get(obj["benchmark"], str(obj["id"]), where)
-                else:
-                    raise UserError(f"{where}: needs either 'problem' or both 'benchmark' and 'id'")
-                out.append((obj, problem, response))
-        except UnicodeDecodeError:
-            raise UserError(f"{in_path}:{lineno + 1}: not valid UTF-8") from None
+    index = _ProblemIndex()
+    out: list[tuple[dict[str, Any], Problem, str]] = []
+    for lineno, obj in iter_jsonl(in_path):
+        where = f"{in_path}:{lineno}"
+        if not isinstance(obj, dict):
+            raise UserError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+        if "verdict" in obj:
+            raise UserError(f"{where}: line already has a 'verdict' (is this an output file?)")
+        response = obj.get("response")
+        if not isinstance(response, str):
+            raise UserError(f"{where}: 'response' must be a string")
+        if "problem" in obj:
+            pj = obj["problem"]
+            if not isinstance(pj, dict) or "id" not in pj:
+                raise UserError(f"{where}: 'problem' must be a Problem object with an 'id'")
+            try:
+                problem = Problem.from_json(pj)
+            except (TypeError, ValueError, KeyError) as exc:
+                raise UserError(f"{where}: bad 'problem' ({type(exc).__name__}: {exc})") from None
+        elif "benchmark" in obj and "id" in obj:
+            if not isinstance(obj["benchmark"], str):
+                raise UserError(f"{where}: 'benchmark' must be a string")
+            problem = index.get(obj["benchmark"], str(obj["id"]), where)
+        else:
+            raise UserError(f"{where}: needs either 'problem' or both 'benchmark' and 'id'")
+        out.append((obj, problem, response))
     return out
 
 
