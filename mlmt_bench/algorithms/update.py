@@ -6,6 +6,7 @@ coefficients; batching, log-probs, the clipped loss and gradient accumulation li
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -82,9 +83,15 @@ def _takes_logits_to_keep(model: Any) -> bool:
     """Whether ``model.forward`` names ``logits_to_keep`` (transformers' causal LMs; a peft
     wrapper passes it through to its base model)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return _forward_names_logits_to_keep(type(base))
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_names_logits_to_keep(cls: type) -> bool:
+    """Per model class, once: this runs on every micro-batch."""
     try:
-        return "logits_to_keep" in inspect.signature(base.forward).parameters
-    except (TypeError, ValueError):
+        return "logits_to_keep" in inspect.signature(cls.forward).parameters
+    except (TypeError, ValueError, AttributeError):
         return False
 
 

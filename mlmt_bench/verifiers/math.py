@@ -306,12 +306,13 @@ def answers_equivalent(gold: str, pred: str) -> bool:
     """Unbounded, in-process equivalence test (normaliser, base rule, then math-verify). For
     scripts; the verifier itself bounds the math-verify part with a deadline."""
     ng = normalize_answer(gold)
-    if ng and ng == normalize_answer(pred):
+    npred = normalize_answer(pred)
+    if ng and ng == npred:
         return True
     rule = base_rule(gold, pred)
     if rule is not None:
         return rule
-    same = integer_rule(ng, normalize_answer(pred))
+    same = integer_rule(ng, npred)
     if same is not None:
         return same
     return math_verify_equal(gold, pred)
@@ -381,12 +382,13 @@ class MathVerifier(Verifier):
         if pred is None:
             return Verdict(0.0, False, None, "no_answer", "no final answer found")
         ng = normalize_answer(gold)
-        if ng and ng == normalize_answer(pred):
+        npred = normalize_answer(pred)
+        if ng and ng == npred:
             return Verdict(1.0, True, pred, "ok", "equal after normalisation")
         rule = base_rule(gold, pred)
         if rule is not None:
             return Verdict(float(rule), rule, pred, "ok" if rule else "wrong", "base-subscript rule")
-        same = integer_rule(ng, normalize_answer(pred))
+        same = integer_rule(ng, npred)
         if same is not None:
             return Verdict(float(same), same, pred, "ok" if same else "wrong", "integer comparison")
         try:
