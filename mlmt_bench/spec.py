@@ -39,7 +39,7 @@ class BenchmarkSpec(_Spec):
     path: str | None = Field(None, description="data file or directory; default: search (see README)")
     options: dict[str, Any] = Field(default_factory=dict, description="benchmark-specific options")
     train_split: str = "train"
-    eval_split: str = "eval"
+    eval_split: str = Field("test", description="split evaluated during and after training (sweeps: validation)")
     train_limit: int | None = Field(None, ge=1)
     eval_limit: int | None = Field(None, ge=1)
     verifier: str | None = Field(None, description="default: the benchmark's own")

@@ -19,7 +19,7 @@ from mlmt_bench.models.bootstrap import (
 
 #: A few steps of everything, on a small benchmark: seconds, not minutes.
 TINY = dict(
-    benchmark_options={"n_train": 200, "n_eval": 20},
+    benchmark_options={"n_train": 200, "n_validation": 20, "n_test": 20},
     solver_steps=6, solver_batch=4, critic_steps=3, critic_batch=4,
     onpolicy_start=0.5, pool_size=8, pool_every=2, threads=1,
 )

@@ -694,7 +694,7 @@ def evaluate_bootstrap(result: BootstrapResult, n_eval: int = 200, *, backend: A
 
     cfg = result.config
     bench = _benchmark(cfg)
-    problems = bench.load("eval")[:n_eval]
+    problems = bench.load("validation")[:n_eval]
     if not problems:
         raise UserError(f"bootstrap: benchmark {cfg.benchmark!r} has no eval problems")
     verifier = registry.verifiers.get(bench.default_verifier)()
