@@ -169,16 +169,24 @@ def verify(
 
 @app.command()
 @_user_errors
-def bootstrap(
-    spec: Path = typer.Argument(..., help="Run or experiment spec with a `bootstrap:` section."),
+def base(
+    spec: Path = typer.Argument(..., help="Run or experiment spec with a `base:` section."),
     overrides: Optional[list[str]] = SetOption,
-    evaluate: bool = typer.Option(True, "--eval/--no-eval", help="Report the warm start's accuracies."),
 ) -> None:
-    """Supervised warm start of the tiny solver and critic (cached by content hash)."""
+    """Build (or find in the cache) the shared base of every arm and seed, and show its check."""
     from mlmt_bench import runner
 
-    result = runner.bootstrap_from_spec(spec, overrides or [], evaluate=evaluate, progress=not state.quiet)
-    _emit(result, lambda: typer.echo(json.dumps(result, indent=2, default=str)))
+    result = runner.bases_from_spec(spec, overrides or [], progress=not state.quiet)
+
+    def human() -> None:
+        for b in result:
+            c = b.get("check") or {}
+            typer.echo(f"base {b['key']} ({b['preset']}, seed {b['seed']}, {b['params']:,} parameters, "
+                       f"{b['tokens']:,} tokens): validation acc@t1 {c.get('acc@t1', 0):.1%}, acc@t2 after its own "
+                       f"feedback {c.get('acc@t2_critic', 0):.1%}, after g∅ {c.get('acc@t2_null', 0):.1%}, after the "
+                       f"oracle's {c.get('acc@t2_oracle', 0):.1%}  {b['path']}")
+
+    _emit(result, human)
 
 
 @app.command()

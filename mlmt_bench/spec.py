@@ -55,7 +55,7 @@ class LoraSpec(_Spec):
 
 class PolicySpec(_Spec):
     model: str = Field("tiny", description="model registry name: tiny | hf | a plugin's")
-    path: str | None = Field(None, description="hub name or checkpoint dir; tiny: default from bootstrap")
+    path: str | None = Field(None, description="hub name or checkpoint dir; tiny: default the shared base")
     lora: LoraSpec | None = None
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     lr: float = Field(1e-4, gt=0.0)
@@ -64,7 +64,7 @@ class PolicySpec(_Spec):
 
 class PoliciesSpec(_Spec):
     solver: PolicySpec = Field(default_factory=PolicySpec)
-    critic: PolicySpec | None = Field(None, description="the feedback writer; required by mlmt")
+    critic: PolicySpec | None = Field(None, description="the feedback writer; required when the algorithm builds one")
 
 
 class BackendSpec(_Spec):
@@ -92,6 +92,8 @@ class TrainSpec(_Spec):
     warmup_steps: int = Field(0, ge=0)
     checkpoint_every: int = Field(0, ge=0, description="steps between checkpoints; 0 = only at the end")
     token_budget: int | None = Field(None, ge=1, description="stop once this many tokens were generated")
+    flop_budget: float | None = Field(None, gt=0, description="stop once this many FLOPs were spent (METHOD.md v2 "
+                                                               "counting: prompts, trained sequences, extra passes)")
     deterministic: bool = True
     threads: int | None = Field(None, ge=1, description="torch CPU threads; default all cores")
 
@@ -116,7 +118,8 @@ class RunSpec(_Spec):
     algorithm: AlgorithmSpec
     train: TrainSpec = Field(default_factory=TrainSpec)
     eval: EvalSpec = Field(default_factory=EvalSpec)
-    bootstrap: dict[str, Any] | None = Field(None, description="warm start of tiny policies (BootstrapConfig)")
+    base: dict[str, Any] | None = Field(None, description="the shared base every tiny policy starts from "
+                                                         "(models/shared_base.py BaseConfig); seed: the run's")
     description: str = ""
 
 
@@ -128,7 +131,9 @@ class ExperimentSpec(_Spec):
     arms: dict[str, dict[str, Any]] = Field(min_length=1)
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     output_dir: str = "runs"
-    equal_token_budget: bool = Field(True, description="every arm stops at the same generated-token count")
+    budget: Literal["tokens", "flops", "none"] = Field(
+        "tokens", description="what every arm must spend equally: train.token_budget (generated tokens), "
+                              "train.flop_budget (FLOPs), or none (no check)")
     description: str = ""
 
 
@@ -282,6 +287,8 @@ def format_validation_error(source: str, exc: ValidationError, prefix: str = "",
         what = f"must be one of {ctx.get('expected')}, got {got!r}"
     elif kind == "string_pattern_mismatch":
         what = f"must match {ctx.get('pattern')}, got {got!r}"
+    elif kind == "value_error" and ctx.get("error") is not None:
+        what = f"{ctx['error']}, got {got!r}"
     else:
         what = f"{err['msg'][0].lower()}{err['msg'][1:]}, got {got!r}"
     return f"{source}: {loc}: {what}" if loc else f"{source}: {what}"
@@ -326,16 +333,20 @@ def validate_run(data: dict[str, Any], source: str) -> RunSpec:
     except ValidationError as exc:
         raise UserError(format_validation_error(source, exc, "algorithm.params", params_model)) from None
     spec.algorithm.params = params.model_dump()
-    if spec.bootstrap is not None:
-        from mlmt_bench.models.bootstrap import BootstrapConfig
+    if spec.benchmark.path is not None and not Path(spec.benchmark.path).expanduser().exists():
+        raise UserError(f"{source}: benchmark.path: no such file or directory: {spec.benchmark.path}")
+    if spec.base is not None:
+        from mlmt_bench.models.shared_base import BaseConfig
 
         try:
-            BootstrapConfig.model_validate(spec.bootstrap)
+            BaseConfig.model_validate(spec.base)
         except ValidationError as exc:
-            raise UserError(format_validation_error(source, exc, "bootstrap", BootstrapConfig)) from None
-    if spec.algorithm.name == "mlmt" and params.variant not in ("shared_policy", "oracle_feedback", "null_feedback") \
-            and spec.policies.critic is None:
-        raise UserError(f"{source}: policies.critic: required by algorithm mlmt (variant {params.variant})")
+            raise UserError(format_validation_error(source, exc, "base", BaseConfig)) from None
+    roles = params.roles() if callable(getattr(params, "roles", None)) else None
+    for role in roles.built() if roles is not None else ["solver"]:
+        if getattr(spec.policies, role) is None:
+            mode = roles.mode(role) if roles is not None else "trained"
+            raise UserError(f"{source}: policies.{role}: required by algorithm {spec.algorithm.name} ({role} {mode})")
     return spec
 
 

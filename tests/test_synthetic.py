@@ -184,7 +184,7 @@ def test_registry_benchmark_yaml_files_are_consistent():
 
     import yaml
 
-    from mlmt_bench.models.bootstrap import BootstrapConfig
+    from mlmt_bench.models.shared_base import BaseConfig
 
     files = sorted((Path(__file__).resolve().parents[1] / "registry" / "benchmarks").glob("synthetic-*.yaml"))
     assert len(files) >= 3
@@ -192,4 +192,4 @@ def test_registry_benchmark_yaml_files_are_consistent():
         d = yaml.safe_load(f.read_text())
         assert d["benchmark"]["name"] == "synthetic-arith" and d["description"]
         SyntheticArith(**d["benchmark"]["options"]).load("test")
-        assert BootstrapConfig(**d["bootstrap"]).benchmark_options == d["benchmark"]["options"], f.name
+        assert BaseConfig(**d["base"]).benchmark_options == d["benchmark"]["options"], f.name

@@ -67,7 +67,7 @@ def sequence_logprobs(model: Any, items: Sequence[TrainItem], pad_id: int, *, wi
     keep = input_ids.shape[1] - start
     device = next(model.parameters()).device
     inputs = dict(input_ids=input_ids.to(device), attention_mask=attention.to(device))
-    if _takes_logits_to_keep(model):
+    if takes_logits_to_keep(model):
         inputs["logits_to_keep"] = keep
     logits = reference(**inputs) if reference is not None else model(**inputs).logits
     logits = logits[:, -keep:-1]  # [B, keep-1]: predictions of tokens start+1 .. L-1
@@ -79,7 +79,7 @@ def sequence_logprobs(model: Any, items: Sequence[TrainItem], pad_id: int, *, wi
     return logp, mask[:, start:].to(device), entropy
 
 
-def _takes_logits_to_keep(model: Any) -> bool:
+def takes_logits_to_keep(model: Any) -> bool:
     """Whether ``model.forward`` names ``logits_to_keep`` (transformers' causal LMs; a peft
     wrapper passes it through to its base model)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -113,14 +113,21 @@ class LossConfig:
 
 
 def update_policy(policy: Any, optimizer: torch.optim.Optimizer, scheduler: Any, items: list[TrainItem],
-                  cfg: LossConfig, dist: Any = None) -> dict[str, float]:
+                  cfg: LossConfig, dist: Any = None, constant_norm: float = 0.0) -> dict[str, float]:
     """``cfg.epochs`` passes over ``items``, each one optimiser step (with ``grad_accum`` micro-batches).
 
     The micro-batch losses are weighted so that the sum equals the loss aggregated over the
-    whole batch (token_mean: by tokens; the per-sequence modes: by sequences). Under data
-    parallelism (``dist``, see mlmt_bench/dist.py) the batch is the union of every process's
-    items: weights use the global counts and gradients are summed across processes, so the
-    update equals the single-process update on the whole batch.
+    whole batch (token_mean: by tokens; seq_mean_token_mean: by sequences; constant_norm: each
+    micro-batch's token sum over the step's constant ``constant_norm``, max_new_tokens × the
+    sequences sampled, summed over processes). Under data parallelism (``dist``, see
+    mlmt_bench/dist.py) the batch is the union of every process's items: weights use the global
+    counts and gradients are summed across processes, so the update equals the single-process
+    update on the whole batch.
+
+    Besides the loss statistics it returns the token counts the cost accounting needs (summed
+    over processes and epochs): ``trained_tokens`` (completions), ``sequence_tokens`` (prompt +
+    completion of every sequence trained on) and ``forward_tokens`` (tokens read by the extra
+    forward passes: π_old's log-probs when epochs > 1, π_ref's when a KL term is on).
     """
     dist = dist or _SINGLE
     total_tokens = int(dist.sum(sum(len(it.ids) for it in items)))
@@ -137,7 +144,10 @@ def update_policy(policy: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
                 logp, mask, _ = sequence_logprobs(model, chunk, pad_id)
                 for b, it in enumerate(chunk):
                     it.old_logp = logp[b, mask[b]].detach().cpu()
-    max_len = int(dist.max(max((len(it.prompt_ids) + len(it.ids) for it in items), default=0))) - 1
+    norm = dist.sum(constant_norm) if cfg.loss_agg == "constant_norm" else None
+    if norm is not None and norm <= 0:
+        raise ValueError("constant_norm aggregation needs the step's constant (max_new_tokens × sequences sampled)")
+    seq_tokens = sum(len(it.prompt_ids) + len(it.ids) for it in items)
     stats: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "entropy": 0.0}
     for _ in range(cfg.epochs):
         optimizer.zero_grad(set_to_none=True)
@@ -151,9 +161,10 @@ def update_policy(policy: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
             beta = torch.tensor([[it.beta] for it in chunk], dtype=logp.dtype, device=logp.device)
             loss, s = core.grpo_loss(logp, old, ref, adv, mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
                                      beta=beta if needs_ref else 0.0, agg=cfg.loss_agg,
-                                     max_len=max_len if cfg.loss_agg == "constant_norm" else None)
+                                     norm=norm)
             n_tok = int(mask.sum())
-            weight = n_tok / total_tokens if cfg.loss_agg == "token_mean" else len(chunk) / total_items
+            weight = {"token_mean": n_tok / total_tokens, "seq_mean_token_mean": len(chunk) / total_items,
+                      "constant_norm": 1.0}[cfg.loss_agg]
             (loss * weight).backward()
             stats["loss"] += float(loss.detach()) * weight / cfg.epochs
             stats["clip_frac"] += s["clip_frac"] * n_tok / total_tokens / cfg.epochs
@@ -167,6 +178,9 @@ def update_policy(policy: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
     stats = {k: dist.sum(v) for k, v in stats.items()}  # local shares of global means add up
     stats["grad_norm"] /= dist.world
     stats["trained_tokens"] = float(total_tokens * cfg.epochs)
+    all_seq_tokens = dist.sum(seq_tokens)
+    stats["sequence_tokens"] = float(all_seq_tokens * cfg.epochs)
+    stats["forward_tokens"] = float(all_seq_tokens * ((cfg.epochs > 1) + (cfg.epochs if needs_ref else 0)))
     return stats
 
 
