@@ -48,6 +48,9 @@ def evaluate(program: Program, actors: Actors, problems: Sequence[Problem], samp
     t2_null: list[bool | None] = [None] * len(problems)
     if program.feedback in ("critic", "oracle") and feedback_metrics:
         t2_null = _feedback_metrics(ro, actors, sampling, verifier_name, m)
+    elif program.feedback == "null":  # the refinement *is* the one after g∅ (self_correct, null_feedback)
+        t2_null = list(t2)
+        m["acc@t2_null"] = m["acc@t2"]
     m["gen_tokens_eval"] = sum(len(t.ids) for t in ro.turns)
     per_problem = [{"problem_id": p.id, "t1": a, "t2": b, "t2_null": c}
                    for p, a, b, c in zip(problems, t1, t2, t2_null)]

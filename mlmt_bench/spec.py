@@ -308,8 +308,29 @@ def _field_hint(model: type[BaseModel] | None, loc: list[Any]) -> str:
     return f"; did you mean {close[0]!r}?" if close else f" (expected one of: {', '.join(fields)})"
 
 
-def validate_run(data: dict[str, Any], source: str) -> RunSpec:
-    """A :class:`RunSpec` with its registry names and algorithm parameters checked."""
+def validate_run(data: dict[str, Any], source: str, overrides: list[str] | tuple[str, ...] = ()) -> RunSpec:
+    """A :class:`RunSpec` with its registry names and algorithm parameters checked. An error in a
+    field that a ``--set`` override wrote is blamed on that override, not on the file."""
+    try:
+        return _validate_run(data, source)
+    except UserError as exc:
+        raise _blame_override(exc, source, overrides) from None
+
+
+def _blame_override(exc: UserError, source: str, overrides: list[str] | tuple[str, ...]) -> UserError:
+    msg = str(exc)
+    if not msg.startswith(source + ": "):
+        return exc
+    rest = msg[len(source) + 2:]
+    field = rest.split(":", 1)[0].strip()
+    for text in overrides:
+        key = text.partition("=")[0].strip()
+        if field == key or field.startswith(key + ".") or key.startswith(field + "."):
+            return UserError(f"--set {text}: {rest}")
+    return exc
+
+
+def _validate_run(data: dict[str, Any], source: str) -> RunSpec:
     from mlmt_bench import registry
 
     try:
@@ -370,7 +391,7 @@ def is_experiment(data: dict[str, Any]) -> bool:
 def load_run_spec(path: Path | str, overrides: list[str] | None = None) -> RunSpec:
     path = Path(path)
     data = apply_overrides(load_raw(path), overrides or [], RunSpec)
-    return validate_run(data, str(path))
+    return validate_run(data, str(path), overrides or [])
 
 
 def load_validated(path: Path | str, model: type[_M]) -> _M:
@@ -393,7 +414,7 @@ def load_experiment(path: Path | str, overrides: list[str] | None = None) -> tup
         merged = deep_merge(base, over)
         merged["name"] = over.get("name", f"{exp.name}-{arm}")
         merged["output_dir"] = exp.output_dir
-        arms[arm] = validate_run(merged, f"{path}: arms.{arm}")
+        arms[arm] = validate_run(merged, f"{path}: arms.{arm}", overrides or [])
     return exp, arms
 
 
@@ -402,7 +423,7 @@ def load_any(path: Path | str, overrides: list[str] | None = None) -> RunSpec | 
     data = load_raw(path)
     if is_experiment(data):
         return load_experiment(path, overrides)
-    return validate_run(apply_overrides(data, overrides or [], RunSpec), str(path))
+    return validate_run(apply_overrides(data, overrides or [], RunSpec), str(path), overrides or [])
 
 
 def dump_yaml(spec: BaseModel) -> str:
