@@ -7,7 +7,6 @@ self_correct, MLMT) only decides the episode program, the credit and who updates
 from __future__ import annotations
 
 import random
-import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from mlmt_bench import memory
 from mlmt_bench.algorithms.update import LossConfig, update_policy
 from mlmt_bench.dist import Dist
 from mlmt_bench.evaluate import evaluate
@@ -43,6 +43,7 @@ class TrainContext:
     policies: dict[str, Any]
     seed: int
     frac_done: float = 0.0
+    micro_batch_tokens: int | None = None  # the budget of any extra forward pass (value features)
 
 
 @dataclass
@@ -72,7 +73,7 @@ class Trainer:
         self.eval_sampling = Sampling(self.spec.eval.temperature, 1.0, b.max_new_tokens,
                                       b.feedback_max_new_tokens or b.max_new_tokens, b.stop)
         self.loss_cfg = LossConfig(self.algorithm.p.clip_low, self.algorithm.p.clip_high, self.algorithm.p.loss_agg,
-                                   self.algorithm.p.epochs, t.grad_accum, t.grad_clip)
+                                   self.algorithm.p.epochs, t.grad_accum, t.grad_clip, t.micro_batch_tokens)
 
     # ------------------------------------------------------------------------------------------
     def train(self, progress: Any = None) -> dict[str, Any]:
@@ -87,8 +88,9 @@ class Trainer:
             problems = self.batch(step)
             torch.manual_seed(_step_seed(self.spec.seed, step) + self.dist.rank)
 
-            ro = rollout(self.algorithm.program(step), self.actors, problems, self.sampling)
-            ctx = TrainContext(self.policies, self.spec.seed, self.frac_done())
+            with memory.phase("rollout"):
+                ro = rollout(self.algorithm.program(step), self.actors, problems, self.sampling)
+            ctx = TrainContext(self.policies, self.spec.seed, self.frac_done(), t.micro_batch_tokens)
             items, stats = self.algorithm.credit(ro, step, ctx)
 
             t0 = time.perf_counter()
@@ -116,7 +118,8 @@ class Trainer:
                 **{f"{k}/{role}": v for role, s in update_stats.items() for k, v in s.items()},
                 **{f"len/{kind}": _mean_len(ro, kind) for kind in ("attempt", "feedback", "refine")},
                 "gen_tok_per_s": gen / max(ro.seconds, 1e-9), "train_tok_per_s": trained / max(train_s, 1e-9),
-                "peak_mem_mb": _peak_mem_mb(),
+                "peak_mem_mb": memory.TRACKER.peak_mb(), "mem/source": memory.TRACKER.source,
+                **memory.TRACKER.take(memory.TRAIN_PHASES, self.dist.max),
             })
             if progress:
                 progress.update(task, completed=c.step,
@@ -167,11 +170,13 @@ class Trainer:
             self.dist.barrier()
             return None
         e = self.spec.eval
-        res = evaluate(self.algorithm.eval_program(), self.actors, self.eval_problems, self.eval_sampling,
-                       verifier_name=self.verifier_name, feedback_metrics=e.feedback_metrics,
-                       n_samples=e.samples, protocols=e.protocols)
+        with memory.phase("eval"):
+            res = evaluate(self.algorithm.eval_program(), self.actors, self.eval_problems, self.eval_sampling,
+                           verifier_name=self.verifier_name, feedback_metrics=e.feedback_metrics,
+                           n_samples=e.samples, protocols=e.protocols,
+                           micro_batch_tokens=self.spec.train.micro_batch_tokens)
         self.counters.wall_s = time.perf_counter() - started
-        record = {"kind": "eval", **self._counters(), **res.metrics}
+        record = {"kind": "eval", **self._counters(), **res.metrics, **memory.TRACKER.take(("eval",))}
         self.run_dir.log_metrics(record)
         self.run_dir.log_eval_problems([{"step": self.counters.step, "gen_tokens": self.counters.gen_tokens, **row}
                                         for row in res.per_problem])
@@ -279,9 +284,3 @@ def _step_seed(seed: int, step: int) -> int:
 def _mean_len(ro: Any, kind: str) -> float | None:
     lens = [len(t.ids) for t in ro.turns if t.kind == kind and t.ids]
     return sum(lens) / len(lens) if lens else None
-
-
-def _peak_mem_mb() -> float:
-    if torch.cuda.is_available():
-        return torch.cuda.max_memory_allocated() / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

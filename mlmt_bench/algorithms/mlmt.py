@@ -101,7 +101,7 @@ class MLMT(Algorithm):
         # the context of a feedback's refinements: (x, z, g) as the solver sees it
         contexts = [rollout.turns[rollout.turns[i].children[0]].prompt_ids for i in feedbacks]
         solver = ctx.policies["solver"]
-        return ValueHead.features(solver.model, solver.tokenizer.pad_token_id, contexts)
+        return ValueHead.features(solver.model, solver.tokenizer.pad_token_id, contexts, ctx.micro_batch_tokens)
 
     def _head(self, hidden: int, ctx) -> ValueHead:
         if self.value_head is None:
@@ -115,7 +115,7 @@ class MLMT(Algorithm):
             return {}
         refines = rollout.of_kind("refine")
         feats = ValueHead.features(ctx.policies["solver"].model, ctx.policies["solver"].tokenizer.pad_token_id,
-                                   [rollout.turns[i].prompt_ids for i in refines])
+                                   [rollout.turns[i].prompt_ids for i in refines], ctx.micro_batch_tokens)
         loss = self._head(feats.shape[1], ctx).fit(feats, self.rewards(rollout, refines))
         return {"value_loss": loss}
 

@@ -11,6 +11,9 @@ from typing import Any, Sequence
 
 import torch
 
+from mlmt_bench import memory
+from mlmt_bench.models.forward import last_hidden_states
+
 
 class ValueHead:
     def __init__(self, hidden_size: int, lr: float, seed: int = 0) -> None:
@@ -22,20 +25,11 @@ class ValueHead:
         self.opt = torch.optim.Adam(self.linear.parameters(), lr=lr)
 
     @staticmethod
-    @torch.no_grad()
-    def features(model: Any, pad_id: int, contexts: Sequence[list[int]]) -> torch.Tensor:
-        """``[F, H]`` last-layer hidden state at the last token of each context."""
-        length = max(len(c) for c in contexts)
-        ids = torch.full((len(contexts), length), pad_id, dtype=torch.long)
-        att = torch.zeros_like(ids)
-        for i, c in enumerate(contexts):
-            ids[i, :len(c)] = torch.tensor(c)
-            att[i, :len(c)] = 1
-        device = next(model.parameters()).device
-        out = model(input_ids=ids.to(device), attention_mask=att.to(device), output_hidden_states=True)
-        last = torch.tensor([len(c) - 1 for c in contexts], device=device)
-        h = out.hidden_states[-1]
-        return h[torch.arange(len(contexts), device=device), last].float().cpu()
+    def features(model: Any, pad_id: int, contexts: Sequence[list[int]], max_tokens: int | None = None) -> torch.Tensor:
+        """``[F, H]`` last-layer hidden state at the last token of each context (memory phase
+        ``value``; micro-batches of at most ``max_tokens`` padded tokens)."""
+        with memory.phase("value"):
+            return last_hidden_states(model, pad_id, contexts, max_tokens)
 
     @torch.no_grad()
     def predict(self, feats: torch.Tensor) -> torch.Tensor:
