@@ -24,6 +24,15 @@ def _items(n: int = 11, seed: int = 0) -> list[TrainItem]:
                       advantage=rng.gauss(0.0, 1.0), beta=0.1 * (i % 2)) for i in range(n)]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The tiny model gains nothing from threads, and on a shared machine they cost 4x."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def tiny64(tiny_ckpt):
     """The tiny model in float64 (so that a different summation order stays far below 1e-6)."""
