@@ -60,6 +60,8 @@ class PolicySpec(_Spec):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     lr: float = Field(1e-4, gt=0.0)
     trainable: bool = True
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass "
+                                                            "(less memory, ~1/3 more compute)")
 
 
 class PoliciesSpec(_Spec):
@@ -85,7 +87,12 @@ class AlgorithmSpec(_Spec):
 class TrainSpec(_Spec):
     steps: int = Field(20, ge=0)
     problems_per_step: int = Field(8, ge=1)
-    grad_accum: int = Field(1, ge=1)
+    grad_accum: int = Field(1, ge=1, description="at least this many micro-batches per update")
+    micro_batch_tokens: int | None = Field(
+        32768, ge=1, description="padded tokens (rows × longest row) per forward/backward of an update, "
+        "log-prob, value or evaluation pass; gradients are accumulated to the full-batch update; "
+        "null: the whole batch at once. The default keeps every tiny registry run in one micro-batch; "
+        "lower it for large models (activation memory grows with it)")
     grad_clip: float = Field(1.0, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
     schedule: Literal["constant", "cosine"] = "constant"

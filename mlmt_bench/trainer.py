@@ -9,7 +9,6 @@ whole trained sequences, and every extra forward pass.
 from __future__ import annotations
 
 import random
-import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,12 +17,13 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import torch
 
+from mlmt_bench import memory
 from mlmt_bench.algorithms.base import Algorithm, Credit, CreditInputs
 from mlmt_bench.algorithms.update import LossConfig, update_policy
-from mlmt_bench.algorithms.value import last_token_features
 from mlmt_bench.dist import Dist
 from mlmt_bench.evaluate import evaluate
 from mlmt_bench.metrics.cost import forward_flops, generation_flops, training_flops
+from mlmt_bench.models.forward import last_hidden_states
 from mlmt_bench.rollout.episodes import Actors, Rollout, Sampling, rollout
 from mlmt_bench.tracking import RunDir
 from mlmt_bench.types import Problem
@@ -71,7 +71,8 @@ class Trainer:
         self.eval_sampling = Sampling(self.spec.eval.temperature, 1.0, b.max_new_tokens,
                                       b.feedback_max_new_tokens or b.max_new_tokens, b.stop)
         p = self.algorithm.params
-        self.loss_cfg = LossConfig(p.clip_low, p.clip_high, p.loss_agg, p.epochs, t.grad_accum, t.grad_clip)
+        self.loss_cfg = LossConfig(p.clip_low, p.clip_high, p.loss_agg, p.epochs, t.grad_accum, t.grad_clip,
+                                   t.micro_batch_tokens)
 
     # ------------------------------------------------------------------------------------------
     def train(self, progress: Any = None) -> dict[str, Any]:
@@ -86,7 +87,8 @@ class Trainer:
             problems = self.batch(step)
             torch.manual_seed(_step_seed(self.spec.seed, step) + self.dist.rank)
 
-            ro = rollout(self.algorithm.program(step), self.actors, problems, self.sampling)
+            with memory.phase("rollout"):
+                ro = rollout(self.algorithm.program(step), self.actors, problems, self.sampling)
             feats, values, value_tokens = self.value_predictions(ro)
             credit = self.algorithm.credit(ro, step, CreditInputs(self.frac_done(), values))
 
@@ -107,7 +109,8 @@ class Trainer:
                 **{f"{k}/{role}": v for role, s in update_stats.items() for k, v in s.items()},
                 **{f"len/{kind}": _mean_len(ro, kind) for kind in ("attempt", "feedback", "refine")},
                 "gen_tok_per_s": gen / max(ro.seconds, 1e-9), "train_tok_per_s": trained / max(train_s, 1e-9),
-                "peak_mem_mb": _peak_mem_mb(),
+                "peak_mem_mb": memory.TRACKER.peak_mb(), "mem/source": memory.TRACKER.source,
+                **memory.TRACKER.take(memory.TRAIN_PHASES, self.dist.max),
             })
             if progress:
                 progress.update(task, completed=100 * self.frac_done(),
@@ -136,7 +139,9 @@ class Trainer:
             return None, None, 0
         solver = self.policies["solver"]
         assert solver is not None
-        feats = last_token_features(solver.model, solver.tokenizer.pad_token_id, contexts)
+        with memory.phase("value"):
+            feats = last_hidden_states(solver.model, solver.tokenizer.pad_token_id, contexts,
+                                       self.spec.train.micro_batch_tokens)
         return feats, model.predict(feats), sum(len(c) for c in contexts)
 
     def fit_value(self, ro: Rollout, feats: torch.Tensor | None) -> dict[str, Any]:
@@ -205,11 +210,13 @@ class Trainer:
             self.dist.barrier()
             return None
         e = self.spec.eval
-        res = evaluate(self.algorithm.eval_program(), self.actors, self.eval_problems, self.eval_sampling,
-                       verifier_name=self.verifier_name, feedback_metrics=e.feedback_metrics,
-                       n_samples=e.samples, protocols=e.protocols)
+        with memory.phase("eval"):
+            res = evaluate(self.algorithm.eval_program(), self.actors, self.eval_problems, self.eval_sampling,
+                           verifier_name=self.verifier_name, feedback_metrics=e.feedback_metrics,
+                           n_samples=e.samples, protocols=e.protocols,
+                           micro_batch_tokens=self.spec.train.micro_batch_tokens)
         self.counters.wall_s = time.perf_counter() - started
-        record = {"kind": "eval", **self._counters(), **res.metrics}
+        record = {"kind": "eval", **self._counters(), **res.metrics, **memory.TRACKER.take(("eval",))}
         self.run_dir.log_metrics(record)
         self.run_dir.log_eval_problems([{"step": self.counters.step, "gen_tokens": self.counters.gen_tokens, **row}
                                         for row in res.per_problem])
@@ -320,9 +327,3 @@ def _step_seed(seed: int, step: int) -> int:
 def _mean_len(ro: Any, kind: str) -> float | None:
     lens = [len(t.ids) for t in ro.turns if t.kind == kind and t.ids]
     return sum(lens) / len(lens) if lens else None
-
-
-def _peak_mem_mb() -> float:
-    if torch.cuda.is_available():
-        return torch.cuda.max_memory_allocated() / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

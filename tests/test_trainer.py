@@ -208,7 +208,7 @@ TESTS = Path(__file__).resolve().parent
 
 
 def _launch(tmp_path, args):
-    env = {**os.environ, "PYTHONPATH": str(TESTS)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)])}  # this checkout, not an installed copy
     return subprocess.Popen([sys.executable, str(TESTS / "launch_cli.py"), "-q", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -251,7 +251,8 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tiny_ckpt, tmp_path):
     assert name_a == name_b == "step-000006"
     assert w_a.keys() == w_b.keys() and all(torch.equal(w_a[k], w_b[k]) for k in w_a)
     strip = lambda recs: [{k: v for k, v in r.items() if k not in ("wall_s", "gen_tok_per_s", "train_tok_per_s",
-                                                                   "peak_mem_mb")} for r in recs]
+                                                                   "peak_mem_mb") and not k.startswith("mem/")}
+                          for r in recs]
     assert strip(m_a) == strip(m_b)  # same records, every step exactly once
     train_steps = [r["step"] for r in m_b if r["kind"] == "train"]
     assert train_steps == [1, 2, 3, 4, 5, 6]
@@ -303,3 +304,18 @@ def test_sequence_logprobs_runs_the_lm_head_only_where_tokens_are_trained(tiny_c
         expected = full[len(it.prompt_ids) - 1:, :].gather(1, torch.tensor(it.ids)[:, None])[:, 0]
         torch.testing.assert_close(logp[b, mask[b]].double(), expected, atol=1e-5, rtol=0)
         assert int(mask[b].sum()) == len(it.ids)
+
+
+def test_micro_batched_run_logs_peak_memory_per_phase(tiny_ckpt, tmp_path):
+    spec = make_spec(tmp_path, tiny_ckpt, "mlmt", {"value": "learned", "beta": 0.1, "epochs": 2},
+                     train={"steps": 1, "problems_per_step": 2, "micro_batch_tokens": 64})
+    trainer = build_trainer(spec, tmp_path)
+    trainer.train()
+    records = trainer.run_dir.metrics()
+    (train,) = [r for r in records if r["kind"] == "train"]
+    assert train["micro_batches/solver"] > 1 and train["micro_batches/critic"] > 1
+    phases = {f"mem/peak_mb/{p}" for p in ("rollout", "logprobs", "update", "value")}
+    assert phases <= set(train) and all(train[k] > 0 for k in phases)
+    assert train["mem/source"] == "cpu_rss" and train["peak_mem_mb"] >= max(train[k] for k in phases) - 0.1
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert len(evals) == 2 and all(r["mem/peak_mb/eval"] > 0 for r in evals)

@@ -17,8 +17,6 @@ from typing import Any
 
 import torch
 
-from mlmt_bench.algorithms.update import takes_logits_to_keep
-
 
 class ValueModel:
     """``predict(features [F, H]) -> [F]`` in [0, 1]; ``fit(features [N, H], targets [N])``."""
@@ -104,27 +102,3 @@ def explained_variance(pred: torch.Tensor, targets: torch.Tensor) -> float | Non
     if var == 0.0:
         return None
     return 1.0 - float((targets.double() - pred.double()).var(unbiased=False)) / var
-
-
-@torch.no_grad()
-def last_token_features(model: Any, pad_id: int, contexts: list[list[int]], rows: int = 256) -> torch.Tensor:
-    """``[F, H]`` last-layer hidden state at the last token of each context (right padded, in
-    chunks of ``rows``), float32 on the CPU."""
-    out = []
-    device = next(model.parameters()).device
-    for start in range(0, len(contexts), rows):
-        chunk = contexts[start:start + rows]
-        length = max(len(c) for c in chunk)
-        ids = torch.full((len(chunk), length), pad_id, dtype=torch.long)
-        att = torch.zeros_like(ids)
-        for i, c in enumerate(chunk):
-            ids[i, :len(c)] = torch.tensor(c)
-            att[i, :len(c)] = 1
-        inputs: dict[str, Any] = dict(input_ids=ids.to(device), attention_mask=att.to(device),
-                                      output_hidden_states=True)
-        if takes_logits_to_keep(model):
-            inputs["logits_to_keep"] = 1  # the LM head is not needed here
-        hidden = model(**inputs).hidden_states[-1]
-        last = torch.tensor([len(c) - 1 for c in chunk], device=device)
-        out.append(hidden[torch.arange(len(chunk), device=device), last].float().cpu())
-    return torch.cat(out) if out else torch.zeros(0, 0)

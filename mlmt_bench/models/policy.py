@@ -54,9 +54,9 @@ class Policy:
         """Load π_ref (full fine-tuning) from the initial weights at ``init_path``: never a copy of
         the current model, which after ``--resume`` would be the checkpoint's."""
         if not self.is_lora and self.ref_model is None:
-            device = next(self.model.parameters()).device
-            ref, _ = _load(self.init_path, self.dtype, None if device.type == "cpu" else str(device))
-            self.ref_model = ref.eval()
+            first = next(self.model.parameters())
+            ref, _ = _load(self.init_path, self.dtype, None if first.device.type == "cpu" else str(first.device))
+            self.ref_model = ref.to(first.dtype).eval()
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
 
@@ -105,6 +105,19 @@ def _load(path: str, dtype: str, device: str | None) -> tuple[Any, Any]:
     return model, tokenizer
 
 
+def _enable_checkpointing(model: Any) -> None:
+    """Activation (gradient) checkpointing of every decoder layer, non-reentrant: it works with
+    frozen inputs (LoRA) and under no_grad. transformers applies it in training mode only, so
+    generation (in eval mode) keeps its KV cache."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers ≥ 5.x; the old name warns
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    elif getattr(model, "supports_gradient_checkpointing", False):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        raise UserError(f"gradient_checkpointing: {type(model).__name__} does not support it")
+
+
 def _wrap_lora(model: Any, lora: Any) -> Any:
     from peft import LoraConfig, get_peft_model
 
@@ -117,6 +130,8 @@ def build_policy(role: str, spec: Any, path: str, device: str | None = None) -> 
     """A :class:`Policy` from a ``PolicySpec`` and the resolved checkpoint ``path``."""
     model, tokenizer = _load(path, spec.dtype, device)
     n_params = sum(p.numel() for p in model.parameters())
+    if spec.gradient_checkpointing:
+        _enable_checkpointing(model)
     is_lora = False
     if spec.lora is not None:
         model = _wrap_lora(model, spec.lora)
