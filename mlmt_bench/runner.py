@@ -10,6 +10,7 @@ The algorithm's roles (``Algorithm.roles()``) say which policies to build: a ``t
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -111,6 +112,12 @@ def build(spec: RunSpec, progress: bool = True) -> Components:
         raise UserError(f"algorithm {spec.algorithm.name}: oracle feedback needs a benchmark with an oracle critic "
                         f"(synthetic-*), not {b.name}")
     base = ensure_run_base(spec, progress) if needs_base(spec, algorithm) else None
+    if progress and not hasattr(benchmark, "oracle_feedback") and any(
+            getattr(spec.policies, r) is not None and getattr(spec.policies, r).model == "tiny" for r in roles.built()):
+        sys.stderr.write(f"note: tiny models on {b.name} are a smoke test of the pipeline, not a measurement: they are "
+                         "trained on synthetic arithmetic and read one token per character with 512 positions, so "
+                         "most prompts are longer than their context (transformers says so once) and accuracy stays "
+                         "near 0\n")
     base_dir = base.model_dir if base is not None else None
     device = _device()
     policies: dict[str, Any] = {}

@@ -79,9 +79,15 @@ class Trainer:
         """Train until ``train.steps`` or a budget (tokens, FLOPs) is spent; returns the final evaluation."""
         t = self.spec.train
         started = time.perf_counter() - self.counters.wall_s
-        if self.counters.step == 0:
-            self.evaluate(started)
         task = progress.add_task("train", total=100, completed=100 * self.frac_done()) if progress else None
+
+        def say(text: str) -> None:
+            if progress:
+                progress.update(task, completed=100 * self.frac_done(), description=text)
+
+        if self.counters.step == 0:
+            say(f"evaluating {len(self.eval_problems)} {self.spec.benchmark.eval_split} problems at step 0")
+            self.evaluate(started)
         while not self.done():
             step = self.counters.step
             problems = self.batch(step)
@@ -112,12 +118,11 @@ class Trainer:
                 "peak_mem_mb": memory.TRACKER.peak_mb(), "mem/source": memory.TRACKER.source,
                 **memory.TRACKER.take(memory.TRAIN_PHASES, self.dist.max),
             })
-            if progress:
-                progress.update(task, completed=100 * self.frac_done(),
-                                description=f"train step {self.counters.step} r={stats.get('reward_mean', 0):.2f} "
-                                            f"tok={self.counters.gen_tokens}")
+            say(f"train step {self.counters.step} r={stats.get('reward_mean', 0):.2f} tok={self.counters.gen_tokens}")
             last = self.done()
             if last or (self.spec.eval.every and self.counters.step % self.spec.eval.every == 0):
+                say(f"evaluating {len(self.eval_problems)} {self.spec.benchmark.eval_split} problems at step "
+                    f"{self.counters.step}")
                 self.evaluate(started)
             if last or (t.checkpoint_every and self.counters.step % t.checkpoint_every == 0):
                 self.save_checkpoint()

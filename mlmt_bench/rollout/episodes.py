@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol, Sequence
 
 from mlmt_bench.rollout.chat import chat_ids, close_turn, continuation_ids
 from mlmt_bench.types import Problem, PromptTemplates, Verdict
+
+if TYPE_CHECKING:
+    from mlmt_bench.rollout.backend import Backend
+    from mlmt_bench.verifiers.base import Verifier
 
 TurnKind = Literal["attempt", "feedback", "refine"]
 FeedbackSource = Literal["none", "null", "critic", "oracle"]
@@ -72,15 +76,22 @@ class Program:
     refinements: int = 1
 
 
+class Actor(Protocol):
+    """What an episode needs of a policy: a causal LM and its tokenizer (a Policy is one)."""
+
+    model: Any
+    tokenizer: Any
+
+
 @dataclass
 class Actors:
     """What a program needs to run. ``critic`` may be None for the none / null / oracle sources."""
 
-    solver: Any  # Policy
-    critic: Any | None
-    backend: Any
+    solver: Actor
+    critic: Actor | None
+    backend: Backend
     templates: PromptTemplates
-    verifier: Any
+    verifier: Verifier
     oracle: Callable[[Problem, str], str] | None = None
 
 
