@@ -254,16 +254,22 @@ def sweep(
                                           "output dir); postgresql+psycopg2://... to share a study between machines."),
     study: Optional[str] = typer.Option(None, "--study", help="Study name (default: the sweep's name)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Sampler seed (default: random)."),
+    workers: int = typer.Option(1, "--workers", "-j", min=1, help="Trial processes on this machine, all on the "
+                                "same study (SQLite: a few; PostgreSQL: also across machines)."),
+    heartbeat: Optional[int] = typer.Option(None, "--heartbeat", min=1, help="Seconds between a running trial's "
+                                            "heartbeats (default: 60); a trial silent for 3 heartbeats (its process "
+                                            "died) is failed and retried once."),
     overrides: Optional[list[str]] = SetOption,
 ) -> None:
     """Tune a run spec with Optuna; running the same command again resumes the study.
 
     Writes <output_dir>/<name>/ (output_dir of the run spec, name of the sweep): the study <name>.db, trials/ with one run directory per trial, and <study>-best.yaml, the run spec with the best parameters. --set applies to the run spec.
     """
-    from mlmt_bench.sweep import print_summary, run_sweep
+    from mlmt_bench.sweep import run_sweep
+    from mlmt_bench.sweep_display import print_summary
 
     result = run_sweep(spec, n_trials=n_trials, storage=storage, study_name=study, seed=seed,
-                       overrides=overrides or [], progress=not state.quiet)
+                       overrides=overrides or [], progress=not state.quiet, workers=workers, heartbeat_s=heartbeat)
     _emit(result, lambda: print_summary(result))
     if result.get("stopped"):
         sys.stderr.write(f"error: sweep stopped: {result['stopped']}\n")
