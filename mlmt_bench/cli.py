@@ -184,12 +184,27 @@ def bootstrap(
 @app.command()
 @_user_errors
 def report(
-    runs: list[Path] = typer.Argument(..., help="Run directories or experiment directories (with experiment.json)."),
+    runs: Optional[list[Path]] = typer.Argument(None, help="Run directories or experiment directories (with experiment.json)."),
     out: Path = typer.Option(..., "--out", "-o", help="Directory for comparison.md and acc_vs_tokens.png."),
     baseline: Optional[str] = typer.Option("grpo", "--baseline", help="Arm the others are tested against."),
     arm: Optional[list[str]] = typer.Option(None, "--arm", help="Name a run explicitly: NAME=RUN_DIR (repeatable)."),
+    sweep: Optional[str] = typer.Option(None, "--sweep", metavar="STORAGE", help="Report on an Optuna sweep instead: "
+                                        "its storage URL or SQLite .db file (history, importances, best spec)."),
+    study: Optional[str] = typer.Option(None, "--study", help="With --sweep: the study, if the storage holds several."),
 ) -> None:
     """Compare runs: final metrics with 95% bootstrap CIs, McNemar tests, accuracy vs tokens."""
+    if sweep is not None:
+        from mlmt_bench.report.sweep_report import report_sweep
+
+        if runs or arm:
+            raise UserError("--sweep reports on a study: give no run directories or --arm with it")
+        found = report_sweep(sweep, out, study)
+        _emit(found, lambda: typer.echo(f"wrote {', '.join(found['files'].values())}"))
+        return
+    if study is not None:
+        raise UserError("--study goes with --sweep STORAGE")
+    if not runs:
+        raise UserError("give run directories (or --sweep STORAGE)")
     from mlmt_bench.report.compare import report_from_dirs
 
     named: dict[str, list[Path]] = {}
