@@ -77,16 +77,17 @@ class SweepDisplay:
             self._line(f"sweep {self.study}: {self.done} of {self.target} trials complete or pruned; "
                        f"optimising {self.metric}")
         if self.live:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
             from rich.table import Column
 
             self.progress = Progress(
                 TextColumn("{task.description}", table_column=Column(no_wrap=True, min_width=7)),
-                BarColumn(bar_width=16), MofNCompleteColumn(),
+                BarColumn(bar_width=16), TextColumn("{task.fields[count]}", justify="right"),
                 TextColumn("{task.fields[info]}", table_column=Column(no_wrap=True, overflow="ellipsis", ratio=1)),
                 TimeElapsedColumn(), console=self.console, transient=True)
             self.progress.start()
-            self.overall = self.progress.add_task("trials", total=self.target, completed=self.done, info="")
+            self.overall = self.progress.add_task("trials", total=self.target, completed=self.done, info="",
+                                                  count=f"{self.done}/{self.target}")
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -101,10 +102,10 @@ class SweepDisplay:
             return
         kind = event.get("event")
         w = self.workers.setdefault(worker, {"task": None, "trial": None, "steps": 0, "step": 0, "eval": None,
-                                             "started": time.monotonic(), "shown": 0.0})
+                                             "waiting": [], "started": time.monotonic(), "shown": 0.0})
         if kind == "start":
-            w.update(trial=event["trial"], steps=event.get("steps") or 0, step=0, eval=None, started=time.monotonic(),
-                     shown=time.monotonic())
+            w.update(trial=event["trial"], steps=event.get("steps") or 0, step=0, eval=None, waiting=[],
+                     started=time.monotonic(), shown=time.monotonic())
             retry = f", retrying trial {event['retry_of']}" if event.get("retry_of") is not None else ""
             self._line(f"trial {event['trial']} started (worker {worker}{retry}): {fmt_params(event.get('params', {}))}")
         elif kind == "step":
@@ -114,10 +115,10 @@ class SweepDisplay:
         elif kind == "end":
             self._trial_ended(worker, w, event)
         elif kind == "wait":
-            trials = ", ".join(str(n) for n in event.get("trials", []))
-            w.update(trial=None, started=time.monotonic())
-            self._line(f"worker {worker} waits for trial(s) {trials} (running elsewhere; one without a heartbeat "
-                       f"for {self.grace_s:g} s is failed and retried)")
+            w.update(trial=None, steps=0, step=0, eval=None, waiting=list(event.get("trials", [])))
+            trials = ", ".join(str(n) for n in w["waiting"])
+            self._line(f"worker {worker} waits: trial(s) {trials} running elsewhere (retried if silent for "
+                       f"{self.grace_s:g} s)")
         self._refresh(worker, w, kind)
 
     def warn(self, text: str) -> None:
@@ -141,13 +142,19 @@ class SweepDisplay:
             text += f": {event['error']}"
         self._line(f"{text} (worker {worker}, {_clock(time.monotonic() - w['started'])}); "
                    f"{self.done}/{self.target} done")
-        w["trial"] = None
+        w.update(trial=None, steps=0, step=0, eval=None)
 
     def _refresh(self, worker: int, w: dict[str, Any], kind: Any) -> None:
         latest = f"{self.metric} {fmt(w['eval'][1], 3)} @{w['eval'][0]}" if w["eval"] else ""
         if self.progress is not None:
-            desc = f"w{worker} t{w['trial']}" if w["trial"] is not None else f"w{worker} idle"
-            fields = {"description": desc, "total": w["steps"] or None, "completed": w["step"], "info": latest}
+            if w["trial"] is not None:  # before its first step a trial loads models and evaluates step 0
+                desc, info = f"w{worker} t{w['trial']}", latest or ("" if w["step"] else "starting")
+            elif w["waiting"]:
+                desc, info = f"w{worker} wait", "for " + ", ".join(f"t{n}" for n in w["waiting"])
+            else:
+                desc, info = f"w{worker} idle", ""
+            count = f"{w['step']}/{w['steps']}" if w["trial"] is not None and w["steps"] else ""
+            fields = {"description": desc, "total": w["steps"] or 1, "completed": w["step"], "info": info, "count": count}
             if w["task"] is None:
                 w["task"] = self.progress.add_task(**fields)
             elif kind == "start":  # a new trial: its own elapsed time
@@ -155,7 +162,7 @@ class SweepDisplay:
             else:
                 self.progress.update(w["task"], **fields)
             best = f"best {self.metric} {fmt(self.best[1], 3)} (t{self.best[0]})" if self.best else ""
-            self.progress.update(self.overall, completed=self.done, info=best)
+            self.progress.update(self.overall, completed=self.done, info=best, count=f"{self.done}/{self.target}")
         elif kind in ("step", "eval") and time.monotonic() - w["shown"] >= PLAIN_EVERY_S:
             w["shown"] = time.monotonic()
             at = f", {self.metric} {fmt(w['eval'][1])} at step {w['eval'][0]}" if w["eval"] else ""

@@ -273,7 +273,7 @@ def test_trial_of_a_crashed_process_is_failed_and_retried(tmp_path, fake, make_s
     dead.update_manifest(sweep="sw", trial=0)
     res = CliRunner().invoke(app, ["sweep", str(path), "--heartbeat", "1"])
     assert res.exit_code == 0, res.output
-    assert "worker 0 waits for trial(s) 0" in res.stderr
+    assert "worker 0 waits: trial(s) 0 running elsewhere (retried if silent for 3 s)" in res.stderr
     assert "trial 2 started (worker 0, retrying trial 0)" in res.stderr
     assert "trial 2 retries trial 0 (its process died)" in res.stdout
     result = sw.run_sweep(path, progress=False)  # nothing left to do: the summary

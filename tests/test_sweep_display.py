@@ -92,7 +92,7 @@ def test_plain_progress_is_a_few_lines(monkeypatch):
         "trial 5 started (worker 1, retrying trial 2): lam=0.31, eta=1.2, solver.lr=0.00012, critic.lr=3.3e-05, "
         "value=learned",
         "trial 5 pruned: acc@t2 0.1 at step 30 (worker 1, 0:00); 4/20 done",
-        "worker 1 waits for trial(s) 4 (running elsewhere; one without a heartbeat for 180 s is failed and retried)",
+        "worker 1 waits: trial(s) 4 running elsewhere (retried if silent for 180 s)",
     ]  # 120 steps and an evaluation within PLAIN_EVERY_S: no line
     monkeypatch.setattr(sweep_display, "PLAIN_EVERY_S", 0.0)
     out = io.StringIO()
@@ -109,21 +109,32 @@ def test_quiet_shows_only_warnings():
     assert out.getvalue().count("\n") == 1 and "was killed by SIGKILL" in out.getvalue()
 
 
+def snapshot(display: SweepDisplay, width: int) -> list[str]:
+    shot = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+    shot.print(display.progress.get_renderable())
+    return shot.export_text().splitlines()
+
+
 @pytest.mark.parametrize("width", [80, 60])
 def test_live_progress_shows_each_worker_within_the_width(width):
     console = Console(file=io.StringIO(), width=width, force_terminal=True, color_system=None)
     with SweepDisplay("quickstart-mlmt-sweep", "acc@t2", 20, done=3, console=console) as display:
         assert display.live
+        display.handle(0, {"event": "start", "trial": 4, "steps": 200, "params": {}, "retry_of": None})
+        overall, w0 = snapshot(display, width)
+        assert w0.startswith("w0 t4") and "0/200" in w0 and "starting" in w0  # loading models, evaluating step 0
         events(display)
+        overall, w0, w1 = snapshot(display, width)
+        assert w0.startswith("w0 t4") and "120/200" in w0 and "acc@t2 0.412 @100" in w0
+        assert w1.startswith("w1 wait") and "for t4" in w1
         display.handle(0, {"event": "end", "trial": 4, "state": "complete", "value": 0.5, "step": 200, "error": None})
+        overall, w0, w1 = snapshot(display, width)
+        assert w0.split() == ["w0", "idle", "0:00:00"]  # an empty bar: no stale step count or metric
         display.handle(0, {"event": "start", "trial": 6, "steps": 50, "params": {}, "retry_of": None})
         display.handle(0, {"event": "step", "trial": 6, "step": 10, "steps": 50})
         display.handle(0, {"event": "eval", "trial": 6, "step": 10, "value": 0.25})
-        shot = Console(width=width, record=True, file=io.StringIO(), color_system=None)
-        shot.print(display.progress.get_renderable())
-    lines = shot.export_text().splitlines()
+        lines = snapshot(display, width)
     assert all(len(line) <= width for line in lines)
     overall, w0, w1 = lines
     assert overall.startswith("trials") and "5/20" in overall and "best acc@t2 0.5 (t4)" in overall
     assert w0.startswith("w0 t6") and "10/50" in w0 and "acc@t2 0.25 @10" in w0
-    assert w1.startswith("w1 idle")

@@ -41,7 +41,7 @@ def _pg_bin(name: str) -> str | None:
 POSTGRES, INITDB = _pg_bin("postgres"), _pg_bin("initdb")
 
 
-def real_sweep(tmp_path: Path, ckpt: Path, *, n_trials: int, steps: int) -> Path:
+def real_sweep(tmp_path: Path, ckpt: Path, *, n_trials: int, steps: int, metric: str = "acc@t2") -> Path:
     """A sweep of tiny GRPO runs (one thread each) over the solver's learning rate."""
     spec = minimal_spec(output_dir=str(tmp_path / "runs"), policies={"solver": {"model": "tiny", "path": str(ckpt)}},
                         algorithm={"name": "grpo", "params": {"group_size": 2}},
@@ -51,6 +51,7 @@ def real_sweep(tmp_path: Path, ckpt: Path, *, n_trials: int, steps: int) -> Path
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(spec))
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump({"name": "w", "run": "run.yaml", "n_trials": n_trials, "sampler": "random",
+                                    "metric": metric,
                                     "pruner": "none", "space": {LR: {"type": "float", "low": 1e-5, "high": 1e-3,
                                                                      "log": True}}}))
     return path
@@ -108,6 +109,22 @@ def test_two_workers_share_a_sqlite_study(tmp_path, tiny_ckpt):
     for n in range(4):
         assert f"trial {n} started (worker " in res.stderr and f"trial {n} complete: acc@t2 " in res.stderr
     assert "best: trial" in res.stdout and (out / "w-best.yaml").is_file()
+
+
+@pytest.mark.slow
+def test_bad_input_in_a_worker_stops_them_all(tmp_path, tiny_ckpt):
+    """A metric the runs do not log: the first worker to evaluate reports it, the command ends
+    with one error line and exit code 2, and no trial is left running."""
+    path = real_sweep(tmp_path, tiny_ckpt, n_trials=4, steps=40, metric="acc@t9")
+    res = subprocess.run(sweep_cmd(path, "--workers", "2"), capture_output=True, text=True, env=env(), cwd=tmp_path,
+                         timeout=600)
+    assert res.returncode == 2, res.stderr
+    last = res.stderr.splitlines()[-1]
+    assert last.startswith(f"error: {path}: metric: 'acc@t9' is not a number in this run's evaluations")
+    assert "Traceback" not in res.stderr
+    with sqlite3.connect(tmp_path / "runs" / "w" / "w.db") as con:
+        states = dict(con.execute("SELECT state, count(*) FROM trials GROUP BY state").fetchall())
+    assert states.get("FAIL", 0) >= 1 and set(states) == {"FAIL"}, states
 
 
 # ----------------------------------------------------------------------------------------------
