@@ -192,7 +192,7 @@ def report(
                                         "its storage URL or SQLite .db file (history, importances, best spec)."),
     study: Optional[str] = typer.Option(None, "--study", help="With --sweep: the study, if the storage holds several."),
 ) -> None:
-    """Compare runs: final metrics with 95% bootstrap CIs, McNemar tests, accuracy vs tokens."""
+    """Compare runs: final metrics with 95% bootstrap CIs, McNemar tests, accuracy vs tokens (or, with --sweep, a sweep's history, importances and best spec)."""
     if sweep is not None:
         from mlmt_bench.report.sweep_report import report_sweep
 

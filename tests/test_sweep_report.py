@@ -93,11 +93,16 @@ def test_best_spec_from_the_run_directory_when_the_sweep_file_is_gone(tmp_path, 
 
     path = make_sweep(n_trials=3)
     best = run_sweep(path, seed=0, progress=False)["best"]
+    path.write_text("name: sw\n")  # edited since: no longer a valid sweep
+    res = report("--sweep", str(tmp_path / "runs" / "sw" / "sw.db"), "--out", str(tmp_path / "r"))
+    assert res.exit_code == 0, res.output
+    text = (tmp_path / "r" / "sweep_best.yaml").read_text()
+    assert f"# the sweep file {path} no longer applies ({path}: " in text
     path.unlink()
     res = report("--sweep", str(tmp_path / "runs" / "sw" / "sw.db"), "--out", str(tmp_path / "r"))
     assert res.exit_code == 0, res.output
     text = (tmp_path / "r" / "sweep_best.yaml").read_text()
-    assert f"# from the best trial's run directory {best['run_dir']}" in text
+    assert f"# from the best trial's run directory {best['run_dir']}" in text and "no longer applies" not in text
     spec = load_run_spec(tmp_path / "r" / "sweep_best.yaml")
     assert spec.name == "sw-best" and spec.algorithm.params["lam"] == best["params"][LAM]
 

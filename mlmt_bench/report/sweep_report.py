@@ -126,8 +126,12 @@ def best_spec_yaml(study: "optuna.Study") -> str:
               f"# {yaml.safe_dump(dict(best.params), default_flow_style=True, width=10**6).strip()}\n")
     sweep_file = study.user_attrs.get("sweep")
     if sweep_file and Path(sweep_file).is_file():
-        sweep = load_sweep(sweep_file, study.user_attrs.get("overrides") or [], study.study_name)
-        return header + f"# from the sweep file {sweep_file}\n" + dump_yaml(best_spec(sweep, best.params, study.study_name))
+        try:
+            sweep = load_sweep(sweep_file, study.user_attrs.get("overrides") or [], study.study_name)
+            spec = best_spec(sweep, best.params, study.study_name)
+            return header + f"# from the sweep file {sweep_file}\n" + dump_yaml(spec)
+        except UserError as exc:  # edited since the study began: the spec the best trial ran instead
+            header += f"# the sweep file {sweep_file} no longer applies ({exc})\n"
     run_dir = best.user_attrs.get("run_dir")
     resolved = Path(run_dir) / "spec.resolved.yaml" if run_dir else None
     if resolved is not None and resolved.is_file():
