@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import copy
 import difflib
+import os
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from mlmt_bench import bounded_input
 from mlmt_bench.errors import UserError
 
 
@@ -151,22 +153,9 @@ class SweepSpec(_Spec):
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
-    """Parse one YAML file into a mapping, with one-line errors for every way it can be wrong."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{path}: file not found") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a directory, expected a YAML file") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: not a text file (cannot decode as UTF-8)") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise UserError(f"{path}: invalid YAML: {where}{problem}") from None
+    """Parse one YAML file into a mapping, with one-line errors for every way it can be wrong
+    (and within the limits of :mod:`mlmt_bench.bounded_input`: size, depth, alias expansion)."""
+    data = bounded_input.load_yaml(bounded_input.read_text(path), str(path))
     if data is None:
         raise UserError(f"{path}: empty file, expected a YAML mapping")
     if not isinstance(data, dict):
@@ -192,29 +181,35 @@ def load_raw(path: Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     if resolved in _chain:
         cycle = " -> ".join(str(p) for p in (*_chain, resolved))
         raise UserError(f"{path}: circular extends: {cycle}")
+    if len(_chain) >= bounded_input.MAX_EXTENDS:
+        raise UserError(f"{path}: extends: chain of more than {bounded_input.MAX_EXTENDS} files")
     data = read_yaml(path)
     parent = data.pop("extends", None)
     if parent is None:
         return data
     if not isinstance(parent, str):
-        raise UserError(f"{path}: extends: expected a file path, got {parent!r}")
+        raise UserError(f"{path}: extends: expected a file path, got {bounded_input.short_repr(parent)}")
     parent_path = (path.parent / parent)
-    if not parent_path.exists():
-        raise UserError(f"{path}: extends: file not found: {parent_path}")
+    if not os.path.lexists(parent_path):
+        raise UserError(f"{path}: extends: file not found: {bounded_input.shorten(str(parent_path), 200)}")
     return deep_merge(load_raw(parent_path, (*_chain, resolved)), data)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """``"a.b.c=value"`` -> (["a", "b", "c"], value); the value is parsed as YAML (1 -> int, true -> bool)."""
+    """``"a.b.c=value"`` -> (["a", "b", "c"], value); the value is parsed as YAML (1 -> int, true -> bool),
+    within the limits of :mod:`mlmt_bench.bounded_input`; text that is not YAML stays a string."""
+    shown = bounded_input.shorten(text)
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
-        raise UserError(f"--set {text}: expected KEY.PATH=VALUE")
+        raise UserError(f"--set {shown}: expected KEY.PATH=VALUE")
     parts = key.strip().split(".")
     if any(not p for p in parts):
-        raise UserError(f"--set {text}: empty component in field path {key!r}")
+        raise UserError(f"--set {shown}: empty component in field path {bounded_input.short_repr(key)}")
+    if len(parts) > bounded_input.MAX_DEPTH:
+        raise UserError(f"--set {shown}: field path of more than {bounded_input.MAX_DEPTH} components")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
+        value = bounded_input.load_yaml(raw, f"--set {bounded_input.shorten(key)}") if raw.strip() else ""
+    except bounded_input.InvalidYAML:
         value = raw
     return parts, value
 
@@ -241,10 +236,10 @@ def _check_path(model: type[BaseModel], parts: list[str], text: str) -> None:
         if fields is None:
             return  # inside a free-form mapping (options, params): checked when validated
         if part not in fields:
-            close = difflib.get_close_matches(part, list(fields), n=1, cutoff=0.5)
+            close = [] if len(part) > bounded_input.MAX_ECHO_CHARS else difflib.get_close_matches(part, list(fields), n=1, cutoff=0.5)
             hint = f"; did you mean {close[0]!r}?" if close else f" (fields: {', '.join(fields)})"
-            where = ".".join(parts[:i]) or "the spec"
-            raise UserError(f"--set {text}: {where} has no field {part!r}{hint}")
+            where = bounded_input.shorten(".".join(parts[:i])) or "the spec"
+            raise UserError(f"--set {bounded_input.shorten(text)}: {where} has no field {bounded_input.short_repr(part)}{hint}")
         current = _model_of(fields[part].annotation)
 
 
@@ -265,25 +260,27 @@ _BOUNDS = {"greater_than_equal": ("≥", "ge"), "greater_than": (">", "gt"),
 
 def format_validation_error(source: str, exc: ValidationError, prefix: str = "",
                             model: type[BaseModel] | None = None) -> str:
-    """The first pydantic error as ``source: field.path: what, got value``."""
+    """The first pydantic error as ``source: field.path: what, got value`` (the field path and
+    the value shortened: they may be anything the user wrote, of any size)."""
     err = exc.errors()[0]
     loc = ".".join(str(x) for x in (prefix.split(".") if prefix else []) + list(err["loc"]))
+    loc = bounded_input.shorten(loc, 2 * bounded_input.MAX_ECHO_CHARS)
     ctx = err.get("ctx") or {}
     kind = err["type"]
-    got = err.get("input")
+    got = bounded_input.short_repr(err.get("input"))
     if kind == "missing":
         what = "required field is missing"
     elif kind == "extra_forbidden":
         what = "unknown field" + _field_hint(model, list(err["loc"]))
     elif kind in _BOUNDS:
         symbol, key = _BOUNDS[kind]
-        what = f"must be {symbol} {ctx.get(key)}, got {got!r}"
+        what = f"must be {symbol} {ctx.get(key)}, got {got}"
     elif kind == "literal_error":
-        what = f"must be one of {ctx.get('expected')}, got {got!r}"
+        what = f"must be one of {ctx.get('expected')}, got {got}"
     elif kind == "string_pattern_mismatch":
-        what = f"must match {ctx.get('pattern')}, got {got!r}"
+        what = f"must match {ctx.get('pattern')}, got {got}"
     else:
-        what = f"{err['msg'][0].lower()}{err['msg'][1:]}, got {got!r}"
+        what = f"{err['msg'][0].lower()}{err['msg'][1:]}, got {got}"
     return f"{source}: {loc}: {what}" if loc else f"{source}: {what}"
 
 
@@ -295,7 +292,7 @@ def _field_hint(model: type[BaseModel] | None, loc: list[Any]) -> str:
             return ""
         current = _model_of(fields[part].annotation)
     fields = getattr(current, "model_fields", None)
-    if not fields:
+    if not fields or len(str(loc[-1])) > bounded_input.MAX_ECHO_CHARS:
         return ""
     close = difflib.get_close_matches(str(loc[-1]), list(fields), n=1, cutoff=0.5)
     return f"; did you mean {close[0]!r}?" if close else f" (expected one of: {', '.join(fields)})"

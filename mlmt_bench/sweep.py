@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Literal
 import yaml
 from pydantic import Field, ValidationError
 
+from mlmt_bench.bounded_input import short_repr, shorten
 from mlmt_bench.errors import UserError
 from mlmt_bench.spec import (RunSpec, SweepSpec, _Spec, apply_overrides, dump_yaml, format_validation_error,
                              is_experiment, load_raw, load_validated, validate_run)
@@ -69,6 +70,7 @@ __all__ = ["Sweep", "SweepPruned", "load_sweep", "run_sweep", "trial_spec", "bes
 HEARTBEAT_S = 60  # a running trial writes a heartbeat this often ...
 GRACE_S = 180  # ... and is declared dead (failed, retried once) after this long without one
 MAX_CONSECUTIVE_FAILURES = 3
+MAX_GRID_POINTS = 10_000  # values of one parameter on a grid (the grid is built in memory)
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")  # RunSpec.name: trial runs are named <study>-t<N>
 
@@ -104,14 +106,14 @@ _DISTS: dict[str, type[_Spec]] = {"float": FloatDist, "int": IntDist, "categoric
 
 def parse_dist(raw: Any, source: str, key: str) -> Dist:
     """The distribution of ``space[key]`` in the sweep file ``source``."""
-    where = f"{source}: space.{key}"
+    where = f"{source}: space.{shorten(key)}"
     if not isinstance(raw, dict):
-        raise UserError(f"{where}: expected a mapping like {{type: float, low: 0, high: 1}}, got {raw!r}")
+        raise UserError(f"{where}: expected a mapping like {{type: float, low: 0, high: 1}}, got {short_repr(raw)}")
     kind = raw.get("type")
     if kind is None:
         raise UserError(f"{where}: missing `type` (one of: {', '.join(_DISTS)})")
     if kind not in _DISTS:
-        raise UserError(f"{where}.type: must be one of {', '.join(repr(k) for k in _DISTS)}, got {kind!r}")
+        raise UserError(f"{where}.type: must be one of {', '.join(repr(k) for k in _DISTS)}, got {short_repr(kind)}")
     model = _DISTS[kind]
     try:
         dist = model.model_validate(raw)
@@ -120,12 +122,12 @@ def parse_dist(raw: Any, source: str, key: str) -> Dist:
     if isinstance(dist, CategoricalDist):
         for c in dist.choices:
             if c is not None and not isinstance(c, (bool, int, float, str)):
-                raise UserError(f"{where}.choices: each choice must be a string, number, bool or null, got {c!r}")
+                raise UserError(f"{where}.choices: each choice must be a string, number, bool or null, got {short_repr(c)}")
         return dist
     if not dist.low < dist.high:
-        raise UserError(f"{where}: low must be < high, got low={dist.low!r}, high={dist.high!r}")
+        raise UserError(f"{where}: low must be < high, got low={short_repr(dist.low)}, high={short_repr(dist.high)}")
     if dist.log and dist.low <= 0:
-        raise UserError(f"{where}: log: true needs low > 0, got low={dist.low!r}")
+        raise UserError(f"{where}: log: true needs low > 0, got low={short_repr(dist.low)}")
     if dist.log and (isinstance(dist, FloatDist) and dist.step is not None or isinstance(dist, IntDist) and dist.step != 1):
         raise UserError(f"{where}: log: true and step cannot be used together")
     if isinstance(dist, FloatDist) and not (math.isfinite(dist.low) and math.isfinite(dist.high)):
@@ -144,10 +146,16 @@ def grid_values(dist: Dist, where: str) -> list[Any]:
     if isinstance(dist, CategoricalDist):
         return list(dist.choices)
     if isinstance(dist, IntDist):
-        return list(range(dist.low, dist.high + 1, dist.step))
-    if dist.step is None:
+        n = (dist.high - dist.low) // dist.step
+    elif dist.step is None:
         raise UserError(f"{where}: the grid sampler needs a `step` for float parameters")
-    n = int(math.floor((dist.high - dist.low) / dist.step + 1e-9))
+    else:
+        ratio = (dist.high - dist.low) / dist.step
+        n = math.floor(ratio + 1e-9) if math.isfinite(ratio) else math.inf
+    if n + 1 > MAX_GRID_POINTS:
+        raise UserError(f"{where}: more than {MAX_GRID_POINTS} grid values; use a larger step or another sampler")
+    if isinstance(dist, IntDist):
+        return list(range(dist.low, dist.high + 1, dist.step))
     return [round(dist.low + i * dist.step, 12) for i in range(n + 1)]
 
 
@@ -196,8 +204,8 @@ def _check_space_path(sweep_path: Path, path: str) -> None:
     try:
         apply_overrides({}, [text], RunSpec)
     except UserError as exc:
-        msg = str(exc).removeprefix(f"--set {text}: ")
-        raise UserError(f"{sweep_path}: space.{path}: {msg}") from None
+        msg = str(exc).removeprefix(f"--set {shorten(text)}: ")
+        raise UserError(f"{sweep_path}: space.{shorten(path)}: {msg}") from None
 
 
 def load_sweep(path: Path | str, overrides: list[str] | None = None, study_name: str | None = None) -> Sweep:
@@ -206,10 +214,10 @@ def load_sweep(path: Path | str, overrides: list[str] | None = None, study_name:
     spec = load_validated(path, SweepSpec)
     for name, what in ((spec.name, "name"), (study_name, "--study")):
         if name is not None and not _NAME.match(name):
-            raise UserError(f"{path}: {what}: must match {_NAME.pattern} (it names run directories), got {name!r}")
+            raise UserError(f"{path}: {what}: must match {_NAME.pattern} (it names run directories), got {short_repr(name)}")
     run_path = path.parent / spec.run
     if not run_path.is_file():
-        raise UserError(f"{path}: run: file not found: {run_path}")
+        raise UserError(f"{path}: run: file not found: {shorten(str(run_path), 200)}")
     run_raw = load_raw(run_path)
     if is_experiment(run_raw):
         raise UserError(f"{path}: run: {run_path} is an experiment spec (arms:); a sweep tunes a run spec")
@@ -221,7 +229,7 @@ def load_sweep(path: Path | str, overrides: list[str] | None = None, study_name:
         space[key] = parse_dist(raw, str(path), key)
     if spec.sampler == "grid":
         for key, dist in space.items():
-            grid_values(dist, f"{path}: space.{key}")
+            grid_values(dist, f"{path}: space.{shorten(key)}")
 
     output_dir = Path(str(run_raw.get("output_dir") or "runs")) / spec.name
     sweep = Sweep(path, spec, run_path, run_raw, space, output_dir)
@@ -232,7 +240,7 @@ def load_sweep(path: Path | str, overrides: list[str] | None = None, study_name:
     for key, dist in space.items():
         for value in end_points(dist):
             params = {**first, key: value}
-            validate_run(_trial_data(sweep, params, study, 0), f"{path}: space.{key}={value!r} applied to {run_path}")
+            validate_run(_trial_data(sweep, params, study, 0), f"{path}: space.{shorten(key)}={short_repr(value)} applied to {run_path}")
     return sweep
 
 
