@@ -361,25 +361,53 @@ def load_run_spec(path: Path | str, overrides: list[str] | None = None) -> RunSp
 
 def load_validated(path: Path | str, model: type[_M]) -> _M:
     """A spec file (with its ``extends:`` chain) validated as ``model``, with one-line errors."""
+    return _validated(load_raw(Path(path)), model, str(path))
+
+
+def _validated(data: dict[str, Any], model: type[_M], source: str) -> _M:
     try:
-        return model.model_validate(load_raw(Path(path)))
+        return model.model_validate(data)
     except ValidationError as exc:
-        raise UserError(format_validation_error(str(path), exc, model=model)) from None
+        raise UserError(format_validation_error(source, exc, model=model)) from None
+
+
+# ``--set`` paths that set an experiment's own fields; every other path sets a field of its runs
+_EXPERIMENT_FIELDS = ("name", "output_dir", "seeds", "equal_token_budget")
+# fields of the runs that the experiment itself decides: run field -> the experiment's field
+_EXPERIMENT_OWNED = {"seed": "seeds", "output_dir": "output_dir"}
 
 
 def load_experiment(path: Path | str, overrides: list[str] | None = None) -> tuple[ExperimentSpec, dict[str, RunSpec]]:
-    """An experiment and its arms, each arm validated as a run spec (``--set`` applies to the base)."""
+    """An experiment and its arms, each arm validated as a run spec.
+
+    ``--set`` on an experiment: ``name``, ``output_dir``, ``seeds`` and ``equal_token_budget``
+    set the experiment's own fields; any other path sets that field of every arm, on top of the
+    arm's own changes (so no arm silently undoes it). Setting ``seed`` is an error (each run's
+    seed comes from ``seeds:``), and so is an arm that sets ``seed`` or ``output_dir``.
+    """
     path = Path(path)
-    exp = load_validated(path, ExperimentSpec)
+    exp_over: list[str] = []
+    run_over: list[str] = []
+    for text in overrides or []:
+        head = parse_override(text)[0][0]
+        if head == "seed":
+            raise UserError(f"--set {bounded_input.shorten(text)}: an experiment gives each run its seed from its "
+                            "seeds: list; use --set seeds=[...]")
+        (exp_over if head in _EXPERIMENT_FIELDS else run_over).append(text)
+    exp = _validated(apply_overrides(load_raw(path), exp_over, ExperimentSpec), ExperimentSpec, str(path))
     base_raw = load_raw(path.parent / exp.base) if isinstance(exp.base, str) else exp.base
-    base = apply_overrides(base_raw, overrides or [], RunSpec)
-    exp.base = base
+    exp.base = apply_overrides(base_raw, run_over, RunSpec)
     arms: dict[str, RunSpec] = {}
     for arm, over in exp.arms.items():
-        merged = deep_merge(base, over)
+        where = f"{path}: arms.{bounded_input.shorten(arm)}"
+        for field, owner in _EXPERIMENT_OWNED.items():
+            if field in over:
+                raise UserError(f"{where}: {field}: an arm cannot set it (the experiment's {owner}: applies to "
+                                f"every run)")
+        merged = apply_overrides(deep_merge(base_raw, over), run_over, RunSpec)
         merged["name"] = over.get("name", f"{exp.name}-{arm}")
         merged["output_dir"] = exp.output_dir
-        arms[arm] = validate_run(merged, f"{path}: arms.{arm}")
+        arms[arm] = validate_run(merged, where)
     return exp, arms
 
 

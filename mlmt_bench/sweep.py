@@ -59,7 +59,7 @@ from pydantic import Field, ValidationError
 from mlmt_bench.bounded_input import short_repr, shorten
 from mlmt_bench.errors import UserError
 from mlmt_bench.spec import (RunSpec, SweepSpec, _Spec, apply_overrides, dump_yaml, format_validation_error,
-                             is_experiment, load_raw, load_validated, validate_run)
+                             is_experiment, load_raw, load_validated, parse_override, validate_run)
 
 if TYPE_CHECKING:  # pragma: no cover
     import optuna
@@ -230,6 +230,7 @@ def load_sweep(path: Path | str, overrides: list[str] | None = None, study_name:
     if spec.sampler == "grid":
         for key, dist in space.items():
             grid_values(dist, f"{path}: space.{shorten(key)}")
+    _check_overrides(overrides or [], space)
 
     output_dir = Path(str(run_raw.get("output_dir") or "runs")) / spec.name
     sweep = Sweep(path, spec, run_path, run_raw, space, output_dir)
@@ -242,6 +243,19 @@ def load_sweep(path: Path | str, overrides: list[str] | None = None, study_name:
             params = {**first, key: value}
             validate_run(_trial_data(sweep, params, study, 0), f"{path}: space.{shorten(key)}={short_repr(value)} applied to {run_path}")
     return sweep
+
+
+def _check_overrides(overrides: list[str], space: dict[str, Dist]) -> None:
+    """A ``--set`` that every trial would undo is an error: the name (trials are named
+    <study>-t<N>) and a path at or inside a searched parameter."""
+    for text in overrides:
+        parts = parse_override(text)[0]
+        if parts == ["name"]:
+            raise UserError(f"--set {shorten(text)}: a sweep names its trials <study>-t<N>; use --study NAME")
+        for key in space:
+            if parts[:len(key.split("."))] == key.split("."):
+                raise UserError(f"--set {shorten(text)}: space.{shorten(key)} is searched, so every trial sets it; "
+                                "drop it from the space or from --set")
 
 
 def _trial_data(sweep: Sweep, params: dict[str, Any], study: str, number: int) -> dict[str, Any]:
