@@ -45,6 +45,8 @@ class BenchmarkSpec(_Spec):
     train_limit: int | None = Field(None, ge=1)
     eval_limit: int | None = Field(None, ge=1)
     verifier: str | None = Field(None, description="default: the benchmark's own")
+    verifier_options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the verifier "
+                                             "(code: timeout_s, memory_mb, sandbox_disable ...)")
     templates: TemplateSpec = Field(default_factory=TemplateSpec)
 
 

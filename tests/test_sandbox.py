@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from mlmt_bench.errors import UserError
 from mlmt_bench.verifiers import sandbox
 from mlmt_bench.verifiers._sandbox_child import decode_value, encode_value, Opaque
 from mlmt_bench.verifiers.code import verdict_from_run
@@ -495,7 +496,7 @@ def test_background_processes_are_killed():
 ])
 def test_uid_drop_alone_still_contains_the_attack(program, kind):
     """Without namespaces or jail (only the private uid): the uid reaper and file sweep act."""
-    caps = dict(CAPS, pidns=False, netns=False, jail=False)
+    caps = sandbox.capabilities(disable=("pidns", "netns", "jail"))
     tag = secrets.token_hex(6)
     marker = f"/tmp/mlmt_fallback_{tag}"
     program = f"try:\n    open({marker!r}, 'w').write('x')\nexcept Exception:\n    pass\n" + program
@@ -509,7 +510,7 @@ def test_basic_mode_without_uid_or_namespaces_still_kills_background_processes()
     subreaper) and the environment-marker scan still remove every process; the host temp
     working directory is removed. (The candidate runs as the host user here, so only benign
     attacks are tried.)"""
-    caps = dict(CAPS, uid_drop=False, pidns=False, netns=False, jail=False)
+    caps = sandbox.capabilities(disable=("uid_drop", "pidns", "netns", "jail"))
     v, run = attack("""
         import os, subprocess, time
         subprocess.Popen(["sleep", "60"], start_new_session=True)
@@ -526,11 +527,35 @@ def test_basic_mode_without_uid_or_namespaces_still_kills_background_processes()
     assert run.uid is None and "uid_drop" not in run.mechanisms
 
 
-def test_capabilities_can_be_turned_off_by_environment(monkeypatch):
-    monkeypatch.setenv(sandbox.DISABLE_ENV, "jail,netns")
-    caps = sandbox.capabilities()
-    assert not caps["jail"] and not caps["netns"]
-    assert caps["uid_drop"] == CAPS["uid_drop"]
+def test_capabilities_can_be_turned_off_explicitly():
+    caps = sandbox.capabilities(disable=("jail", "netns"))
+    assert not caps["jail"] and not caps["netns"] and caps["disabled"] == ["jail", "netns"]
+    assert caps["uid_drop"] == CAPS["uid_drop"] and caps["pidns"] == CAPS["pidns"]
+    assert sandbox.capabilities()["jail"] == CAPS["jail"]  # the explicit choice is not remembered
+    with pytest.raises(UserError, match="unknown mechanism"):
+        sandbox.capabilities(disable=("jial",))
+
+
+def test_the_environment_alone_cannot_weaken_the_sandbox(monkeypatch, tmp_path):
+    """MLMT_SANDBOX_DISABLE once switched mechanisms off without a word; now every way in refuses:
+    the sandbox API, the code verifier, and `mlmt-bench verify code` (exit 2, one line)."""
+    monkeypatch.setenv(sandbox.DISABLE_ENV, "jail,netns,uid_drop")
+    with pytest.raises(UserError, match="MLMT_SANDBOX_DISABLE is set"):
+        sandbox.capabilities()
+    with pytest.raises(UserError, match="MLMT_SANDBOX_DISABLE is set"):
+        sandbox.run_tests("def f(x):\n    return x\n", ["assert f(1) == 1"])
+    from mlmt_bench.verifiers.code import CodeVerifier
+
+    with pytest.raises(UserError, match="MLMT_SANDBOX_DISABLE is set"):
+        CodeVerifier()
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"problem": {"id": "p", "prompt": "", "answer": "", "tests": ["assert f(1) == 1"]}, '
+                   '"response": "def f(x):\\n    return x"}\n')
+    proc = subprocess.run([sys.executable, "-m", "mlmt_bench.cli", "verify", "code", str(inp), "--out",
+                           str(tmp_path / "out.jsonl")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("error: MLMT_SANDBOX_DISABLE is set") and not (tmp_path / "out.jsonl").exists()
 
 
 # ------------------------------------------------------------------------------ plumbing

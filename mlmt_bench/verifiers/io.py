@@ -41,14 +41,19 @@ def _accepts(cls: Any, name: str) -> bool:
     return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
-def build_verifier(name: str, workers: int | None = None) -> Verifier:
-    """``registry.verifiers.get(name)()``, passing ``workers`` when the class takes it."""
+def build_verifier(name: str, workers: int | None = None, options: dict[str, Any] | None = None) -> Verifier:
+    """``registry.verifiers.get(name)(**options)``, adding ``workers`` when the class takes it;
+    a constructor's TypeError / ValueError (an option it does not know) is a UserError."""
     from mlmt_bench import registry
 
     cls = registry.verifiers.get(name)
+    kwargs = dict(options or {})
     if workers is not None and _accepts(cls, "workers"):
-        return cls(workers=workers)
-    return cls()
+        kwargs["workers"] = workers
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"verifier {name}: {shorten(str(exc), 200)}") from None
 
 
 class _ProblemIndex:

@@ -35,6 +35,12 @@ Without root (``uid_drop`` etc. unavailable) the fallback is weaker: the candida
 host's user (it could signal same-user processes), leftover processes are found by an
 environment marker, the working directory is a host temp dir, and the network block is the
 Python-level audit hook only. ``capabilities()`` says which mode is active.
+
+Weakening the sandbox on purpose (to debug, or to test the fallback paths) is an explicit
+argument only: ``capabilities(disable=("jail", "netns"))`` passed as ``run_tests(caps=...)``,
+or the code verifier's ``sandbox_disable`` option, which a run takes from its spec
+(``benchmark.verifier_options.sandbox_disable``), prints at start and records in its manifest.
+The environment alone cannot do it: ``MLMT_SANDBOX_DISABLE``, which once did, is refused.
 """
 
 from __future__ import annotations
@@ -56,11 +62,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from mlmt_bench.bounded_input import short_repr
+from mlmt_bench.errors import UserError
+
 log = logging.getLogger(__name__)
 
 CHILD_SCRIPT = Path(__file__).with_name("_sandbox_child.py")
 MECHANISMS = ("uid_drop", "pidns", "netns", "jail", "cgroup")
-# MLMT_SANDBOX_DISABLE=jail,netns turns mechanisms off (tests of the fallback paths, debugging)
+# Once read to turn mechanisms off; now refused when set (anyone who can set a variable for a
+# worker could silently switch isolation off): see check_environment.
 DISABLE_ENV = "MLMT_SANDBOX_DISABLE"
 _WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 
@@ -118,12 +128,33 @@ def _python() -> str:
     return sys.executable or "python3"
 
 
-def capabilities(refresh: bool = False) -> dict[str, Any]:
-    """Which isolation mechanisms work here (probed once per process, in a child; cached).
+def check_environment() -> None:
+    """UserError if ``MLMT_SANDBOX_DISABLE`` is set: the environment must not weaken the sandbox."""
+    if os.environ.get(DISABLE_ENV, "").strip():
+        raise UserError(f"{DISABLE_ENV} is set, but the environment alone cannot weaken the code sandbox: unset "
+                        "it; to run weakened on purpose, give the code verifier the option sandbox_disable (in a "
+                        "spec: benchmark.verifier_options.sandbox_disable: [jail, netns])")
 
-    Keys: root, uid_drop, pidns, netns, jail (bools), errors (why a mechanism is off).
-    ``MLMT_SANDBOX_DISABLE`` (comma-separated mechanism names) turns mechanisms off.
+
+def check_disable(disable: Sequence[str]) -> tuple[str, ...]:
+    """``disable`` as a tuple of mechanism names; UserError on a name that is not one."""
+    names = (disable,) if isinstance(disable, str) else tuple(disable)
+    unknown = [n for n in names if n not in MECHANISMS]
+    if unknown:
+        raise UserError(f"sandbox_disable: unknown mechanism(s) {short_repr(unknown)} "
+                        f"(known: {', '.join(MECHANISMS)})")
+    return tuple(dict.fromkeys(names))
+
+
+def capabilities(refresh: bool = False, disable: Sequence[str] = ()) -> dict[str, Any]:
+    """Which isolation mechanisms work here (probed once per process, in a child; cached),
+    less those named in ``disable`` (an explicit choice; see the module docstring).
+
+    Keys: root, uid_drop, pidns, netns, jail, cgroup (bools), errors (why a mechanism is off),
+    disabled (the names turned off by ``disable``). UserError if ``MLMT_SANDBOX_DISABLE`` is set.
     """
+    check_environment()
+    disabled = check_disable(disable)
     global _caps
     with _caps_lock:
         if _caps is None or refresh:
@@ -142,9 +173,9 @@ def capabilities(refresh: bool = False) -> dict[str, Any]:
                     caps[m] = False
             _caps = caps
         caps = dict(_caps)
-    disabled = {s.strip() for s in os.environ.get(DISABLE_ENV, "").split(",") if s.strip()}
-    for m in disabled & set(MECHANISMS):
+    for m in disabled:
         caps[m] = False
+    caps["disabled"] = list(disabled)
     if not caps["uid_drop"]:
         caps["jail"] = caps["pidns"] = False
     return caps
