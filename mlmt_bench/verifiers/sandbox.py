@@ -20,11 +20,19 @@ on Linux with namespaces allowed, as on this project's machines):
 ``netns``           new network namespace with only a down loopback: no connect, no bind.
 ``cgroup``          per-run cgroup-v1 memory and pids groups: total memory (RSS + tmpfs) and task
                     count of the whole run, however many processes it forks.
-``jail``            new mount/IPC/UTS namespaces; chroot into a private tmpfs holding read-only
-                    binds of /usr, /etc, the Python prefix, a minimal /dev and a fresh /proc;
-                    only /sandbox (the cwd), /tmp, /var/tmp, /dev/shm are writable and they vanish
-                    with the namespace. The rest of the host filesystem (datasets, this repo)
-                    is invisible.
+``jail``            new mount/IPC/UTS namespaces; chroot into a private tmpfs that shows only
+                    what the interpreter needs to start and import its standard library
+                    (``_sandbox_child.jail_plan``, worked out by the probe), read-only: the
+                    interpreter binary, its dynamic loader and /etc/ld.so.cache (the only file
+                    of /etc), the shared libraries it and the stdlib's extension modules map
+                    (libpython, libc, libm, libssl, libcrypto, libffi, libz, libbz2, liblzma,
+                    libsqlite3, libuuid, libcrypt ...) with their soname symlinks, the C.UTF-8
+                    locale and gconv cache, and the stdlib directory with lib-dynload, its
+                    site-packages covered by an empty directory; plus /dev/{null,zero,full,
+                    random,urandom}, a fresh /proc, and the writable /sandbox (the cwd), /tmp,
+                    /var/tmp, /dev/shm, which vanish with the namespace. No /usr/bin (no shell),
+                    no site-packages, no project, datasets or home directories.
+                    ``tests/test_sandbox.py::test_what_the_jail_shows`` lists it.
 always              new session + process-group SIGKILL, RLIMIT_CPU/AS/FSIZE/NOFILE/NPROC/CORE,
                     wall-clock deadline, stdout+stderr cap (the judge reads at most
                     ``output_bytes`` then kills), stdin = /dev/null, scrubbed environment,
@@ -259,7 +267,7 @@ def run_tests(program: str, tests: Sequence[str], setup: str = "", limits: Limit
         "cgroup": bool(caps["cgroup"]), "nproc": int(limits.nproc),
         "total_memory_mb": int(limits.total_memory_mb or 2 * limits.memory_mb + 128),
         "python": os.path.realpath(_python()),
-        "ro_paths": sorted({os.path.realpath(sys.base_prefix)} - {"/usr", "/"}),
+        "jail_plan": (caps.get("jail_plan") or capabilities().get("jail_plan")) if caps["jail"] else None,
     }
     payload = _frame(cfg) + _frame({"tests": list(tests), "nonce": nonce})
     proc = None
