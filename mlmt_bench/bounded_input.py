@@ -139,7 +139,10 @@ def load_yaml(text: str, source: str) -> Any:
     for a syntax error and :class:`UserError` for a limit or a value YAML cannot build
     (``2001-02-30``, an integer of 5,000 digits).
     """
-    size = len(text.encode("utf-8", "surrogatepass"))
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate: undecodable bytes of a command-line argument
+        raise UserError(f"{source}: not valid UTF-8 text") from None
     if size > MAX_FILE_BYTES:
         raise UserError(f"{source}: {size} bytes of YAML, more than the limit of {human_bytes(MAX_FILE_BYTES)}")
     try:

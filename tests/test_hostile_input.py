@@ -240,6 +240,7 @@ def test_alias_bomb_in_an_experiment_arm(tmp_path):
     (flow_nesting(100_000), ""),  # past libyaml's own depth limit: not YAML, so a string (not a mapping)
     ("x" * (bounded_input.MAX_FILE_BYTES + 1), "more than the limit of 1 MiB"),
     ("9" * 5000, "4300 digits"),
+    ("\udcff", "not valid UTF-8"),  # an undecodable byte of a command-line argument
 ])
 def test_hostile_override_values(tmp_path, value, fragment):
     p = tmp_path / "spec.yaml"
