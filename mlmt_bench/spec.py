@@ -238,10 +238,12 @@ def _check_path(model: type[BaseModel], parts: list[str], text: str) -> None:
         if fields is None:
             return  # inside a free-form mapping (options, params): checked when validated
         if part not in fields:
-            close = [] if len(part) > bounded_input.MAX_ECHO_CHARS else difflib.get_close_matches(part, list(fields), n=1, cutoff=0.5)
+            short = len(part) <= bounded_input.MAX_ECHO_CHARS  # only a short name is worth a hint
+            close = difflib.get_close_matches(part, list(fields), n=1, cutoff=0.5) if short else []
             hint = f"; did you mean {close[0]!r}?" if close else f" (fields: {', '.join(fields)})"
             where = bounded_input.shorten(".".join(parts[:i])) or "the spec"
-            raise UserError(f"--set {bounded_input.shorten(text)}: {where} has no field {bounded_input.short_repr(part)}{hint}")
+            raise UserError(f"--set {bounded_input.shorten(text)}: {where} has no field "
+                            f"{bounded_input.short_repr(part)}{hint}")
         current = _model_of(fields[part].annotation)
 
 

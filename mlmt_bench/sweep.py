@@ -122,7 +122,8 @@ def parse_dist(raw: Any, source: str, key: str) -> Dist:
     if isinstance(dist, CategoricalDist):
         for c in dist.choices:
             if c is not None and not isinstance(c, (bool, int, float, str)):
-                raise UserError(f"{where}.choices: each choice must be a string, number, bool or null, got {short_repr(c)}")
+                raise UserError(f"{where}.choices: each choice must be a string, number, bool or null, "
+                                f"got {short_repr(c)}")
         return dist
     if not dist.low < dist.high:
         raise UserError(f"{where}: low must be < high, got low={short_repr(dist.low)}, high={short_repr(dist.high)}")
@@ -214,7 +215,8 @@ def load_sweep(path: Path | str, overrides: list[str] | None = None, study_name:
     spec = load_validated(path, SweepSpec)
     for name, what in ((spec.name, "name"), (study_name, "--study")):
         if name is not None and not _NAME.match(name):
-            raise UserError(f"{path}: {what}: must match {_NAME.pattern} (it names run directories), got {short_repr(name)}")
+            raise UserError(f"{path}: {what}: must match {_NAME.pattern} (it names run directories), "
+                            f"got {short_repr(name)}")
     run_path = path.parent / spec.run
     if not run_path.is_file():
         raise UserError(f"{path}: run: file not found: {shorten(str(run_path), 200)}")
@@ -241,7 +243,8 @@ def load_sweep(path: Path | str, overrides: list[str] | None = None, study_name:
     for key, dist in space.items():
         for value in end_points(dist):
             params = {**first, key: value}
-            validate_run(_trial_data(sweep, params, study, 0), f"{path}: space.{shorten(key)}={short_repr(value)} applied to {run_path}")
+            validate_run(_trial_data(sweep, params, study, 0),
+                         f"{path}: space.{shorten(key)}={short_repr(value)} applied to {run_path}")
     return sweep
 
 

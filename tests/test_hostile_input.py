@@ -134,8 +134,8 @@ def test_deeply_nested_flow_document(tmp_path, depth, fragment):
 
 def test_deeply_nested_block_document(tmp_path):
     p = tmp_path / "deep.yaml"
-    p.write_text(yaml.safe_dump(minimal_spec()) + "bootstrap:\n" + "".join("  " + line + "\n"
-                                                                            for line in block_nesting(200).splitlines()))
+    nested = "".join("  " + line + "\n" for line in block_nesting(200).splitlines())
+    p.write_text(yaml.safe_dump(minimal_spec()) + "bootstrap:\n" + nested)
     expect_one_line_error(["validate", str(p)], "nested deeper than 64 levels")
 
 

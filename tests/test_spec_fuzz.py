@@ -25,6 +25,7 @@ from mlmt_bench import cli
 from mlmt_bench.algorithms.params import PARAMS
 from mlmt_bench.models.bootstrap import BootstrapConfig
 from mlmt_bench.spec import RunSpec
+from mlmt_bench.sweep import set_path  # exactly what --set does to a mapping
 
 hypothesis = pytest.importorskip("hypothesis")  # the `dev` extra
 from hypothesis import HealthCheck, given, settings  # noqa: E402
@@ -51,7 +52,8 @@ def field_paths(model, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
 
 # real fields, so that values land where validation looks (algorithm parameters and the warm
 # start's knobs included), and a few paths that name nothing
-PATHS = sorted(set(field_paths(RunSpec)) | {("algorithm", "params", *p) for m in PARAMS.values() for p in field_paths(m)}
+PATHS = sorted(set(field_paths(RunSpec))
+               | {("algorithm", "params", *p) for m in PARAMS.values() for p in field_paths(m)}
                | {("bootstrap", *p) for p in field_paths(BootstrapConfig)}
                | {("extends",), ("arms",), ("base",), ("seeds",), ("benchmark", "options", "x"), ("x",)})
 KEYS = sorted({part for path in PATHS for part in path})
@@ -97,17 +99,6 @@ def validate_text(text: str) -> None:
                                                                                           text[:300])
 
 
-def put(data: dict, path: tuple[str, ...], value) -> dict:
-    """``data`` with ``value`` at ``path``, creating (or overwriting with) mappings on the way."""
-    node = data
-    for key in path[:-1]:
-        if not isinstance(node.get(key), dict):
-            node[key] = {}
-        node = node[key]
-    node[path[-1]] = value
-    return data
-
-
 MAPPING_CASES = 1000
 
 
@@ -118,7 +109,7 @@ def test_fuzz_spec_mappings():
         rng = random.Random(seed)
         spec = minimal_spec()
         for _ in range(rng.randint(1, 3)):
-            spec = put(spec, rng.choice(PATHS), random_value(rng))
+            spec = set_path(spec, ".".join(rng.choice(PATHS)), random_value(rng))
         try:
             validate_text(yaml.dump(spec, Dumper=DUMPER, allow_unicode=True))
         except AssertionError as exc:
@@ -137,8 +128,8 @@ def test_fuzz_yaml_text(text):
 
 
 @FUZZ
-@given(st.lists(st.tuples(st.integers(0, len(VALID_TEXT)), st.integers(0, 6), st.lists(YAML_ALPHABET, max_size=6).map("".join)),
-                min_size=1, max_size=5))
+@given(st.lists(st.tuples(st.integers(0, len(VALID_TEXT)), st.integers(0, 6),
+                          st.lists(YAML_ALPHABET, max_size=6).map("".join)), min_size=1, max_size=5))
 def test_fuzz_edits_of_a_valid_spec(edits):
     """A valid spec's text with a few characters deleted and others inserted at random places."""
     text = VALID_TEXT

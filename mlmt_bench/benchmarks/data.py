@@ -133,7 +133,8 @@ def _check_row(path: Path, line: int, row: Any, required: Sequence[str]) -> dict
     return row
 
 
-def iter_jsonl(path: Path, max_line_bytes: int | None = None, max_depth: int | None = None) -> Iterator[tuple[int, Any]]:
+def iter_jsonl(path: Path, max_line_bytes: int | None = None,
+               max_depth: int | None = None) -> Iterator[tuple[int, Any]]:
     """(line number, parsed value) of each non-blank line of a JSON Lines file (plain or gzip).
     A line that is not JSON, or a file that cannot be decoded, is a one-line file:line UserError;
     so is a line longer than ``max_line_bytes`` (newline included; read no further) or nested
