@@ -85,7 +85,7 @@ def laughs_flow(levels: int = 9, width: int = 10) -> str:
 
 def spec_with(tmp_path: Path, section: str, body: str) -> Path:
     """A valid run spec whose free-form ``section`` (benchmark.options, algorithm.params or
-    bootstrap) holds the block-style YAML ``body``."""
+    base) holds the block-style YAML ``body``."""
     spec = minimal_spec()
     spec["algorithm"] = {"name": "grpo"}
     *parents, leaf = section.split(".")
@@ -105,7 +105,7 @@ def spec_with(tmp_path: Path, section: str, body: str) -> Path:
 # spec files
 
 
-@pytest.mark.parametrize("section", ["benchmark.options", "algorithm.params", "bootstrap"])
+@pytest.mark.parametrize("section", ["benchmark.options", "algorithm.params", "base"])
 def test_alias_bomb_under_a_free_form_field(tmp_path, section):
     p = spec_with(tmp_path, section, laughs())
     expect_one_line_error(["validate", str(p)], "nodes (aliases counted as copies)")
@@ -114,12 +114,12 @@ def test_alias_bomb_under_a_free_form_field(tmp_path, section):
 def test_alias_bomb_at_the_limit_edge(tmp_path):
     """Just above MAX_NODES through aliases is refused; the same shape just below is read."""
     big = minimal_spec(description="x")
-    below = yaml.safe_dump(big) + "bootstrap:\n" + laughs(levels=2, width=100, indent="  ")  # ~10^4 nodes
+    below = yaml.safe_dump(big) + "base:\n" + laughs(levels=2, width=100, indent="  ")  # ~10^4 nodes
     p = tmp_path / "below.yaml"
     p.write_text(below)
     res = CliRunner().invoke(app, ["validate", str(p)])
-    assert res.exit_code == 2 and "bootstrap.l0: unknown field" in res.stderr, res.stderr  # read, then checked
-    above = yaml.safe_dump(big) + "bootstrap:\n" + laughs(levels=3, width=40, indent="  ")  # ~66,000
+    assert res.exit_code == 2 and "base.l0: unknown field" in res.stderr, res.stderr  # read, then checked
+    above = yaml.safe_dump(big) + "base:\n" + laughs(levels=3, width=40, indent="  ")  # ~66,000
     p.write_text(above)
     expect_one_line_error(["validate", str(p)], "more than 50000 nodes")
 
@@ -135,14 +135,14 @@ def test_deeply_nested_flow_document(tmp_path, depth, fragment):
 def test_deeply_nested_block_document(tmp_path):
     p = tmp_path / "deep.yaml"
     nested = "".join("  " + line + "\n" for line in block_nesting(200).splitlines())
-    p.write_text(yaml.safe_dump(minimal_spec()) + "bootstrap:\n" + nested)
+    p.write_text(yaml.safe_dump(minimal_spec()) + "base:\n" + nested)
     expect_one_line_error(["validate", str(p)], "nested deeper than 64 levels")
 
 
 def test_depth_reached_through_an_alias(tmp_path):
     """Each part is 40 deep; the alias puts one inside the other: 80 levels once expanded."""
     text = yaml.safe_dump(minimal_spec()) + f"description: &deep {flow_nesting(40)}\n" \
-        + "bootstrap: {x: " + "[" * 39 + "*deep" + "]" * 39 + "}\n"
+        + "base: {x: " + "[" * 39 + "*deep" + "]" * 39 + "}\n"
     p = tmp_path / "deep.yaml"
     p.write_text(text)
     expect_one_line_error(["validate", str(p)], "with aliases expanded")
@@ -150,7 +150,7 @@ def test_depth_reached_through_an_alias(tmp_path):
 
 def test_alias_inside_the_node_it_names(tmp_path):
     p = tmp_path / "loop.yaml"
-    p.write_text(yaml.safe_dump(minimal_spec()) + "bootstrap: &me {self: *me}\n")
+    p.write_text(yaml.safe_dump(minimal_spec()) + "base: &me {self: *me}\n")
     expect_one_line_error(["validate", str(p)], "inside the node it names")
 
 
@@ -169,9 +169,10 @@ def test_values_yaml_cannot_build(tmp_path, value, fragment):
 
 
 def test_huge_values_are_not_echoed_whole(tmp_path):
-    """A 500 KB unknown benchmark name, key and field value: the error quotes a few dozen characters."""
+    """A 300 KB benchmark name, key, field value and data path: the error quotes a few dozen characters."""
     huge = "b" * 300_000
-    for over in (dict(benchmark={"name": huge}), {huge: 1}, dict(train={"steps": huge}), dict(seed=[huge] * 3)):
+    for over in (dict(benchmark={"name": huge}), {huge: 1}, dict(train={"steps": huge}), dict(seed=[huge] * 3),
+                 dict(benchmark={"name": "synthetic-arith", "path": huge})):
         p = tmp_path / "huge.yaml"
         p.write_text(yaml.dump(minimal_spec(**over), Dumper=FAST_DUMPER))
         expect_one_line_error(["validate", str(p)])
@@ -225,7 +226,7 @@ def test_experiment_base_file_is_bounded(tmp_path):
 
 def test_alias_bomb_in_an_experiment_arm(tmp_path):
     exp = tmp_path / "exp.yaml"
-    exp.write_text(yaml.safe_dump({"name": "e", "base": minimal_spec()}) + "arms:\n  a:\n    bootstrap:\n"
+    exp.write_text(yaml.safe_dump({"name": "e", "base": minimal_spec()}) + "arms:\n  a:\n    base:\n"
                    + laughs(indent="      "))
     expect_one_line_error(["validate", str(exp)], "nodes")
 

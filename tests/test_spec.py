@@ -44,8 +44,8 @@ BAD = [
     ("empty file", "", "empty file, expected a YAML mapping"),
     ("top-level list", "- a\n- b\n", "expected a YAML mapping at the top level, got list"),
     ("negative lr", minimal_spec(policies={"solver": {"lr": -1}}), "policies.solver.lr: must be > 0.0, got -1"),
-    ("bad bootstrap knob", minimal_spec(bootstrap={"solver_stepz": 3}),
-     "bootstrap.solver_stepz: unknown field; did you mean 'solver_steps'?"),
+    ("bad base knob", minimal_spec(base={"stepz": 3}),
+     "base.stepz: unknown field; did you mean 'steps'?"),
     ("unknown verifier", minimal_spec(benchmark={"name": "synthetic-arith", "verifier": "maths"}),
      "benchmark.verifier: unknown verifier 'maths'; did you mean 'math'?"),
 ]
@@ -177,8 +177,8 @@ def test_experiment_output_dir_override_moves_every_run(write_spec, tmp_path):
 
 
 def test_experiment_fields_can_be_set(write_spec):
-    exp, arms = load_any(_experiment(write_spec), ["seeds=[3, 4]", "name=renamed", "equal_token_budget=false"])
-    assert exp.seeds == [3, 4] and exp.name == "renamed" and exp.equal_token_budget is False
+    exp, arms = load_any(_experiment(write_spec), ["seeds=[3, 4]", "name=renamed", "budget=none"])
+    assert exp.seeds == [3, 4] and exp.name == "renamed" and exp.budget == "none"
     assert arms["grpo"].name == "renamed-grpo"
 
 

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from conftest import minimal_spec
 from mlmt_bench import cli
 from mlmt_bench.algorithms.params import PARAMS
-from mlmt_bench.models.bootstrap import BootstrapConfig
+from mlmt_bench.models.shared_base import BaseConfig
 from mlmt_bench.spec import RunSpec
 from mlmt_bench.sweep import set_path  # exactly what --set does to a mapping
 
@@ -50,11 +50,11 @@ def field_paths(model, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     return out
 
 
-# real fields, so that values land where validation looks (algorithm parameters and the warm
-# start's knobs included), and a few paths that name nothing
+# real fields, so that values land where validation looks (algorithm parameters and the shared
+# base's knobs included), and a few paths that name nothing
 PATHS = sorted(set(field_paths(RunSpec))
                | {("algorithm", "params", *p) for m in PARAMS.values() for p in field_paths(m)}
-               | {("bootstrap", *p) for p in field_paths(BootstrapConfig)}
+               | {("base", *p) for p in field_paths(BaseConfig)}
                | {("extends",), ("arms",), ("base",), ("seeds",), ("benchmark", "options", "x"), ("x",)})
 KEYS = sorted({part for path in PATHS for part in path})
 

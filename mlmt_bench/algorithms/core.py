@@ -230,7 +230,7 @@ def aggregate(
     per_token: Tensor,
     mask: Tensor,
     mode: AggMode,
-    max_len: int | None = None,
+    norm: float | None = None,
 ) -> Tensor:
     """Reduce a per-token loss [B, T] to a scalar, only over masked tokens.
 
@@ -241,7 +241,9 @@ def aggregate(
       "seq_mean_token_mean" mean over the B sequences of each sequence's token mean
                             (original GRPO); a sequence with no tokens contributes 0 but
                             still counts in B (as in TRL).
-      "constant_norm"       sum / (B * max_len) (Dr.GRPO); max_len defaults to T.
+      "constant_norm"       sum / norm (Dr.GRPO): ``norm`` is a constant of the step, not of the
+                            batch: max_new_tokens × the number of sequences sampled (zero-
+                            advantage ones included; METHOD.md v2). Defaults to B * T.
     returns:   [] scalar tensor.
     """
     if per_token.shape != mask.shape or per_token.dim() != 2:
@@ -258,10 +260,10 @@ def aggregate(
         return (x.sum(dim=1) / mf.sum(dim=1).clamp(min=1.0)).mean()
     if mode == "constant_norm":
         b, t = per_token.shape
-        length = t if max_len is None else max_len
-        if length <= 0:
-            raise ValueError(f"max_len must be positive, got {length}")
-        return x.sum() / (b * length)
+        denom = float(b * t) if norm is None else float(norm)
+        if denom <= 0:
+            raise ValueError(f"norm must be positive, got {denom}")
+        return x.sum() / denom
     raise ValueError(f"unknown aggregation mode {mode!r}; expected one of {AGG_MODES}")
 
 
@@ -284,7 +286,7 @@ def grpo_loss(
     clip_high: float = 0.2,
     beta: float | Tensor = 0.0,
     agg: AggMode = "token_mean",
-    max_len: int | None = None,
+    norm: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """GRPO loss = aggregate(pg + beta * kl_k3) over the masked tokens.
 
@@ -295,7 +297,7 @@ def grpo_loss(
     clip_low, clip_high: PPO clip epsilons; beta: KL coefficient (unitless), a float or a
                 [B, 1] tensor of per-sequence coefficients (SCoRe's stage I puts the KL on
                 one turn only).
-    agg, max_len: see `aggregate`.
+    agg, norm: see `aggregate`.
     returns:    (loss [] scalar with gradient w.r.t. logp,
                  stats: "clip_frac" share of masked tokens whose clipped branch is active,
                         "kl" token-mean k3 KL (nats; 0.0 when ref_logp is None),
@@ -312,7 +314,7 @@ def grpo_loss(
         kl_value = _masked_mean(kl, mask)
         if has_kl:
             per_token = pg + beta * kl
-    loss = aggregate(per_token, mask, agg, max_len=max_len)
+    loss = aggregate(per_token, mask, agg, norm=norm)
     ratio = torch.exp(torch.where(_bool_mask(mask), logp - old_logp, torch.zeros_like(logp)))
     stats = {
         "clip_frac": _masked_mean(clipped_mask.to(torch.float64), mask),

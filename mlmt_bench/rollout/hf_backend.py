@@ -27,6 +27,9 @@ class HFBackend:
     def sync_weights(self, model: Any) -> None:
         """Nothing to do: generation uses the training model object itself."""
 
+    def close(self) -> None:
+        """Nothing to release: the backend holds no engine of its own."""
+
     @torch.no_grad()
     def generate(
         self,
