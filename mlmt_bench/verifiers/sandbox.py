@@ -146,7 +146,12 @@ def check_environment() -> None:
 
 def check_disable(disable: Sequence[str]) -> tuple[str, ...]:
     """``disable`` as a tuple of mechanism names; UserError on a name that is not one."""
-    names = (disable,) if isinstance(disable, str) else tuple(disable)
+    if isinstance(disable, str):
+        names: tuple[Any, ...] = (disable,)
+    elif isinstance(disable, (list, tuple, set, frozenset)):
+        names = tuple(disable)
+    else:
+        raise UserError(f"sandbox_disable: expected a list of mechanism names, got {short_repr(disable)}")
     unknown = [n for n in names if n not in MECHANISMS]
     if unknown:
         raise UserError(f"sandbox_disable: unknown mechanism(s) {short_repr(unknown)} "
