@@ -9,6 +9,7 @@ The algorithm's roles (``Algorithm.roles()``) say which policies to build: a ``t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from dataclasses import dataclass
@@ -166,11 +167,13 @@ def run_manifest(comp: Components) -> dict[str, Any]:
 
 
 def run(spec: RunSpec, progress: bool = True, *, extra_manifest: dict[str, Any] | None = None,
-        on_eval: Any = None) -> dict[str, Any]:
+        on_eval: Any = None, bar: Any = None) -> dict[str, Any]:
     """Train and evaluate ``spec`` in a fresh run directory; returns the final metrics + run_dir.
 
     ``on_eval(record)`` is called after every evaluation; an exception it raises ends the run
     with the manifest status given by the exception's ``run_status`` attribute (else "failed").
+    ``bar``: an object with rich Progress's ``add_task`` / ``update`` that is told the training
+    steps instead of a bar of the run's own (a sweep's per-trial progress).
     """
     from mlmt_bench.dist import Dist, NullRunDir
 
@@ -187,7 +190,7 @@ def run(spec: RunSpec, progress: bool = True, *, extra_manifest: dict[str, Any] 
     trainer = make_trainer(spec, comp, run_dir)
     trainer.dist, trainer.on_eval = dist, on_eval
     try:
-        return _train(trainer, run_dir, progress and dist.is_main)
+        return _train(trainer, run_dir, progress and dist.is_main, bar if dist.is_main else None)
     finally:
         comp.backend.close()
 
@@ -238,11 +241,11 @@ def resume_run(path: Path | str, progress: bool = True) -> dict[str, Any]:
         comp.backend.close()
 
 
-def _train(trainer: Any, run_dir: RunDir, progress: bool) -> dict[str, Any]:
+def _train(trainer: Any, run_dir: RunDir, progress: bool, bar: Any = None) -> dict[str, Any]:
     from mlmt_bench.progress import progress_bar
 
     try:
-        with progress_bar(enabled=progress) as bar:
+        with contextlib.nullcontext(bar) if bar is not None else progress_bar(enabled=progress) as bar:
             final = trainer.train(bar)
     except KeyboardInterrupt:
         run_dir.finish("interrupted")

@@ -159,6 +159,8 @@ class SweepSpec(_Spec):
     storage: str | None = Field(None, description="Optuna storage URL; default sqlite in the output dir")
     sampler: Literal["tpe", "random", "grid"] = "tpe"
     pruner: Literal["median", "none"] = "median"
+    eval_split: str = Field("validation", description="the split trials are evaluated on (METHOD.md v2: tuning "
+                                                      "reads validation; the best spec's runs and reports read test)")
     space: dict[str, dict[str, Any]] = Field(min_length=1)
 
 

@@ -23,17 +23,26 @@ Layout, with ``<dir> = <run spec's output_dir>/<sweep name>``::
 
     <dir>/<name>.db              the Optuna study (SQLite, unless --storage names another)
     <dir>/<study>-best.yaml      the run spec with the best parameters applied (atomic rewrite)
-    <dir>/trials/<study>-t<N>-<stamp>/   one run directory per trial (manifest: sweep, trial)
+    <dir>/trials/<study>-t<N>-<stamp>/   one run directory per trial (manifest: sweep, trial, pid)
+    <dir>/logs/<study>-w<K>.log  what worker process K printed (``--workers N`` > 1 only)
 
 Each trial applies its sampled values to the run spec (``--set`` semantics), runs it with
 :func:`mlmt_bench.runner.run`, reports ``record[metric]`` at ``record["step"]`` after every
 evaluation and is pruned (run status ``pruned``) when the pruner says so. A trial that raises is
 recorded as failed and the study goes on (three failures in a row stop it); a :class:`UserError`
 stops the sweep. The storage is transactional and the study is loaded if it exists, so running
-the same command again resumes: only the missing complete + pruned trials are run. With a
-PostgreSQL storage (``pip install 'mlmt-bench[postgres]'``) several machines can run the same
-command at once. A trial whose process died (no heartbeat for 3 minutes) is marked failed and
-its parameters are tried again once.
+the same command again resumes: only the missing complete + pruned trials are run.
+
+Several workers share one study: ``--workers N`` starts N worker processes on this machine
+(:mod:`mlmt_bench.sweep_workers`), and with a PostgreSQL storage (``pip install
+'mlmt-bench[postgres]'``) several machines can run the same command at once (SQLite is for one
+machine: it is switched to write-ahead logging and waits for locks). Each worker runs
+:func:`work`: it starts a trial while complete + pruned + running trials are fewer than
+``n_trials`` (so the study does not overshoot, except by a trial when two workers start one at
+the same moment), and otherwise waits until the study is done. A running trial writes a
+heartbeat every ``heartbeat_s`` seconds; one without a heartbeat for ``GRACE_FACTOR`` times
+that long belongs to a dead process: it is marked failed (and its run directory's manifest
+too), and its parameters are tried once more as a new trial.
 
 Optuna is imported inside the functions, so ``import mlmt_bench`` stays light.
 """
@@ -45,13 +54,15 @@ import contextlib
 import gc
 import json
 import math
+import os
 import re
 import socket
 import sys
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Literal
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal
 
 import yaml
 from pydantic import Field, ValidationError
@@ -64,12 +75,14 @@ from mlmt_bench.spec import (RunSpec, SweepSpec, _Spec, apply_overrides, dump_ya
 if TYPE_CHECKING:  # pragma: no cover
     import optuna
 
-__all__ = ["Sweep", "SweepPruned", "load_sweep", "run_sweep", "trial_spec", "best_spec", "default_storage",
-           "print_summary"]
+__all__ = ["Sweep", "SweepPruned", "load_sweep", "run_sweep", "work", "trial_spec", "best_spec", "default_storage",
+           "open_storage"]
 
-HEARTBEAT_S = 60  # a running trial writes a heartbeat this often ...
-GRACE_S = 180  # ... and is declared dead (failed, retried once) after this long without one
+HEARTBEAT_S = 60  # a running trial writes a heartbeat this often (default of --heartbeat) ...
+GRACE_FACTOR = 3  # ... and is declared dead (failed, retried once) after this many intervals without one
 MAX_CONSECUTIVE_FAILURES = 3
+SQLITE_LOCK_TIMEOUT_S = 60  # how long a SQLite writer waits for another worker's lock
+WAIT_POLL_S = 5  # a worker waiting for the study's last trials looks again this often (at most)
 MAX_GRID_POINTS = 10_000  # values of one parameter on a grid (the grid is built in memory)
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")  # RunSpec.name: trial runs are named <study>-t<N>
@@ -180,6 +193,7 @@ class Sweep:
     run_raw: dict[str, Any]  # that spec, extends resolved, --set overrides applied
     space: dict[str, Dist]
     output_dir: Path  # <run output_dir>/<sweep name>
+    overrides: list[str]  # --set, already in run_raw
 
     @property
     def trials_dir(self) -> Path:
@@ -235,7 +249,7 @@ def load_sweep(path: Path | str, overrides: list[str] | None = None, study_name:
     _check_overrides(overrides or [], space)
 
     output_dir = Path(str(run_raw.get("output_dir") or "runs")) / spec.name
-    sweep = Sweep(path, spec, run_path, run_raw, space, output_dir)
+    sweep = Sweep(path, spec, run_path, run_raw, space, output_dir, list(overrides or []))
     # The run spec alone, then with each distribution's end points (others at their first value).
     study = study_name or spec.name
     first = {k: end_points(d)[0] for k, d in space.items()}
@@ -262,9 +276,12 @@ def _check_overrides(overrides: list[str], space: dict[str, Dist]) -> None:
 
 
 def _trial_data(sweep: Sweep, params: dict[str, Any], study: str, number: int) -> dict[str, Any]:
+    """A trial's run spec: evaluated on the sweep's tuning split (``validation``: METHOD.md v2 keeps
+    ``test`` for reports), ``params`` applied, named ``<study>-t<number>``, in trials/."""
     data = copy.deepcopy(sweep.run_raw)
     for key, value in params.items():
         data = set_path(data, key, value)
+    data = set_path(data, "benchmark.eval_split", sweep.spec.eval_split)
     data["name"] = f"{study}-t{number}"
     data["output_dir"] = str(sweep.trials_dir)
     return data
@@ -297,21 +314,55 @@ def redact(url: str) -> str:
     return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
 
 
-def open_storage(url: str) -> "optuna.storages.BaseStorage":
+def sqlite_path(url: str) -> Path | None:
+    """The database file of a ``sqlite:///FILE`` URL; None for other databases and in-memory ones."""
+    if not url.startswith("sqlite:///"):
+        return None
+    db = url.removeprefix("sqlite:///")
+    return None if db in ("", ":memory:") else Path(db)
+
+
+def use_wal(db: Path) -> None:
+    """Switch the SQLite database ``db`` (created if missing) to write-ahead logging, which stays
+    set in the file: readers then never block the writer, so several worker processes on this
+    machine can share it. WAL needs a local disk (not NFS), as SQLite itself does here."""
+    import sqlite3
+
+    db.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with contextlib.closing(sqlite3.connect(db, timeout=SQLITE_LOCK_TIMEOUT_S)) as con:
+            con.execute("PRAGMA journal_mode=WAL")
+    except sqlite3.Error as exc:
+        raise UserError(f"storage sqlite:///{db}: cannot open: {exc}") from None
+
+
+def open_storage(url: str, heartbeat_s: int | None = None,
+                 on_stale: Callable[["optuna.Study", "optuna.trial.FrozenTrial"], None] | None = None,
+                 ) -> "optuna.storages.BaseStorage":
+    """The Optuna storage at ``url``.
+
+    With ``heartbeat_s``, a running trial records a heartbeat every ``heartbeat_s`` seconds, and
+    one without a heartbeat for ``GRACE_FACTOR * heartbeat_s`` seconds is marked failed (by any
+    worker, before it starts a trial) and passed to ``on_stale``. A SQLite writer waits up to
+    ``SQLITE_LOCK_TIMEOUT_S`` for another process's lock instead of failing at once.
+    """
     import optuna
     from sqlalchemy.exc import SQLAlchemyError
 
-    if url.startswith("sqlite:///"):
-        db = Path(url.removeprefix("sqlite:///"))
-        if str(db) not in ("", ":memory:"):
-            db.parent.mkdir(parents=True, exist_ok=True)
+    engine_kwargs: dict[str, Any] = {}
+    db = sqlite_path(url)
+    if db is not None:
+        db.parent.mkdir(parents=True, exist_ok=True)
+        engine_kwargs["connect_args"] = {"timeout": SQLITE_LOCK_TIMEOUT_S}
+    heartbeat: dict[str, Any] = {}
+    if heartbeat_s is not None:
+        heartbeat = {"heartbeat_interval": heartbeat_s, "grace_period": GRACE_FACTOR * heartbeat_s,
+                     "heartbeat_stale_trial_callback": on_stale}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         warnings.simplefilter("ignore", FutureWarning)
         try:
-            return optuna.storages.RDBStorage(
-                url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1))
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **heartbeat)
         except ImportError:
             if url.startswith("postgres"):
                 raise UserError(f"storage {redact(url)}: the PostgreSQL driver (psycopg2) is not installed; "
@@ -323,6 +374,34 @@ def open_storage(url: str) -> "optuna.storages.BaseStorage":
             raise UserError(f"storage {redact(url)}: cannot open: {first}") from None
         except ValueError as exc:  # e.g. a storage written by a newer Optuna
             raise UserError(f"storage {redact(url)}: {str(exc).splitlines()[0]}") from None
+
+
+class RetryDeadTrial:
+    """The storage's stale-trial callback: a trial whose process died (Optuna has just marked it
+    failed) is tried once more with the same parameters as a new trial (Optuna's
+    ``RetryHeartbeatStaleTrialCallback``, ``max_retry=1``), and its run directory, when this
+    machine can see it, is marked failed instead of staying ``running`` forever."""
+
+    def __init__(self, sweep: Sweep) -> None:
+        import optuna
+
+        self.sweep = sweep
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            self.retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)
+
+    def __call__(self, study: "optuna.Study", trial: "optuna.trial.FrozenTrial") -> None:
+        from mlmt_bench.tracking import RunDir, utc_now
+
+        self.retry(study, trial)
+        found = _find_run_dir(self.sweep, study.study_name, trial.number)
+        if found is None:
+            return
+        run_dir = RunDir(Path(found))
+        with contextlib.suppress(UserError, OSError):
+            if run_dir.manifest().get("status") == "running":
+                run_dir.update_manifest(status="failed", end_time=utc_now(),
+                                        error="its process stopped sending heartbeats (killed?)")
 
 
 def make_sampler(kind: str, sweep: Sweep, seed: int | None) -> "optuna.samplers.BaseSampler":
@@ -337,6 +416,12 @@ def make_sampler(kind: str, sweep: Sweep, seed: int | None) -> "optuna.samplers.
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         # constant_liar: workers on other machines do not all sample the same point
         return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
+
+
+def worker_seed(seed: int | None, n_trials_so_far: int, worker: int) -> int | None:
+    """The sampler seed of worker ``worker``: distinct per worker (else two random samplers draw the
+    same points), and past the trials so far, so a resumed study draws new points."""
+    return None if seed is None else seed + n_trials_so_far + 100_003 * worker
 
 
 def make_pruner(kind: str) -> "optuna.pruners.BasePruner":
@@ -358,6 +443,16 @@ def grid_size(sweep: Sweep) -> int:
 # ----------------------------------------------------------------------------------------------
 # Running
 
+# A worker reports what it does as events, dicts with an "event" key (the progress display reads
+# them; mlmt_bench.sweep_workers sends them from worker processes as JSON lines):
+#   {"event": "start", "trial": N, "steps": S, "params": {...}, "retry_of": M | None}
+#   {"event": "step", "trial": N, "step": s, "steps": S}           at most STEP_EVENTS_PER_S a second
+#   {"event": "eval", "trial": N, "step": s, "value": metric}
+#   {"event": "end", "trial": N, "state": "complete"|"pruned"|"fail", "value": v, "step": s, "error": e}
+#   {"event": "wait", "trials": [N, ...]}                           the study's last trials run elsewhere
+Emit = Callable[[dict[str, Any]], None]
+STEP_EVENTS_PER_S = 4
+
 
 class SweepPruned(Exception):
     """Raised from the eval callback to stop a trial's run; the run directory's status becomes ``pruned``."""
@@ -367,6 +462,28 @@ class SweepPruned(Exception):
 
 class _TrialFailed(Exception):
     """A trial's run raised: recorded as failed, the study goes on."""
+
+
+class _StepEvents:
+    """Stands in for the trainer's progress bar (``add_task`` / ``update``) and emits ``step`` events."""
+
+    def __init__(self, trial: int, emit: Emit) -> None:
+        self.trial, self.emit, self.total, self.last = trial, emit, 0, -math.inf
+
+    def add_task(self, description: str, total: int | None = None, completed: int = 0, **_: Any) -> int:
+        self.total = int(total or 0)
+        self._send(completed, force=True)
+        return 0
+
+    def update(self, task: int, completed: int | None = None, **_: Any) -> None:
+        if completed is not None:
+            self._send(completed, force=completed >= self.total)
+
+    def _send(self, step: int, force: bool) -> None:
+        now = time.monotonic()
+        if force or now - self.last >= 1 / STEP_EVENTS_PER_S:
+            self.last = now
+            self.emit({"event": "step", "trial": self.trial, "step": int(step), "steps": self.total})
 
 
 def _find_run_dir(sweep: Sweep, study: str, number: int) -> str | None:
@@ -388,68 +505,134 @@ def _one_line(exc: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def _optuna_verbosity(progress: bool) -> Iterator[None]:
+def quiet_optuna(level: str = "ERROR") -> Iterator[None]:
+    """Optuna's log lines below ``level`` off (the sweep's display reports trials; at WARNING, a
+    failed trial's traceback, which a worker's log keeps) and its experimental-API warnings
+    (heartbeats, fail_stale_trials) silenced."""
     import optuna
 
     old = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.INFO if progress else optuna.logging.WARNING)
+    optuna.logging.set_verbosity(getattr(optuna.logging, level))
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            yield
     finally:
         optuna.logging.set_verbosity(old)
 
 
 def run_sweep(path: Path | str, *, n_trials: int | None = None, storage: str | None = None,
               study_name: str | None = None, seed: int | None = None, overrides: list[str] | None = None,
-              progress: bool = True) -> dict[str, Any]:
+              progress: bool = True, workers: int = 1, heartbeat_s: int | None = None) -> dict[str, Any]:
     """Create or resume the study and run trials until ``n_trials`` are complete or pruned.
 
+    ``workers`` > 1 runs them in that many worker processes (:mod:`mlmt_bench.sweep_workers`);
+    ``heartbeat_s``: seconds between a running trial's heartbeats (default ``HEARTBEAT_S``);
+    ``progress`` shows each trial's progress on stderr (:mod:`mlmt_bench.sweep_display`).
     Returns :func:`summarize`'s dict; ``stopped`` is set when the sweep gave up on failures.
+    """
+    import optuna
+
+    from mlmt_bench.sweep_display import SweepDisplay
+
+    if workers < 1:
+        raise UserError(f"--workers must be ≥ 1, got {workers}")
+    heartbeat_s = HEARTBEAT_S if heartbeat_s is None else heartbeat_s
+    if heartbeat_s < 1:
+        raise UserError(f"--heartbeat must be ≥ 1 second, got {heartbeat_s}")
+    sweep = load_sweep(path, overrides, study_name)
+    spec = sweep.spec
+    study_name = study_name or spec.name
+    url = storage or spec.storage or default_storage(sweep)
+    target = n_trials if n_trials is not None else spec.n_trials
+    if spec.sampler == "grid":
+        target = min(target, grid_size(sweep))
+    db = sqlite_path(url)
+    if workers > 1 and db is not None:
+        use_wal(db)
+
+    with quiet_optuna():
+        store = open_storage(url, heartbeat_s, RetryDeadTrial(sweep))
+        study = optuna.create_study(storage=store, study_name=study_name, direction=spec.direction,
+                                    pruner=make_pruner(spec.pruner), load_if_exists=True)
+        _check_study(study, sweep, url)
+        display = SweepDisplay(study_name, spec.metric, target, done=_count_finished(study), direction=spec.direction,
+                               enabled=progress, grace_s=GRACE_FACTOR * heartbeat_s)
+        with display:
+            if workers == 1:
+                stopped = work(study, sweep, target, lambda event: display.handle(0, event), seed=seed, worker=0,
+                               heartbeat_s=heartbeat_s)
+            else:
+                from mlmt_bench.sweep_workers import WorkerArgs, supervise
+
+                overrides = sweep.overrides
+                if (sweep.run_raw.get("train") or {}).get("threads") is None:
+                    # the workers share this machine's cores (torch would give each all of them)
+                    overrides = [*overrides, f"train.threads={max(1, (os.cpu_count() or 1) // workers)}"]
+                args = WorkerArgs(str(sweep.path), overrides, study_name, url, target, seed, heartbeat_s)
+                stopped = supervise(args, workers, display, sweep.output_dir / "logs")
+        result = summarize(study, sweep, study_name, url, target)
+    result["stopped"] = stopped
+    return result
+
+
+def _count_finished(study: "optuna.Study") -> int:
+    from optuna.trial import TrialState
+
+    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+
+
+def work(study: "optuna.Study", sweep: Sweep, target: int, emit: Emit, *, seed: int | None, worker: int,
+         heartbeat_s: int, keep_going: Callable[[], bool] = lambda: True) -> str | None:
+    """Worker ``worker``'s loop over ``study``: start a trial while complete + pruned + running
+    trials are fewer than ``target``; while the study's last trials run elsewhere, wait (one of
+    them may die and come back as a retry); return when ``target`` trials are complete or pruned.
+
+    Returns None, or why the worker gave up (``MAX_CONSECUTIVE_FAILURES`` of its trials failed
+    in a row). ``keep_going()`` false (a worker whose parent has gone) ends the loop between trials.
     """
     import optuna
     from optuna.trial import TrialState
 
-    sweep = load_sweep(path, overrides, study_name)
-    spec = sweep.spec
-    study_name = study_name or spec.name
-    url = storage or default_storage(sweep)
-    target = n_trials if n_trials is not None else spec.n_trials
-    if spec.sampler == "grid":
-        target = min(target, grid_size(sweep))
+    study.sampler = make_sampler(sweep.spec.sampler, sweep, worker_seed(seed, len(study.trials), worker))
+    poll_s = min(heartbeat_s, WAIT_POLL_S)
+    failures = {"consecutive": 0, "stopped": None}
 
-    with _optuna_verbosity(progress):
-        store = open_storage(url)
-        study = optuna.create_study(storage=store, study_name=study_name, direction=spec.direction,
-                                    pruner=make_pruner(spec.pruner), load_if_exists=True)
-        _check_study(study, sweep, url)
-        # A seeded sampler is re-seeded past the trials so far, so a resumed study draws new points.
-        study.sampler = make_sampler(spec.sampler, sweep, None if seed is None else seed + len(study.trials))
+    def objective(trial: optuna.Trial) -> float:
+        return _run_trial(trial, sweep, study.study_name, emit)
 
-        finished = (TrialState.COMPLETE, TrialState.PRUNED)
-        failures = {"consecutive": 0, "last": None, "stopped": None}
+    def on_trial_end(study: optuna.Study, frozen: optuna.trial.FrozenTrial) -> None:
+        state = frozen.state.name.lower()
+        steps = frozen.intermediate_values
+        emit({"event": "end", "trial": frozen.number, "state": state, "value": frozen.value,
+              "step": max(steps) if steps else None, "error": frozen.user_attrs.get("error")})
+        if frozen.state == TrialState.FAIL:
+            failures["consecutive"] += 1
+            if failures["consecutive"] >= MAX_CONSECUTIVE_FAILURES:
+                failures["stopped"] = (f"{failures['consecutive']} trials in a row failed "
+                                       f"(last: {frozen.user_attrs.get('error')}); see the trials' run directories")
+        else:
+            failures["consecutive"] = 0
+        _free_memory()
 
-        def objective(trial: optuna.Trial) -> float:
-            return _run_trial(trial, sweep, study_name)
-
-        def on_trial_end(study: optuna.Study, frozen: optuna.trial.FrozenTrial) -> None:
-            if frozen.state == TrialState.FAIL:
-                failures["consecutive"] += 1
-                failures["last"] = frozen.user_attrs.get("error")
-                if failures["consecutive"] >= MAX_CONSECUTIVE_FAILURES:
-                    failures["stopped"] = (f"{failures['consecutive']} trials in a row failed "
-                                           f"(last: {failures['last']}); see the trials' run directories")
-                    study.stop()
-            else:
-                failures["consecutive"] = 0
-            _free_memory()
-
-        if len(study.get_trials(deepcopy=False, states=finished)) < target:
-            study.optimize(objective, n_trials=None, catch=(_TrialFailed,), gc_after_trial=False,
-                           callbacks=[optuna.study.MaxTrialsCallback(target, states=finished), on_trial_end])
-
-    result = summarize(study, sweep, study_name, url, target)
-    result["stopped"] = failures["stopped"]
-    return result
+    waiting_for: list[int] | None = None
+    while failures["stopped"] is None and keep_going():
+        optuna.storages.fail_stale_trials(study)  # a dead worker's trial: failed, its retry queued
+        trials = study.get_trials(deepcopy=False)
+        done = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+        if done >= target:
+            return None
+        running = [t.number for t in trials if t.state == TrialState.RUNNING]
+        queued = any(t.state == TrialState.WAITING for t in trials)
+        if not queued and done + len(running) >= target:
+            if running != waiting_for:
+                emit({"event": "wait", "trials": running})
+                waiting_for = running
+            time.sleep(poll_s)
+            continue
+        waiting_for = None
+        study.optimize(objective, n_trials=1, catch=(_TrialFailed,), gc_after_trial=False, callbacks=[on_trial_end])
+    return failures["stopped"]
 
 
 def _check_study(study: "optuna.Study", sweep: Sweep, url: str) -> None:
@@ -462,12 +645,24 @@ def _check_study(study: "optuna.Study", sweep: Sweep, url: str) -> None:
     if "metric" in attrs and attrs["metric"] != sweep.spec.metric:
         raise UserError(f"{sweep.path}: metric: study {study.study_name!r} in {redact(url)} optimises "
                         f"{attrs['metric']!r} (this sweep: {sweep.spec.metric!r}); use --study NAME for a new study")
-    if "metric" not in attrs:
+    if "metric" not in attrs:  # a new study: what `report --sweep` needs to rebuild the best spec
         study.set_user_attr("metric", sweep.spec.metric)
         study.set_user_attr("run", str(sweep.run_path))
+        study.set_user_attr("sweep", str(sweep.path.resolve()))
+        study.set_user_attr("overrides", sweep.overrides)
 
 
-def _run_trial(trial: "optuna.Trial", sweep: Sweep, study: str) -> float:
+def _retry_of(trial: "optuna.Trial") -> int | None:
+    """The number of the dead trial that ``trial`` retries (RetryHeartbeatStaleTrialCallback's mark)."""
+    from optuna.trial import TrialState
+
+    for t in trial.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if t.number == trial.number:
+            return t.system_attrs.get("failed_trial")
+    return None
+
+
+def _run_trial(trial: "optuna.Trial", sweep: Sweep, study: str, emit: Emit) -> float:
     import optuna
 
     from mlmt_bench import runner
@@ -477,6 +672,9 @@ def _run_trial(trial: "optuna.Trial", sweep: Sweep, study: str) -> float:
     spec = trial_spec(sweep, params, study, trial.number)
     trial.set_user_attr("run_name", spec.name)
     trial.set_user_attr("host", socket.gethostname())
+    trial.set_user_attr("pid", os.getpid())
+    emit({"event": "start", "trial": trial.number, "steps": spec.train.steps, "params": params,
+          "retry_of": _retry_of(trial)})
     reported: set[int] = set()
 
     def on_eval(record: dict[str, Any]) -> None:
@@ -489,13 +687,14 @@ def _run_trial(trial: "optuna.Trial", sweep: Sweep, study: str) -> float:
         if step in reported:  # the final evaluation can repeat the last periodic one
             return
         reported.add(step)
+        emit({"event": "eval", "trial": trial.number, "step": step, "value": float(value)})
         trial.report(float(value), step)
         if trial.should_prune():
             raise SweepPruned(f"trial {trial.number} pruned at step {step} ({metric}={value:.4g})")
 
     try:
-        result = runner.run(spec, progress=False, extra_manifest={"sweep": study, "trial": trial.number},
-                            on_eval=on_eval)
+        result = runner.run(spec, progress=False, bar=_StepEvents(trial.number, emit), on_eval=on_eval,
+                            extra_manifest={"sweep": study, "trial": trial.number, "pid": os.getpid()})
     except SweepPruned as exc:
         _record_run_dir(trial, sweep, study)
         raise optuna.TrialPruned(str(exc)) from None
@@ -541,11 +740,15 @@ def summarize(study: "optuna.Study", sweep: Sweep, study_name: str, url: str, ta
         state = t.state.name.lower()
         counts[state] = counts.get(state, 0) + 1
         last_step = max(t.intermediate_values) if t.intermediate_values else None
+        run_dir = t.user_attrs.get("run_dir")
+        if run_dir is None and t.state == TrialState.FAIL:  # a dead worker's trial never recorded it
+            run_dir = _find_run_dir(sweep, study_name, t.number)
         rows.append({
             "number": t.number, "state": state, "value": t.value, "params": dict(t.params),
             "last_step": last_step,
             "last_value": t.intermediate_values[last_step] if last_step is not None else None,
-            "run_dir": t.user_attrs.get("run_dir"), "error": t.user_attrs.get("error"),
+            "run_dir": run_dir, "error": t.user_attrs.get("error"),
+            "retry_of": t.system_attrs.get("failed_trial"),
         })
     result: dict[str, Any] = {
         "sweep": str(sweep.path), "study": study_name, "storage": redact(url), "metric": sweep.spec.metric,
@@ -573,44 +776,3 @@ def write_best(sweep: Sweep, study: str, params: dict[str, Any], number: int, va
               f"# run it: mlmt-bench run {out}\n")
     atomic_write_text(out, header + dump_yaml(spec))
     return out
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return "-" if v is None else str(v)
-
-
-def print_summary(result: dict[str, Any]) -> None:
-    """The trials as a rich table, then the best parameters (stdout)."""
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    table = Table(title=f"sweep {result['study']} — {result['metric']} ({result['direction']})")
-    table.add_column("#", justify="right")
-    table.add_column("state")
-    table.add_column("value", justify="right")
-    table.add_column("params", overflow="fold")
-    table.add_column("run_dir (in trials/)", overflow="fold")
-    for r in result["trials"]:
-        params = "\n".join(f"{k}={_fmt(v)}" for k, v in r["params"].items())
-        where = Path(r["run_dir"]).name if r["run_dir"] else "-"
-        if r["error"]:
-            where = f"{where}\n{r['error']}"
-        value = _fmt(r["value"])
-        if r["state"] == "pruned" and r["last_step"] is not None:
-            value = f"{value} @ step {r['last_step']}"
-        table.add_row(str(r["number"]), r["state"], value, params, where)
-    console.print(table)
-    counts = ", ".join(f"{n} {s}" for s, n in sorted(result["counts"].items()))
-    lines = [f"{counts or 'no trials'} (target: {result['n_trials']} complete + pruned) in {result['storage']}",
-             f"trials: {result['trials_dir']}"]
-    best = result["best"]
-    if best is None:
-        lines.append("no trial completed yet")
-    else:
-        lines.append(f"best: trial {best['number']}, {result['metric']} = {_fmt(best['value'])}")
-        lines += [f"  {k} = {v!r}" for k, v in best["params"].items()]
-        lines.append(f"best spec: {result['best_spec']}")
-    sys.stdout.write("\n".join(lines) + "\n")
