@@ -113,11 +113,11 @@ class CategoricalDist(_Spec):
     choices: list[Any] = Field(min_length=1)
 
 
-Dist = FloatDist | IntDist | CategoricalDist
+SearchDistribution = FloatDist | IntDist | CategoricalDist
 _DISTS: dict[str, type[_Spec]] = {"float": FloatDist, "int": IntDist, "categorical": CategoricalDist}
 
 
-def parse_dist(raw: Any, source: str, key: str) -> Dist:
+def parse_dist(raw: Any, source: str, key: str) -> SearchDistribution:
     """The distribution of ``space[key]`` in the sweep file ``source``."""
     where = f"{source}: space.{shorten(key)}"
     if not isinstance(raw, dict):
@@ -149,14 +149,14 @@ def parse_dist(raw: Any, source: str, key: str) -> Dist:
     return dist
 
 
-def end_points(dist: Dist) -> list[Any]:
+def end_points(dist: SearchDistribution) -> list[Any]:
     """The values a validation probe tries: the bounds, or every choice."""
     if isinstance(dist, CategoricalDist):
         return list(dist.choices)
     return [dist.low, dist.high]
 
 
-def grid_values(dist: Dist, where: str) -> list[Any]:
+def grid_values(dist: SearchDistribution, where: str) -> list[Any]:
     if isinstance(dist, CategoricalDist):
         return list(dist.choices)
     if isinstance(dist, IntDist):
@@ -173,7 +173,7 @@ def grid_values(dist: Dist, where: str) -> list[Any]:
     return [round(dist.low + i * dist.step, 12) for i in range(n + 1)]
 
 
-def suggest(trial: "optuna.Trial", path: str, dist: Dist) -> Any:
+def suggest(trial: "optuna.Trial", path: str, dist: SearchDistribution) -> Any:
     if isinstance(dist, FloatDist):
         return trial.suggest_float(path, dist.low, dist.high, log=dist.log, step=dist.step)
     if isinstance(dist, IntDist):
@@ -191,7 +191,7 @@ class Sweep:
     spec: SweepSpec
     run_path: Path  # the run spec it tunes
     run_raw: dict[str, Any]  # that spec, extends resolved, --set overrides applied
-    space: dict[str, Dist]
+    space: dict[str, SearchDistribution]
     output_dir: Path  # <run output_dir>/<sweep name>
     overrides: list[str]  # --set, already in run_raw
 
@@ -239,7 +239,7 @@ def load_sweep(path: Path | str, overrides: list[str] | None = None, study_name:
         raise UserError(f"{path}: run: {run_path} is an experiment spec (arms:); a sweep tunes a run spec")
     run_raw = apply_overrides(run_raw, overrides or [], RunSpec)
 
-    space: dict[str, Dist] = {}
+    space: dict[str, SearchDistribution] = {}
     for key, raw in spec.space.items():
         _check_space_path(path, key)
         space[key] = parse_dist(raw, str(path), key)
