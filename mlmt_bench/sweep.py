@@ -262,7 +262,7 @@ def load_sweep(path: Path | str, overrides: list[str] | None = None, study_name:
     return sweep
 
 
-def _check_overrides(overrides: list[str], space: dict[str, Dist]) -> None:
+def _check_overrides(overrides: list[str], space: dict[str, SearchDistribution]) -> None:
     """A ``--set`` that every trial would undo is an error: the name (trials are named
     <study>-t<N>) and a path at or inside a searched parameter."""
     for text in overrides:
