@@ -21,6 +21,7 @@ from mlmt_bench.errors import UserError
 from mlmt_bench.spec import RunSpec, dump_yaml, load_any, load_run_spec
 from mlmt_bench.tracking import RunDir
 from mlmt_bench.types import PromptTemplates
+from mlmt_bench.verifiers.io import build_verifier
 
 if TYPE_CHECKING:
     from mlmt_bench.algorithms.base import Algorithm
@@ -103,7 +104,7 @@ def build(spec: RunSpec, progress: bool = True) -> Components:
     if not train or not evals:
         raise UserError(f"benchmark {b.name}: empty split ({b.train_split}: {len(train)}, {b.eval_split}: {len(evals)})")
     verifier_name = b.verifier or benchmark.default_verifier
-    verifier = registry.verifiers.get(verifier_name)()
+    verifier = build_verifier(verifier_name, options=b.verifier_options)
     backend = registry.backends.get(spec.backend.name)(**spec.backend.options)
 
     algo_cls = registry.algorithms.get(spec.algorithm.name)
@@ -182,7 +183,8 @@ def run(spec: RunSpec, progress: bool = True, *, extra_manifest: dict[str, Any] 
     run_dir: Any = None
     if dist.is_main:
         run_dir = RunDir.create(spec.output_dir, spec.name, dump_yaml(spec), spec.seed)
-        run_dir.update_manifest(**(extra_manifest or {}), **run_manifest(comp), world_size=dist.world)
+        run_dir.update_manifest(**(extra_manifest or {}), **run_manifest(comp), **_sandbox_record(comp.verifier),
+                                world_size=dist.world)
     path = dist.broadcast(str(run_dir.path) if run_dir else None)
     run_dir = run_dir or NullRunDir(Path(path))
     trainer = make_trainer(spec, comp, run_dir)
@@ -191,6 +193,18 @@ def run(spec: RunSpec, progress: bool = True, *, extra_manifest: dict[str, Any] 
         return _train(trainer, run_dir, progress and dist.is_main, bar if dist.is_main else None)
     finally:
         comp.backend.close()
+
+
+def _sandbox_record(verifier: Any) -> dict[str, Any]:
+    """``{"sandbox_disabled": [...]}`` for a verifier with a sandbox (printed when not empty: a
+    weakened sandbox is never silent), else ``{}``."""
+    disabled = getattr(verifier, "sandbox_disabled", None)
+    if disabled is None:
+        return {}
+    if disabled:
+        sys.stderr.write(f"warning: code sandbox weakened: {', '.join(disabled)} switched off "
+                         "(benchmark.verifier_options.sandbox_disable)\n")
+    return {"sandbox_disabled": list(disabled)}
 
 
 def _build_in_turn(spec: RunSpec, dist: Any, progress: bool) -> Components:

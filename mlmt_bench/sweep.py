@@ -67,9 +67,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal
 import yaml
 from pydantic import Field, ValidationError
 
+from mlmt_bench.bounded_input import short_repr, shorten
 from mlmt_bench.errors import UserError
 from mlmt_bench.spec import (RunSpec, SweepSpec, _Spec, apply_overrides, dump_yaml, format_validation_error,
-                             is_experiment, load_raw, load_validated, validate_run)
+                             is_experiment, load_raw, load_validated, parse_override, validate_run)
 
 if TYPE_CHECKING:  # pragma: no cover
     import optuna
@@ -82,6 +83,7 @@ GRACE_FACTOR = 3  # ... and is declared dead (failed, retried once) after this m
 MAX_CONSECUTIVE_FAILURES = 3
 SQLITE_LOCK_TIMEOUT_S = 60  # how long a SQLite writer waits for another worker's lock
 WAIT_POLL_S = 5  # a worker waiting for the study's last trials looks again this often (at most)
+MAX_GRID_POINTS = 10_000  # values of one parameter on a grid (the grid is built in memory)
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")  # RunSpec.name: trial runs are named <study>-t<N>
 
@@ -117,14 +119,14 @@ _DISTS: dict[str, type[_Spec]] = {"float": FloatDist, "int": IntDist, "categoric
 
 def parse_dist(raw: Any, source: str, key: str) -> SearchDistribution:
     """The distribution of ``space[key]`` in the sweep file ``source``."""
-    where = f"{source}: space.{key}"
+    where = f"{source}: space.{shorten(key)}"
     if not isinstance(raw, dict):
-        raise UserError(f"{where}: expected a mapping like {{type: float, low: 0, high: 1}}, got {raw!r}")
+        raise UserError(f"{where}: expected a mapping like {{type: float, low: 0, high: 1}}, got {short_repr(raw)}")
     kind = raw.get("type")
     if kind is None:
         raise UserError(f"{where}: missing `type` (one of: {', '.join(_DISTS)})")
     if kind not in _DISTS:
-        raise UserError(f"{where}.type: must be one of {', '.join(repr(k) for k in _DISTS)}, got {kind!r}")
+        raise UserError(f"{where}.type: must be one of {', '.join(repr(k) for k in _DISTS)}, got {short_repr(kind)}")
     model = _DISTS[kind]
     try:
         dist = model.model_validate(raw)
@@ -133,12 +135,13 @@ def parse_dist(raw: Any, source: str, key: str) -> SearchDistribution:
     if isinstance(dist, CategoricalDist):
         for c in dist.choices:
             if c is not None and not isinstance(c, (bool, int, float, str)):
-                raise UserError(f"{where}.choices: each choice must be a string, number, bool or null, got {c!r}")
+                raise UserError(f"{where}.choices: each choice must be a string, number, bool or null, "
+                                f"got {short_repr(c)}")
         return dist
     if not dist.low < dist.high:
-        raise UserError(f"{where}: low must be < high, got low={dist.low!r}, high={dist.high!r}")
+        raise UserError(f"{where}: low must be < high, got low={short_repr(dist.low)}, high={short_repr(dist.high)}")
     if dist.log and dist.low <= 0:
-        raise UserError(f"{where}: log: true needs low > 0, got low={dist.low!r}")
+        raise UserError(f"{where}: log: true needs low > 0, got low={short_repr(dist.low)}")
     if dist.log and (isinstance(dist, FloatDist) and dist.step is not None or isinstance(dist, IntDist) and dist.step != 1):
         raise UserError(f"{where}: log: true and step cannot be used together")
     if isinstance(dist, FloatDist) and not (math.isfinite(dist.low) and math.isfinite(dist.high)):
@@ -157,10 +160,16 @@ def grid_values(dist: SearchDistribution, where: str) -> list[Any]:
     if isinstance(dist, CategoricalDist):
         return list(dist.choices)
     if isinstance(dist, IntDist):
-        return list(range(dist.low, dist.high + 1, dist.step))
-    if dist.step is None:
+        n = (dist.high - dist.low) // dist.step
+    elif dist.step is None:
         raise UserError(f"{where}: the grid sampler needs a `step` for float parameters")
-    n = int(math.floor((dist.high - dist.low) / dist.step + 1e-9))
+    else:
+        ratio = (dist.high - dist.low) / dist.step
+        n = math.floor(ratio + 1e-9) if math.isfinite(ratio) else math.inf
+    if n + 1 > MAX_GRID_POINTS:
+        raise UserError(f"{where}: more than {MAX_GRID_POINTS} grid values; use a larger step or another sampler")
+    if isinstance(dist, IntDist):
+        return list(range(dist.low, dist.high + 1, dist.step))
     return [round(dist.low + i * dist.step, 12) for i in range(n + 1)]
 
 
@@ -210,8 +219,8 @@ def _check_space_path(sweep_path: Path, path: str) -> None:
     try:
         apply_overrides({}, [text], RunSpec)
     except UserError as exc:
-        msg = str(exc).removeprefix(f"--set {text}: ")
-        raise UserError(f"{sweep_path}: space.{path}: {msg}") from None
+        msg = str(exc).removeprefix(f"--set {shorten(text)}: ")
+        raise UserError(f"{sweep_path}: space.{shorten(path)}: {msg}") from None
 
 
 def load_sweep(path: Path | str, overrides: list[str] | None = None, study_name: str | None = None) -> Sweep:
@@ -220,10 +229,11 @@ def load_sweep(path: Path | str, overrides: list[str] | None = None, study_name:
     spec = load_validated(path, SweepSpec)
     for name, what in ((spec.name, "name"), (study_name, "--study")):
         if name is not None and not _NAME.match(name):
-            raise UserError(f"{path}: {what}: must match {_NAME.pattern} (it names run directories), got {name!r}")
+            raise UserError(f"{path}: {what}: must match {_NAME.pattern} (it names run directories), "
+                            f"got {short_repr(name)}")
     run_path = path.parent / spec.run
     if not run_path.is_file():
-        raise UserError(f"{path}: run: file not found: {run_path}")
+        raise UserError(f"{path}: run: file not found: {shorten(str(run_path), 200)}")
     run_raw = load_raw(run_path)
     if is_experiment(run_raw):
         raise UserError(f"{path}: run: {run_path} is an experiment spec (arms:); a sweep tunes a run spec")
@@ -235,7 +245,8 @@ def load_sweep(path: Path | str, overrides: list[str] | None = None, study_name:
         space[key] = parse_dist(raw, str(path), key)
     if spec.sampler == "grid":
         for key, dist in space.items():
-            grid_values(dist, f"{path}: space.{key}")
+            grid_values(dist, f"{path}: space.{shorten(key)}")
+    _check_overrides(overrides or [], space)
 
     output_dir = Path(str(run_raw.get("output_dir") or "runs")) / spec.name
     sweep = Sweep(path, spec, run_path, run_raw, space, output_dir, list(overrides or []))
@@ -246,8 +257,22 @@ def load_sweep(path: Path | str, overrides: list[str] | None = None, study_name:
     for key, dist in space.items():
         for value in end_points(dist):
             params = {**first, key: value}
-            validate_run(_trial_data(sweep, params, study, 0), f"{path}: space.{key}={value!r} applied to {run_path}")
+            validate_run(_trial_data(sweep, params, study, 0),
+                         f"{path}: space.{shorten(key)}={short_repr(value)} applied to {run_path}")
     return sweep
+
+
+def _check_overrides(overrides: list[str], space: dict[str, SearchDistribution]) -> None:
+    """A ``--set`` that every trial would undo is an error: the name (trials are named
+    <study>-t<N>) and a path at or inside a searched parameter."""
+    for text in overrides:
+        parts = parse_override(text)[0]
+        if parts == ["name"]:
+            raise UserError(f"--set {shorten(text)}: a sweep names its trials <study>-t<N>; use --study NAME")
+        for key in space:
+            if parts[:len(key.split("."))] == key.split("."):
+                raise UserError(f"--set {shorten(text)}: space.{shorten(key)} is searched, so every trial sets it; "
+                                "drop it from the space or from --set")
 
 
 def _trial_data(sweep: Sweep, params: dict[str, Any], study: str, number: int) -> dict[str, Any]:

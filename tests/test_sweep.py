@@ -488,3 +488,16 @@ def test_two_real_tiny_trials_own_spec(tmp_path, tiny_ckpt):
         assert run_spec.algorithm.params["lam"] == r["params"]["algorithm.params.lam"]
         assert run_spec.policies.solver.lr == r["params"]["policies.solver.lr"]
     assert load_run_spec(result["best_spec"]).name == "real-best"
+
+
+def test_overrides_every_trial_would_undo_are_errors(make_sweep):
+    """--set name (trials are named <study>-t<N>) and --set on a searched parameter (each trial
+    sets it) would be silently ignored: they are errors instead; other paths still apply."""
+    from mlmt_bench.sweep import load_sweep
+
+    p = make_sweep()
+    for text, fragment in (("name=x", "use --study NAME"), ("algorithm.params.lam=0.5", "space.algorithm.params.lam "
+                                                                                         "is searched")):
+        with pytest.raises(UserError, match="^--set .*" + fragment.replace(".", r"\.")):
+            load_sweep(p, [text])
+    assert load_sweep(p, ["train.steps=3"]).run_raw["train"]["steps"] == 3
