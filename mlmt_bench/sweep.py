@@ -69,6 +69,7 @@ from pydantic import Field, ValidationError
 
 from mlmt_bench.bounded_input import short_repr, shorten
 from mlmt_bench.errors import UserError
+from mlmt_bench.sweep_workers import GRACE_FACTOR, MAX_CONSECUTIVE_FAILURES
 from mlmt_bench.spec import (RunSpec, SweepSpec, _Spec, apply_overrides, dump_yaml, format_validation_error,
                              is_experiment, load_raw, load_validated, parse_override, validate_run)
 
@@ -79,8 +80,6 @@ __all__ = ["Sweep", "SweepPruned", "load_sweep", "run_sweep", "work", "trial_spe
            "open_storage"]
 
 HEARTBEAT_S = 60  # a running trial writes a heartbeat this often (default of --heartbeat) ...
-GRACE_FACTOR = 3  # ... and is declared dead (failed, retried once) after this many intervals without one
-MAX_CONSECUTIVE_FAILURES = 3
 SQLITE_LOCK_TIMEOUT_S = 60  # how long a SQLite writer waits for another worker's lock
 WAIT_POLL_S = 5  # a worker waiting for the study's last trials looks again this often (at most)
 MAX_GRID_POINTS = 10_000  # values of one parameter on a grid (the grid is built in memory)

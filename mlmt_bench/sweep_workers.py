@@ -1,7 +1,8 @@
 """``mlmt-bench sweep --workers N``: N worker processes on this machine sharing one study.
 
-The parent (:func:`supervise`) starts each worker as ``python -m mlmt_bench.sweep_workers ARGS``
-in a session of its own. A worker (:func:`main`) loads the sweep and its study and runs
+The parent (:func:`supervise`, this module) starts each worker as ``python -m
+mlmt_bench.sweep_worker ARGS`` in a session of its own. A worker (:mod:`mlmt_bench.sweep_worker`)
+loads the sweep and its study and runs
 :func:`mlmt_bench.sweep.work`; its events (see "Running" in :mod:`mlmt_bench.sweep`) go to the
 parent as JSON lines on its stdout, anything else it prints to ``<sweep dir>/logs/<study>-w<K>.log``,
 and it ends with an ``exit`` event (or ``error``, for bad input).
@@ -31,7 +32,7 @@ import sys
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from mlmt_bench.errors import UserError
 
@@ -51,58 +52,13 @@ class WorkerArgs:
     heartbeat_s: int
 
 
-# ----------------------------------------------------------------------------------------------
-# The worker process
+GRACE_FACTOR = 3  # a trial is declared dead (failed, retried once) after this many heartbeat intervals without one
+MAX_CONSECUTIVE_FAILURES = 3
 
 
-def run_worker(args: WorkerArgs, worker: int, emit: Callable[[dict[str, Any]], None],
-               keep_going: Callable[[], bool]) -> str | None:
-    """Worker ``worker``'s share of the study: :func:`mlmt_bench.sweep.work` on the stored study."""
-    import optuna
-
-    from mlmt_bench import sweep as sw
-
-    sweep = sw.load_sweep(args.sweep, args.overrides, args.study)
-    with sw.quiet_optuna("WARNING"):  # failed trials' tracebacks go to the worker's log
-        store = sw.open_storage(args.storage, args.heartbeat_s, sw.RetryDeadTrial(sweep))
-        study = optuna.load_study(study_name=args.study, storage=store, pruner=sw.make_pruner(sweep.spec.pruner))
-        return sw.work(study, sweep, args.target, emit, seed=args.seed, worker=worker, heartbeat_s=args.heartbeat_s,
-                       keep_going=keep_going)
-
-
-def _interrupt(signum: int, frame: Any) -> None:
+def interrupt(signum: int, frame: Any) -> None:
+    """A signal handler that stops the process like Ctrl-C (SIGTERM to a worker or the parent)."""
     raise KeyboardInterrupt
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of a worker process; ``argv[0]``: JSON ``{"args": WorkerArgs, "worker": K}``."""
-    raw = json.loads((sys.argv[1:] if argv is None else argv)[0])
-    args, worker = WorkerArgs(**raw["args"]), int(raw["worker"])
-    # Events keep the pipe the parent reads; anything else printed on stdout goes to the log.
-    events = os.fdopen(os.dup(1), "w", encoding="utf-8", buffering=1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    signal.signal(signal.SIGTERM, _interrupt)
-    parent = os.getppid()
-    gone = threading.Event()  # the parent stopped reading: finish the trial, start no other
-
-    def emit(event: dict[str, Any]) -> None:
-        if gone.is_set():
-            return
-        try:
-            events.write(json.dumps(event, default=str) + "\n")
-        except (OSError, ValueError):
-            gone.set()
-
-    try:
-        stopped = run_worker(args, worker, emit, lambda: not gone.is_set() and os.getppid() == parent)
-    except UserError as exc:
-        emit({"event": "error", "message": str(exc)})
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    emit({"event": "exit", "stopped": stopped})
-    return 1 if stopped else 0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -131,7 +87,7 @@ def _sigterm_as_interrupt() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.signal(signal.SIGTERM, _interrupt)
+    old = signal.signal(signal.SIGTERM, interrupt)
     try:
         yield
     finally:
@@ -152,7 +108,6 @@ def supervise(args: WorkerArgs, n: int, display: Any, log_dir: Path) -> str | No
     ``display``: a :class:`mlmt_bench.sweep_display.SweepDisplay` (events, warnings).
     Raises :class:`UserError` when a worker met bad input.
     """
-    from mlmt_bench.sweep import GRACE_FACTOR, MAX_CONSECUTIVE_FAILURES
     from mlmt_bench.tracking import utc_now
 
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -166,7 +121,7 @@ def supervise(args: WorkerArgs, n: int, display: Any, log_dir: Path) -> str | No
             f.write(f"--- {utc_now()} worker {started} of study {args.study}\n")
             f.flush()
             proc = subprocess.Popen(
-                [sys.executable, "-m", "mlmt_bench.sweep_workers", json.dumps({"args": asdict(args), "worker": started})],
+                [sys.executable, "-m", "mlmt_bench.sweep_worker", json.dumps({"args": asdict(args), "worker": started})],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=f, start_new_session=True)
         w = _Worker(started, proc, log)
         started += 1
@@ -246,6 +201,3 @@ def _stop(workers: list[_Worker]) -> None:
         if w.proc.stdout is not None:
             w.proc.stdout.close()
 
-
-if __name__ == "__main__":
-    sys.exit(main())

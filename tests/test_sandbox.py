@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import signal
 import socket
 import subprocess
 import sys
