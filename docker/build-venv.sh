@@ -5,8 +5,9 @@
 #
 # cpu: torch at the project's pin from TORCH_INDEX_URL (PyTorch's CPU index by default) or a
 #      wheel in /tmp/local/wheels; the build fails if the torch it got is a CUDA build.
-# gpu: torch at the project's pin from the package index (on Linux x86_64 PyPI serves the CUDA
-#      build, which brings the NVIDIA libraries as wheels), then vllm==$VLLM_VERSION.
+# gpu: torch at the project's pin from the package index, never docker/local/wheels (on Linux
+#      x86_64 PyPI serves the CUDA build, which brings the NVIDIA libraries as wheels), then
+#      vllm==$VLLM_VERSION.
 # Then the project's dependencies and EXTRAS (comma-separated) read from PYPROJECT, setuptools
 # and wheel (the final stage installs the project itself with --no-build-isolation, without an
 # index). The project is not installed here, so this layer is reused while only its code changes.
@@ -63,7 +64,9 @@ if [ "$flavor" = cpu ]; then
     /opt/venv/bin/python -c 'import sys, torch; sys.exit(f"error: got a CUDA build of torch ({torch.__version__}, CUDA {torch.version.cuda}) for the cpu target: give TORCH_INDEX_URL or a CPU wheel in docker/local/wheels") if torch.version.cuda else print("torch", torch.__version__, "(CPU)")'
     $pip install -r /tmp/requirements.txt
 else
-    $pip install "$torch_req"
+    # From the index alone: a local wheel of the same release (a +cpu one) would outrank it.
+    # shellcheck disable=SC2086  # $pip is a command and its arguments
+    env -u PIP_FIND_LINKS $pip install "$torch_req"
     /opt/venv/bin/python -c 'import sys, torch; sys.exit(f"error: torch {torch.__version__} is not a CUDA build") if not torch.version.cuda else print("torch", torch.__version__, "CUDA", torch.version.cuda)'
     $pip install -r /tmp/requirements.txt ${VLLM_VERSION:+"vllm==$VLLM_VERSION"}
 fi
