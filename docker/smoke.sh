@@ -26,8 +26,8 @@ set -euo pipefail
 
 # ---------------------------------------------------------------------------------------------
 # The quickstart's small budget, as --set overrides: EVERY override of this script is here.
-# The warm-start fields (bootstrap.*) follow the run spec's `bootstrap:` section: when it
-# changes, change them here and nowhere else.
+# The shared base's fields (base.*) follow the run spec's `base:` section: when it changes,
+# change them here and nowhere else.
 SMALL_BUDGET=(
     train.token_budget=1500
     benchmark.eval_limit=20
