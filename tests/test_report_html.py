@@ -1,6 +1,7 @@
 """The HTML report (index.html): its content from hand-built run directories, the example
-episodes where arms disagree, escaping of model output, and the page as headless Chromium
-renders it (no console error, every figure decoded, nothing fetched from outside the file)."""
+episodes where arms disagree, escaping of model output, the inline SVG charts, and the page as
+headless Chromium renders it (no console error, every figure decoded or drawn, nothing fetched
+from outside the file)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from mlmt_bench.report.compare import build_comparison
 from mlmt_bench.report.episodes import find_disagreements
 from mlmt_bench.report.html import esc
 from mlmt_bench.report.runs import load_run
+from mlmt_bench.report.svg import Series, bar_chart, line_chart, nice_ticks, padded
 
 from headless_chromium import find_chromium, load_page
 from test_report import make_run
@@ -50,7 +52,8 @@ def experiment(tmp_path: Path) -> dict[str, list[Path]]:
                      samples={20: {"p2": [dict(_episode("12", "12", False)[0], verdict="wrong")]}})
             for s in (0, 1)]
     mlmt = [make_run(r, f"mlmt-2025010{s}T000000Z", seed=s, arm="mlmt",
-                     curve=[(0, 0, 0.0, .125, .25), (10, 3000, 3e12, .25, .6 + .1 * s), (20, 6000 + 100 * s, 6e12, .25, 1.0)],
+                     curve=[(0, 0, 0.0, .125, .25), (10, 3000, 3e12, .25, .6 + .1 * s),
+                            (20, 6000 + 100 * s, 6e12, .25, 1.0)],
                      t1=grpo_t, t2=[1] * 8, eval_extra=_feedback_evals(1 + s),
                      samples={0: {"p2": _episode("stale", "stale", False)},
                               20: {"p2": _episode("7 + 5 = 13", HOSTILE, True),
@@ -77,10 +80,11 @@ def test_index_html_content_and_escaping(experiment, tmp_path):
     summary = build_comparison(experiment, out, baseline="grpo", title="toy <b>")
     page = (out / "index.html").read_text(encoding="utf-8")
     assert summary["files"]["index.html"] == str(out / "index.html")
-    # self-contained: no script, no external reference; three embedded figures
+    # self-contained: no script, no external reference; the PNG embedded, the other figures inline
+    # SVG: 5 feedback-metric panels (mlmt's eval records have them) and the transition bars
     assert "<script" not in page
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)
-    assert len(re.findall(r'<img src="data:image/png;base64,', page)) == 3
+    assert len(re.findall(r'<img src="data:image/png;base64,', page)) == 1 and page.count("<svg ") == 6
     # every run-supplied text escaped: the title and the model's output
     assert "<title>toy &lt;b&gt;</title>" in page and "toy <b>" not in page
     assert HOSTILE not in page and esc(HOSTILE[:40]) in page and "\x00" not in page
@@ -108,6 +112,22 @@ def test_the_page_says_when_samples_cover_no_disagreement(tmp_path):
     assert "No arm recorded feedback metrics" in page  # curves come from eval records; these have none
 
 
+def test_svg_charts_ticks_bands_and_escaping():
+    assert nice_ticks(*padded(0, 100)) == [0, 25, 50, 75, 100]
+    assert nice_ticks(*padded(0, 6100, 0.03)) == [0, 2000, 4000, 6000]
+    assert nice_ticks(-0.013, 0.0) == [-0.01, -0.005, 0.0]
+    nasty = '</svg><script>alert(1)</script>'
+    two_seeds = Series(nasty, "#1f77b4", [0, 1, 2], [1.0, 2.0, 3.0], [0.5, 1.5, 2.5], [1.5, 2.5, 3.5])
+    one_seed = Series("b", "#ff7f0e", [0, 1, 2], [3.0, 2.0, 1.0], [float("nan")] * 3, [float("nan")] * 3)
+    chart = line_chart([two_seeds, one_seed], title=nasty, x_label="tokens")
+    assert "<script" not in chart and chart.count("</svg>") == 1 and "&lt;script&gt;" in chart
+    assert chart.count("<polygon") == 1 and chart.count("<polyline") == 2 and chart.count("<circle") == 6
+    assert "not recorded" in line_chart([], title="t", x_label="x")
+    bars = bar_chart(["i→c", "c→i"], [Series(nasty, "#1f77b4", [0, 1], [10.0, float("nan")], None, [2.0, None])],
+                     y_label="%")
+    assert "<script" not in bars and bars.count('fill="#1f77b4"') == 1 and bars.count("<path") == 1
+
+
 CHROMIUM = find_chromium()
 
 
@@ -120,14 +140,16 @@ def test_index_html_in_headless_chromium(experiment, tmp_path):
         "hostile_shown_as_text": "document.body.innerText.includes('<script>console.error(\"injected\")</script>')",
         "significant_cells": "document.querySelectorAll('td.sig').length",
         "tables": "document.querySelectorAll('table').length",
+        # every inline SVG figure laid out at a readable size and holding its marks
+        "svgs_drawn": "[...document.querySelectorAll('figure svg')].map(s => s.getBoundingClientRect().width > 300"
+                      " && s.querySelectorAll('polyline, rect[fill^=\"#\"]').length > 0)",
         "body_visible": "getComputedStyle(document.body).display !== 'none'",
     })
     (tmp_path / "index.png").write_bytes(report.screenshot)
     assert report.errors() == []
     assert [(i["alt"], i["ok"]) for i in report.images] == [
-        ("eval acc@t2 against generated tokens and against FLOPs", True), ("turn transitions per arm", True),
-        ("feedback metrics against generated tokens", True)]
-    assert all(i["width"] > 400 for i in report.images)
+        ("eval acc@t2 against generated tokens and against FLOPs", True)]
+    assert report.images[0]["width"] > 1000
     # nothing but the file and its embedded images: no network
     assert report.requests[0] == (out / "index.html").resolve().as_uri()
     assert all(u.startswith("data:image/png;base64,") for u in report.requests[1:])
@@ -135,5 +157,5 @@ def test_index_html_in_headless_chromium(experiment, tmp_path):
     # significant: mlmt's gain over step 0 (8 of 8 problems up: p = 2/256), its difference from
     # grpo in the metrics table and in the paired table (p = 2/64); grpo's gain (2 problems) is not
     assert report.probes == {"scripts": 0, "hostile_shown_as_text": True, "significant_cells": 3, "tables": 3,
-                             "body_visible": True}
+                             "svgs_drawn": [True] * 6, "body_visible": True}
     assert report.screenshot[:8] == b"\x89PNG\r\n\x1a\n" and len(report.screenshot) > 50_000

@@ -2,21 +2,25 @@
 drawn against generated tokens and FLOPs, so a method generating three turns is not flattered by
 counting steps), the turn transitions per arm and the feedback metrics over training.
 
-Every figure is a PNG as bytes (the HTML report embeds them; ``plot_acc_vs_tokens`` also writes
-one to disk). Curves are the mean over seeds with a band of ± one sample standard deviation over
-seeds. An arm keeps its colour (``C<i>`` by its position in ``runs``) in every figure.
-matplotlib is imported inside the functions, with the Agg backend.
+acc@t2 against cost is a matplotlib PNG (acc_vs_tokens.png, which comparison.md links and
+index.html embeds); the HTML-only figures are inline SVG (:mod:`mlmt_bench.report.svg`), which
+costs milliseconds instead of a second of matplotlib per figure. Curves are the mean over seeds
+with a band of ± one sample standard deviation over seeds. An arm keeps its colour (``C<i>`` by
+its position in ``runs``) in every figure. matplotlib is imported inside the functions, with the
+Agg backend.
 """
 
 from __future__ import annotations
 
 import io
+import math
 from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from mlmt_bench.report import svg
 from mlmt_bench.report.runs import acc_t2, is_num
 from mlmt_bench.tracking import atomic_write_bytes
 
@@ -141,78 +145,43 @@ def plot_acc_vs_tokens(
     return Path(path)
 
 
-def metric_curves_png(runs: dict[str, list["RunRecord"]], metrics: list[tuple[str, str, float]],
-                      x_key: str = "gen_tokens") -> bytes | None:
-    """One panel per metric of the eval records against ``x_key``, one line per arm that
-    recorded it (mean ± seed std); None when no arm recorded any of them. The legend takes
-    the first free panel (or the bottom of the figure).
+def metric_panels_svg(runs: dict[str, list["RunRecord"]], metrics: list[tuple[str, str, float]],
+                      x_key: str = "gen_tokens") -> tuple[list[str], list[tuple[str, str]]]:
+    """One inline-SVG line chart per metric of the eval records that some arm recorded, against
+    ``x_key``: a line per arm that recorded it (mean over seeds, band ± one seed std).
 
     metrics: (record key, panel title, scale of the values, e.g. 100 for percentages).
+    returns: (the panels, empty when no arm recorded any metric; (arm, colour) of the arms drawn).
     """
-    present = [m for m in metrics if any(is_num(rec.get(m[0])) for rs in runs.values() for r in rs for rec in r.curve)]
-    if not present:
-        return None
-    plt = _plt()
-    cols = min(3, len(present))
-    rows = -(-len(present) // cols)
-    free = rows * cols - len(present)
-    w, h = 4.2 * cols, 3.0 * rows + (0 if free else 0.5)
-    fig, axes = plt.subplots(rows, cols, figsize=(w, h), squeeze=False)
-    # fixed margins in inches: constrained_layout measures every label and doubles the time
-    fig.subplots_adjust(left=0.55 / w, right=1 - 0.15 / w, top=1 - 0.35 / h, bottom=(0.55 + (0 if free else 0.5)) / h,
-                        wspace=0.3, hspace=0.55)
-    for ax, (key, name, scale) in zip(axes.flat, present):
-        _draw_curves(ax, runs, x_key, key, scale)
-        ax.set_title(name, fontsize=9)
-        ax.set_xlabel(dict(COST_AXES)[x_key], fontsize=8)
-        ax.grid(alpha=0.3)
-        ax.tick_params(labelsize=8)
-        ax.xaxis.get_offset_text().set_fontsize(8)
-    handles: dict[str, Any] = {}
-    for ax in axes.flat:
-        for hd, lab in zip(*ax.get_legend_handles_labels()):
-            handles.setdefault(lab, hd)
-    spare = list(axes.flat)[len(present):]
-    for ax in spare:
-        ax.axis("off")
-    if spare:
-        spare[0].legend(list(handles.values()), list(handles), loc="center", fontsize=9, frameon=False)
-    else:
-        fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(4, len(handles)), fontsize=8,
-                   frameon=False)
-    return _png(fig)
+    panels, drawn = [], {}
+    for key, title, scale in metrics:
+        series = []
+        for i, (arm, results) in enumerate(runs.items()):
+            c = aggregate_curves(results, x_key, key)
+            if len(c["x"]):
+                y, sd = scale * c["y"], scale * c["sd"]  # sd is NaN at a one-seed point: no band there
+                series.append(svg.Series(arm, svg.arm_color(i), c["x"].tolist(), y.tolist(), (y - sd).tolist(),
+                                         (y + sd).tolist()))
+                drawn[arm] = svg.arm_color(i)
+        if series:
+            panels.append(svg.line_chart(series, title=title, x_label=dict(COST_AXES)[x_key]))
+    return panels, [(arm, drawn[arm]) for arm in runs if arm in drawn]
 
 
-def transitions_png(runs: dict[str, list["RunRecord"]]) -> bytes | None:
-    """Grouped bars per arm: i→c, c→i, i→i of the final records (% of problems; mean over
-    seeds, error bar ± one seed std); arms without a second turn (GRPO) are left out. None when
-    no arm recorded transitions."""
-    values: dict[str, list[tuple[float, float]]] = {}
-    colors: dict[str, str] = {}
+def transitions_svg(runs: dict[str, list["RunRecord"]]) -> tuple[str, list[tuple[str, str]]] | None:
+    """Grouped bars (inline SVG): i→c, c→i, i→i of the final records per arm, in % of problems
+    (mean over seeds, error bar ± one seed std); arms without a second turn (GRPO) are left out.
+    returns: (the chart, (arm, colour) of its bars), or None when no arm recorded transitions."""
+    series = []
     for i, (arm, results) in enumerate(runs.items()):
-        row = []
+        means, sds = [], []
         for key, _ in TRANSITIONS:
-            vals = [float(r.final[key]) for r in results if is_num(r.final.get(key))]
-            row.append((float(np.mean(vals)), float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0)
-                       if vals else (np.nan, 0.0))
-        if any(np.isfinite(m) for m, _ in row):
-            values[arm], colors[arm] = row, f"C{i % 10}"
-    if not values:
+            vals = [100 * float(r.final[key]) for r in results if is_num(r.final.get(key))]
+            means.append(float(np.mean(vals)) if vals else math.nan)
+            sds.append(float(np.std(vals, ddof=1)) if len(vals) > 1 else math.nan)
+        if any(math.isfinite(m) for m in means):
+            series.append(svg.Series(arm, svg.arm_color(i), list(range(len(TRANSITIONS))), means, None, sds))
+    if not series:
         return None
-    plt = _plt()
-    w, h = max(5.0, 1.2 + 0.5 * len(TRANSITIONS) * len(values)), 3.6
-    fig, ax = plt.subplots(figsize=(w, h))
-    fig.subplots_adjust(left=0.7 / w, right=1 - 0.15 / w, top=1 - 0.15 / h, bottom=0.45 / h)
-    width = 0.8 / len(values)
-    x = np.arange(len(TRANSITIONS))
-    for j, (arm, row) in enumerate(values.items()):
-        means = np.asarray([100 * m for m, _ in row])
-        sds = np.asarray([100 * s for _, s in row])
-        bars = ax.bar(x + (j - (len(values) - 1) / 2) * width, np.nan_to_num(means), width, yerr=sds,
-                      color=colors[arm], label=arm, capsize=3)
-        ax.bar_label(bars, labels=[f"{m:.1f}" if np.isfinite(m) else "–" for m in means], fontsize=7, padding=2)
-    ax.set_xticks(x, [label for _, label in TRANSITIONS])
-    ax.set_ylabel("% of problems (final eval)")
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8, loc="best")
-    return _png(fig)
+    chart = svg.bar_chart([label for _, label in TRANSITIONS], series, y_label="% of problems (final eval)")
+    return chart, [(s.label, s.color) for s in series]

@@ -1,5 +1,5 @@
 """``index.html``: the comparison as one self-contained page (no network, no script, no external
-style; figures embedded as base64 PNG), written beside comparison.md by
+style; figures embedded as a base64 PNG or inline SVG), written beside comparison.md by
 :func:`mlmt_bench.report.compare.build_comparison`.
 
 Sections: the method × metric table (mean ± std over seeds, 95% cluster-bootstrap CIs over
@@ -20,14 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from mlmt_bench.metrics.stats import mean_std
-from mlmt_bench.report import figures
+from mlmt_bench.report import figures, svg
 from mlmt_bench.report.formatting import (
     ALPHA,
     CI_METRICS,
     DASH,
     TABLE_METRICS,
     fmt,
-    fmt_ci,
     fmt_mean_std,
     fmt_p,
     fmt_reach,
@@ -46,7 +45,7 @@ FEEDBACK_CURVES = [
     ("correction_rate", "correction_rate (% of wrong attempts fixed)", 100.0),
     ("regression_rate", "regression_rate (% of right attempts broken)", 100.0),
 ]
-#: cost columns of the final records: (key, header, format kind of compare.fmt)
+#: cost columns of the final records: (key, header, format kind of formatting.fmt)
 COST = [("gen_tokens", "generated tokens", "tok"), ("trained_tokens", "trained tokens", "tok"),
         ("flops", "FLOPs", "flops"), ("wall_s", "wall seconds", "num")]
 #: an episode's turn text is cut after this many characters (a page of a runaway generation is enough)
@@ -67,7 +66,9 @@ td.sig{font-weight:600}td.up{background:#e3f5e3}td.down{background:#fbe4e4}
 .badge{display:inline-block;font-size:.75em;padding:0 .45em;border-radius:.6em;margin-left:.3em;
  background:#fde68a;color:#713f12;font-weight:600;vertical-align:1px}
 .right{background:#dcfce7;color:#14532d}.wrong{background:#fee2e2;color:#7f1d1d}
-figure{margin:1em 0}figure img{max-width:100%;height:auto;border:1px solid #eee}
+figure{margin:1em 0}figure img{max-width:100%;height:auto;border:1px solid #eee}figure svg{max-width:100%;height:auto}
+.panels{display:flex;flex-wrap:wrap;gap:.5em 1.2em}.legend span{margin-right:1.2em;font-size:.9em}
+.legend i{display:inline-block;width:.9em;height:.9em;border-radius:2px;margin-right:.35em;vertical-align:-1px}
 figcaption{color:#444;font-size:.9em;max-width:75em}
 .episodes{display:grid;grid-template-columns:repeat(auto-fit,minmax(270px,1fr));gap:1em}
 .episode{border:1px solid #d4d4d8;border-radius:6px;padding:.5em .8em;min-width:0}
@@ -95,16 +96,28 @@ def _img(png: bytes, alt: str) -> str:
     return f'<img src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}" alt="{esc(alt)}">'
 
 
-def _figure(png: bytes | None, alt: str, caption: str, missing: str) -> str:
-    if png is None:
+def _figure(content: str | None, caption: str, missing: str) -> str:
+    """A figure (an <img> or inline SVG) with its caption, or a note saying why there is none."""
+    if content is None:
         return f'<p class="note">{esc(missing)}</p>'
-    return f"<figure>{_img(png, alt)}<figcaption>{caption}</figcaption></figure>"
+    return f"<figure>{content}<figcaption>{caption}</figcaption></figure>"
 
 
 def _td(text: str, *, sub: list[str] | None = None, sig: str = "") -> str:
     """A right-aligned cell; ``sig``: "up" or "down" for a significant change (shaded), else ""."""
     subs = "".join(f'<div class="sub">{esc(s)}</div>' for s in sub or [] if s)
     return f'<td class="num{" sig " + sig if sig else ""}">{esc(text)}{subs}</td>'
+
+
+def _pp_ci(d: dict[str, Any]) -> str:
+    """The 95% interval of a change (fractions ``lo``, ``hi``) in signed points."""
+    return f"[{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}]"
+
+
+def _change(d: dict[str, Any], mean_key: str) -> str:
+    """A cell for a change with its CI and sign-flip p-value (a gain over step 0 or a paired difference)."""
+    return _td(f"{100 * d[mean_key]:+.1f} pp{mark(d['p_value'])}",
+               sub=[f"95% CI {_pp_ci(d)}", f"p = {fmt_p(d['p_value'])}"], sig=_sig(d["p_value"], d[mean_key]))
 
 
 def _sig(p: float | None, change: float) -> str:
@@ -126,18 +139,12 @@ def _metrics_table(summary: dict[str, Any]) -> str:
             sub = []
             if key in dict(CI_METRICS):
                 ci = arm["ci"].get(key)
-                sub = [f"95% CI {fmt_ci(ci).partition(' ')[2]}" if ci else "",
+                sub = [f"95% CI [{100 * ci['lo']:.1f}, {100 * ci['hi']:.1f}]" if ci else "",
                        f"step 0: {fmt(arm['start'][key], 'pct')}" if key in arm["start"] else ""]
             cells.append(_td(fmt_mean_std(arm["metrics"].get(key), kind), sub=sub))
         rows.append(f"<tr><th>{esc(label)}{badge}</th>{''.join(cells)}</tr>")
 
-    cells = []
-    for a in arms:
-        g = summary["arms"][a]["gain"]
-        cells.append(_td(DASH) if not g else _td(
-            f"{100 * g['mean']:+.1f} pp{mark(g['p_value'])}",
-            sub=[f"95% CI [{100 * g['lo']:+.1f}, {100 * g['hi']:+.1f}]", f"p = {fmt_p(g['p_value'])}"],
-            sig=_sig(g["p_value"], g["mean"])))
+    cells = [_change(g, "mean") if (g := summary["arms"][a]["gain"]) else _td(DASH) for a in arms]
     rows.append(f"<tr><th>gain in acc@t2 over its own step 0</th>{''.join(cells)}</tr>")
     if baseline is not None:
         cells = []
@@ -148,9 +155,7 @@ def _metrics_table(summary: dict[str, Any]) -> str:
             elif not p or not p.get("n_problems"):
                 cells.append(_td(DASH, sub=["no common problems"]))
             else:
-                cells.append(_td(f"{100 * p['diff']:+.1f} pp{mark(p['p_value'])}",
-                                 sub=[f"95% CI [{100 * p['lo']:+.1f}, {100 * p['hi']:+.1f}]",
-                                      f"p = {fmt_p(p['p_value'])}"], sig=_sig(p["p_value"], p["diff"])))
+                cells.append(_change(p, "diff"))
         rows.append(f"<tr><th>acc@t2 − {esc(baseline)}'s, per problem</th>{''.join(cells)}</tr>")
         target = summary["target_acc@t2"]
         for x_key, what, kind in (("gen_tokens", "tokens", "tok"), ("flops", "FLOPs", "flops")):
@@ -170,9 +175,9 @@ def _paired_table(summary: dict[str, Any]) -> str:
             continue
         mc = "; ".join(f"s{seed}: {m['b']}/{m['c']}, p = {fmt_p(m['p_value'])}"
                        for seed, m in sorted(p["mcnemar"].items()))
-        diff = f"{100 * p['diff']:+.1f} pp [{100 * p['lo']:+.1f}, {100 * p['hi']:+.1f}]"
-        rows.append(f"<tr><th>{esc(arm)}</th>{_td(str(p['n_problems']))}{_td(diff)}"
-                    f"{_td(fmt_p(p['p_value']) + mark(p['p_value']), sig=_sig(p['p_value'], p['diff']))}{_td(mc or DASH)}</tr>")
+        diff = _td(f"{100 * p['diff']:+.1f} pp {_pp_ci(p)}")
+        p_cell = _td(fmt_p(p["p_value"]) + mark(p["p_value"]), sig=_sig(p["p_value"], p["diff"]))
+        rows.append(f"<tr><th>{esc(arm)}</th>{_td(str(p['n_problems']))}{diff}{p_cell}{_td(mc or DASH)}</tr>")
     if not rows:
         return "<p>(no other arm)</p>"
     return ("<table><tr><th>arm</th><th>problems</th><th>difference (95% CI)</th><th>sign-flip p</th>"
@@ -236,7 +241,9 @@ def render_html(summary: dict[str, Any], loaded: dict[str, list[RunRecord]], acc
     baseline = summary["baseline"]
     proto = ", ".join(f"<code>{esc(k)} = {esc(json.dumps(v))}</code>" for k, v in summary.get("protocol", {}).items())
     seeds = ", ".join(f"{esc(a)}: {len(s['runs'])}" for a, s in summary["arms"].items())
-    feedback = figures.metric_curves_png(loaded, FEEDBACK_CURVES)
+    panels, drawn = figures.metric_panels_svg(loaded, FEEDBACK_CURVES)
+    feedback = svg.legend(drawn) + f"<div class='panels'>{''.join(panels)}</div>" if panels else None
+    transitions = figures.transitions_svg(loaded)
     sections = [
         f"<h1>{esc(title)}</h1>",
         f"<p class='lede'>Final evaluation of each run, refine-all protocol unless labelled otherwise "
@@ -259,19 +266,19 @@ def render_html(summary: dict[str, Any], loaded: dict[str, list[RunRecord]], acc
                      "pooled over seeds.</p>", _paired_table(summary)]
     sections += [
         "<h2 id='curves'>Accuracy against training cost</h2>",
-        _figure(acc_png, "eval acc@t2 against generated tokens and against FLOPs",
+        _figure(_img(acc_png, "eval acc@t2 against generated tokens and against FLOPs"),
                 "Eval acc@t2 (refine-all) against generated training tokens (left) and training FLOPs (right). "
                 "Line: mean over seeds at each evaluation (each run's last evaluation pooled as one point); "
                 "band: ± one sample standard deviation over seeds (none where a single seed); dashed: the "
                 "baseline's final acc@t2.", ""),
         "<h2 id='transitions'>Turn transitions</h2>",
-        _figure(figures.transitions_png(loaded), "turn transitions per arm",
+        _figure(svg.legend(transitions[1]) + transitions[0] if transitions else None,
                 "Final evaluation: i→c (a wrong attempt refined to a right answer), c→i (a right attempt broken), "
                 "i→i (wrong both times), as % of all problems; mean over seeds, error bar ± one seed std. "
                 "Refine-all protocol, no oracle.",
                 "No arm has a second turn: no transitions."),
         "<h2 id='feedback'>Feedback metrics over training</h2>",
-        _figure(feedback, "feedback metrics against generated tokens",
+        _figure(feedback,
                 "From the evaluation records, against generated training tokens; mean over seeds, band ± one seed "
                 "std. feedback_effect: acc@t2 after the feedback g minus after the null feedback g∅ on the same "
                 "attempts; feedback_sensitivity: log π(ŷ | g) − log π(ŷ | g∅) per token of ŷ; leakage_rate: "
