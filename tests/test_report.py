@@ -287,3 +287,7 @@ def test_curves_pool_each_runs_last_eval_into_one_final_point(tmp_path):
     assert c["x"].tolist() == pytest.approx([0, 1050, 1800])
     assert c["y"].tolist() == pytest.approx([.25, .625, .75])
     assert c["lo"].tolist() == pytest.approx([.25, .5, .5]) and c["hi"].tolist() == pytest.approx([.25, .75, 1.0])
+    # the band drawn is ± the sample std over seeds at each point
+    assert c["sd"].tolist() == pytest.approx([0.0, np.std([.5, .75], ddof=1), np.std([.5, 1.0], ddof=1)])
+    c = aggregate_curves([load_run(a)], "gen_tokens")
+    assert np.isnan(c["sd"]).all()  # one seed: no spread, no band
