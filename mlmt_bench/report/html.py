@@ -210,9 +210,9 @@ def _disagreement(d: Disagreement) -> str:
     acc = ", ".join(f"{a}: {100 * v:.0f}%" for a, v in d.accuracy.items())
     cards = []
     for arm, e in d.episodes.items():
-        mark = '<span class="badge right">right</span>' if e.correct else '<span class="badge wrong">wrong</span>'
+        verdict = '<span class="badge right">right</span>' if e.correct else '<span class="badge wrong">wrong</span>'
         turns = "".join(_turn(t) for t in e.turns if isinstance(t, dict))
-        cards.append(f'<div class="episode"><b>{esc(arm)}</b>, seed {esc(e.seed)}: final answer {mark}{turns}</div>')
+        cards.append(f'<div class="episode"><b>{esc(arm)}</b>, seed {esc(e.seed)}: final answer {verdict}{turns}</div>')
     return (f"<h3>problem <code>{esc(d.problem_id)}</code></h3>"
             f"<p class='sub'>final acc@t2 over seeds: {esc(acc)}</p><div class='episodes'>{''.join(cards)}</div>")
 
