@@ -14,6 +14,7 @@ import torch
 from mlmt_bench import memory
 from mlmt_bench.algorithms import core
 from mlmt_bench.dist import Dist
+from mlmt_bench.fsdp import is_sharded, scalar
 from mlmt_bench.models.forward import padded_batch, seq_len, sequence_logprobs, split
 
 __all__ = ["LossConfig", "TrainItem", "padded_batch", "sequence_logprobs", "update_policy"]
@@ -72,7 +73,10 @@ def update_policy(policy: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
         return {}
     model, pad_id = policy.model, policy.tokenizer.pad_token_id
     batches = split(items, seq_len, cfg.micro_batch_tokens, max_rows=-(-len(items) // cfg.grad_accum))
-    needs_ref = any(it.beta > 0 for it in items)
+    n_real = len(batches)
+    if is_sharded(model):  # FSDP: every pass is a collective, so every process runs as many (empty ones add 0)
+        batches += [[TrainItem([pad_id], [pad_id], 0.0)]] * (int(dist.max(n_real)) - n_real)
+    needs_ref = dist.any(any(it.beta > 0 for it in items))
     old_logps: list[torch.Tensor] | None = None
     ref_logps: list[torch.Tensor | None] = [None] * len(batches)
     if cfg.epochs > 1 or needs_ref:
@@ -92,6 +96,9 @@ def update_policy(policy: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
             optimizer.zero_grad(set_to_none=True)
             for k, mb in enumerate(batches):
                 logp, mask, entropy = sequence_logprobs(model, mb, pad_id, with_entropy=True)
+                if k >= n_real:
+                    (logp.sum() * 0.0).backward()
+                    continue
                 old = logp.detach() if old_logps is None else old_logps[k]
                 adv = torch.tensor([it.advantage for it in mb], dtype=logp.dtype, device=logp.device)
                 beta = torch.tensor([[it.beta] for it in mb], dtype=logp.dtype, device=logp.device)
@@ -107,7 +114,7 @@ def update_policy(policy: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
                 stats["kl"] += s["kl"] * n_tok / total_tokens / cfg.epochs
                 stats["entropy"] += float(entropy[mask].sum()) / total_tokens / cfg.epochs
             dist.sum_grads(policy.trainable_parameters())
-            stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), cfg.grad_clip))
+            stats["grad_norm"] = scalar(torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), cfg.grad_clip))
             optimizer.step()
             if scheduler is not None:
                 scheduler.step()
@@ -117,5 +124,5 @@ def update_policy(policy: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
     seq_tokens = dist.sum(sum(seq_len(it) for it in items))
     stats["sequence_tokens"] = float(seq_tokens * cfg.epochs)
     stats["forward_tokens"] = float(seq_tokens * ((cfg.epochs > 1) + needs_ref))
-    stats["micro_batches"] = float(dist.max(len(batches)))
+    stats["micro_batches"] = float(dist.max(n_real))
     return stats
