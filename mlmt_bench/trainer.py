@@ -25,7 +25,7 @@ from mlmt_bench.evaluate import evaluate
 from mlmt_bench.fsdp import Sharding
 from mlmt_bench.metrics.cost import forward_flops, generation_flops, training_flops
 from mlmt_bench.models.forward import last_hidden_states
-from mlmt_bench.rollout.episodes import Actors, Rollout, Sampling, rollout
+from mlmt_bench.rollout.episodes import Actors, Rollout, Sampling, merge_rollouts, rollout
 from mlmt_bench.tracking import RunDir
 from mlmt_bench.types import Problem
 
@@ -75,7 +75,8 @@ class Trainer:
                                       b.feedback_max_new_tokens or b.max_new_tokens, b.stop)
         p = self.algorithm.params
         self.loss_cfg = LossConfig(p.clip_low, p.clip_high, p.loss_agg, p.epochs, t.grad_accum, t.grad_clip,
-                                   t.micro_batch_tokens)
+                                   t.micro_batch_tokens, p.ratio, p.loss, p.cispo_max,
+                                   getattr(p, "shaping_gamma", 0.1))
 
     # ------------------------------------------------------------------------------------------
     def train(self, progress: Any = None) -> dict[str, Any]:
@@ -99,13 +100,14 @@ class Trainer:
             with self.sharding.full_params():  # FSDP: generation and the value pass need whole weights
                 with memory.phase("rollout"):
                     ro = rollout(self.algorithm.program(step), self.actors, problems, self.sampling)
+                    ro, resampled = self.dynamic_sampling(step, ro)
                 feats, values, value_tokens = self.value_predictions(ro)
-            credit = self.algorithm.credit(ro, step, CreditInputs(self.frac_done(), values))
+            credit = self.algorithm.credit(ro, step, CreditInputs(self.frac_done(), values, self.sampling.max_new_tokens))
 
             t0 = time.perf_counter()
             updated, update_stats = self.update(credit, self.algorithm.updates(step))
             train_s = time.perf_counter() - t0
-            stats = {**credit.stats, **self.fit_value(ro, feats)}
+            stats = {**credit.stats, **self.fit_value(ro, feats), **resampled}
             stats = {k: self.dist.mean(v) for k, v in stats.items() if v is not None}  # over processes
 
             gen = self.count_cost(ro, update_stats, value_tokens)
@@ -137,6 +139,22 @@ class Trainer:
         return summary
 
     # ------------------------------------------------------------------------------------------
+    def dynamic_sampling(self, step: int, ro: Rollout) -> tuple[Rollout, dict[str, float]]:
+        """DAPO's dynamic sampling (``dynamic_sampling`` in the algorithm's params): roll out more
+        problems, from a second seeded order, until ``problems_per_step`` of them carry a gradient
+        (:meth:`Algorithm.informative`) or the rounds run out. Every token generated counts."""
+        p = self.algorithm.params
+        if not getattr(p, "dynamic_sampling", False):
+            return ro, {}
+        want = len(ro.problems)
+        rounds = 0
+        while len(self.algorithm.informative(ro)) < want and rounds < p.dynamic_sampling_rounds:
+            rounds += 1
+            extra = self.batch(step, round_=rounds)[: want - len(self.algorithm.informative(ro))]
+            ro = merge_rollouts(ro, rollout(self.algorithm.program(step), self.actors, extra, self.sampling))
+        return ro, {"dynamic_sampling/rounds": float(rounds),
+                    "dynamic_sampling/informative": float(len(self.algorithm.informative(ro)))}
+
     def value_predictions(self, ro: Rollout) -> tuple[torch.Tensor | None, torch.Tensor | None, int]:
         """The value model's features and predictions for the contexts the algorithm names (a
         forward pass of the current solver), and the tokens that pass read."""
@@ -180,14 +198,16 @@ class Trainer:
         return gen
 
     # ------------------------------------------------------------------------------------------
-    def batch(self, step: int) -> list[Problem]:
+    def batch(self, step: int, round_: int = 0) -> list[Problem]:
         """This process's problems of ``step``: its share of consecutive slices of a per-epoch seeded
-        permutation (so the order depends only on the step: resumable)."""
+        permutation (so the order depends only on the step: resumable). ``round_ > 0``: the extra
+        problems of dynamic sampling, from another permutation per round."""
         n, k = len(self.train_problems), self.spec.train.problems_per_step
         out = []
         for j in range(step * k, step * k + k):
             epoch, pos = divmod(j, n)
-            perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.spec.seed * 7919 + epoch))
+            seed = self.spec.seed * 7919 + epoch + 1_000_003 * round_
+            perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
             out.append(self.train_problems[int(perm[pos])])
         return self.dist.shard(out)
 

@@ -30,11 +30,13 @@ if TYPE_CHECKING:
 
 @dataclass
 class CreditInputs:
-    """What credit may use besides the rollout: the share of training done, and the value
-    model's predictions ``[F]`` for the contexts :meth:`Algorithm.value_contexts` named."""
+    """What credit may use besides the rollout: the share of training done, the value model's
+    predictions ``[F]`` for the contexts :meth:`Algorithm.value_contexts` named, and the solver's
+    generation limit (for overlong shaping; 0: unknown)."""
 
     frac_done: float = 0.0
     values: torch.Tensor | None = None
+    max_new_tokens: int = 0
 
 
 @dataclass
@@ -99,6 +101,33 @@ class Algorithm:
     def credit(self, rollout: Rollout, step: int, inputs: CreditInputs) -> Credit:
         raise NotImplementedError
 
+    def informative(self, rollout: Rollout) -> set[int]:
+        """Problems of ``rollout`` whose groups carry a gradient (dynamic sampling keeps sampling
+        until ``problems_per_step`` of them): by default those whose attempts' rewards differ."""
+        by_problem: dict[int, set[float]] = {}
+        for i in rollout.of_kind("attempt"):
+            by_problem.setdefault(rollout.turns[i].problem, set()).add(float(rollout.turns[i].reward))
+        return {p for p, rs in by_problem.items() if len(rs) > 1}
+
+    # loss-variant helpers shared by every algorithm's credit ------------------------------
+    def solver_rewards(self, rollout: Rollout, indices: Sequence[int], inputs: CreditInputs) -> torch.Tensor:
+        """Verifier rewards of solver turns, with DAPO's overlong shaping when the params ask for it."""
+        r = rewards(rollout, indices)
+        buffer = getattr(self.params, "overlong_buffer", 0)
+        if buffer and inputs.max_new_tokens:
+            lengths = torch.tensor([len(rollout.turns[i].ids) for i in indices])
+            r = r + core.overlong_penalty(lengths, inputs.max_new_tokens, buffer, self.params.overlong_penalty)
+        return r
+
+    def items(self, rollout: Rollout, indices: Sequence[int], advantages: torch.Tensor | Sequence[float],
+              beta: float, mode: int = core.POLICY, to_x: bool = False) -> list[TrainItem]:
+        """:func:`train_items`, without the completions cut by the token limit when ``mask_truncated``."""
+        if getattr(self.params, "mask_truncated", False):
+            keep = [k for k, i in enumerate(indices) if rollout.turns[i].finish_reason != "length"]
+            advs = advantages.tolist() if isinstance(advantages, torch.Tensor) else list(advantages)
+            indices, advantages = [indices[k] for k in keep], [advs[k] for k in keep]
+        return train_items(rollout, indices, advantages, beta, mode, to_x)
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
@@ -127,16 +156,26 @@ def group_advantages(values: torch.Tensor, groups: Sequence[int], scale: str) ->
 
 
 def train_items(rollout: Rollout, indices: Sequence[int], advantages: torch.Tensor | Sequence[float],
-                beta: float) -> list[TrainItem]:
+                beta: float, mode: int = core.POLICY, to_x: bool = False) -> list[TrainItem]:
     """Train items of the turns at ``indices`` with a non-zero gradient (advantage ≠ 0 or a KL term).
 
     Dropping zero-advantage turns saves their forward/backward pass and takes them out of the
     token_mean normaliser (as with DAPO's dynamic sampling, a flat group leaves the batch);
     ``constant_norm`` still counts them, through :attr:`Credit.sampled`.
+
+    ``to_x``: each turn (a refinement) is trained as a response to the problem alone: its context
+    becomes its attempt's prompt x, and its own context (x, z, g) is kept as the teacher's
+    (``TrainItem.teacher_prompt_ids``, for DISTILL).
     """
     advs = advantages.tolist() if isinstance(advantages, torch.Tensor) else list(advantages)
-    return [TrainItem(rollout.turns[i].prompt_ids, rollout.turns[i].ids, a, beta)
-            for i, a in zip(indices, advs) if rollout.turns[i].ids and (a != 0.0 or beta > 0)]
+    out = []
+    for i, a in zip(indices, advs):
+        turn = rollout.turns[i]
+        if not turn.ids or (a == 0.0 and beta <= 0):
+            continue
+        prompt = rollout.turns[ancestor(rollout, i, 2)].prompt_ids if to_x else turn.prompt_ids
+        out.append(TrainItem(prompt, turn.ids, a, beta, mode, turn.prompt_ids if to_x else None))
+    return out
 
 
 def by_turn(indices: Sequence[int], values: torch.Tensor) -> dict[int, float]:

@@ -169,8 +169,9 @@ def _bool_mask(mask: Tensor) -> Tensor:
     return mask if mask.dtype == torch.bool else mask != 0
 
 
-#: How a row of a train batch is trained (``row_mode`` of :func:`policy_loss_terms`).
-POLICY, SHAPED, SFT = 0, 1, 2
+#: How a row of a train batch is trained: POLICY, SHAPED and SFT in :func:`policy_loss_terms`;
+#: DISTILL rows by :func:`distill_kl` (a KL toward a teacher context's next-token distributions).
+POLICY, SHAPED, SFT, DISTILL = 0, 1, 2, 3
 
 
 def policy_loss_terms(
@@ -363,6 +364,22 @@ def grpo_loss(
     return loss, stats
 
 
+def distill_kl(student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
+    """Per-position KL(teacher ‖ student) = sum_v p_t (log p_t − log p_s) over the vocabulary.
+
+    student_logits: [B, T, V], carries the gradient (e.g. the solver given x alone).
+    teacher_logits: [B, T, V], a constant (e.g. the same solver given x, z and feedback g, at the
+                    same positions of the same completion tokens).
+    returns:        [B, T] non-negative KL (nats); mask and aggregate it like any per-token loss.
+    """
+    if student_logits.shape != teacher_logits.shape or student_logits.dim() != 3:
+        raise ValueError(f"need two [B,T,V] logits of one shape; got {tuple(student_logits.shape)}, "
+                         f"{tuple(teacher_logits.shape)}")
+    log_s = torch.log_softmax(student_logits.float(), dim=-1)
+    log_t = torch.log_softmax(teacher_logits.detach().float(), dim=-1)
+    return (log_t.exp() * (log_t - log_s)).sum(dim=-1)
+
+
 # --------------------------------------------------------------------------- logits
 
 
@@ -444,6 +461,21 @@ def value_penalty_reward(u_bar: Tensor, value: Tensor, lam: float, group_ids: Te
         raise ValueError(f"shape mismatch {tuple(u_bar.shape)} vs {tuple(value.shape)}")
     v = value.detach()
     return u_bar - lam * (group_max(v, group_ids) - v)
+
+
+def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, penalty: float = 1.0) -> Tensor:
+    """DAPO's soft overlong punishment, added to the reward of each completion.
+
+    lengths: [N] completion lengths (tokens); max_len: the generation limit; buffer: the last
+    ``buffer`` tokens before it, over which the penalty ramps linearly from 0 to ``-penalty``.
+    returns: [N] 0 for length <= max_len - buffer, ((max_len - buffer) - length) / buffer * penalty
+             up to max_len, -penalty beyond (reward units).
+    """
+    if buffer <= 0:
+        return torch.zeros_like(lengths, dtype=torch.float64)
+    free = max_len - buffer
+    ramp = (free - lengths.double()) / buffer * penalty
+    return torch.where(lengths <= free, torch.zeros_like(ramp), torch.clamp(ramp, min=-penalty))
 
 
 def mlmt_turn1_reward(r1: Tensor, r2_mean_per_attempt: Tensor, eta: float = 1.0) -> Tensor:

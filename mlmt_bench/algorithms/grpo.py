@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from mlmt_bench.algorithms.base import Algorithm, Credit, CreditInputs, by_turn, group_advantages, problem_of, \
-    rewards, train_items
+from mlmt_bench.algorithms.base import Algorithm, Credit, CreditInputs, by_turn, group_advantages, problem_of
 from mlmt_bench.algorithms.params import GRPOParams
 from mlmt_bench.rollout.episodes import Program, Rollout
 
@@ -16,9 +15,9 @@ class GRPO(Algorithm):
 
     def credit(self, rollout: Rollout, step: int, inputs: CreditInputs) -> Credit:
         attempts = rollout.of_kind("attempt")
-        r = rewards(rollout, attempts)
+        r = self.solver_rewards(rollout, attempts, inputs)
         adv, zero = group_advantages(r, problem_of(rollout, attempts), self.params.scale)
         stats = {"frac_zero_std": zero, "reward_mean": float(r.mean()), "r1": float(r.mean()),
                  "reward_std": float(r.std()) if len(r) > 1 else 0.0}
-        return Credit({"solver": train_items(rollout, attempts, adv, self.params.beta)},
+        return Credit({"solver": self.items(rollout, attempts, adv, self.params.beta)},
                       {"solver": len(attempts)}, by_turn(attempts, adv), stats=stats)

@@ -21,7 +21,7 @@ import torch
 
 from mlmt_bench.algorithms import core
 from mlmt_bench.algorithms.base import Algorithm, Credit, CreditInputs, ancestor, by_turn, group_advantages, \
-    problem_of, rewards, train_items
+    problem_of, rewards
 from mlmt_bench.algorithms.params import MLMTParams
 from mlmt_bench.algorithms.value import ValueModel
 from mlmt_bench.rollout.episodes import Program, Rollout
@@ -67,18 +67,16 @@ class MLMT(Algorithm):
     def credit(self, rollout: Rollout, step: int, inputs: CreditInputs) -> Credit:
         p = self.params
         attempts, feedbacks, refines = (rollout.of_kind(k) for k in ("attempt", "feedback", "refine"))
-        r1, r2 = rewards(rollout, attempts), rewards(rollout, refines)
+        r1, r2 = self.solver_rewards(rollout, attempts, inputs), self.solver_rewards(rollout, refines, inputs)
         a_pos = {t: n for n, t in enumerate(attempts)}
-        f_pos = {t: n for n, t in enumerate(feedbacks)}
         r2_per_attempt = core.mean_by_parent(r2, torch.tensor([a_pos[ancestor(rollout, i, 2)] for i in refines]),
                                              len(attempts))
-        u_bar = core.mean_by_parent(r2, torch.tensor([f_pos[ancestor(rollout, i, 1)] for i in refines]),
-                                    len(feedbacks))
+        u_bar = feedback_means(rollout, r2)
 
         adv1, zero1 = group_advantages(core.mlmt_turn1_reward(r1, r2_per_attempt, p.eta),
                                        problem_of(rollout, attempts), p.scale)
         adv3, zero3 = group_advantages(r2, problem_of(rollout, refines), p.scale)
-        items = {"solver": train_items(rollout, attempts, adv1, p.beta) + train_items(rollout, refines, adv3, p.beta)}
+        items = {"solver": self.items(rollout, attempts, adv1, p.beta) + self.items(rollout, refines, adv3, p.beta)}
         sampled = {"solver": len(attempts) + len(refines)}
         credit = Credit(items, sampled, {**by_turn(attempts, adv1), **by_turn(refines, adv3)})
         stats = {"r1": float(r1.mean()), "r2": float(r2.mean()), "reward_mean": float(r2.mean()),
@@ -88,18 +86,8 @@ class MLMT(Algorithm):
         if self.roles().critic in ("trained", "shared"):
             if self._value is not None and inputs.values is None:
                 raise ValueError("value: learned needs the value model's predictions in CreditInputs.values")
-            value = inputs.values if self._value is not None else torch.zeros_like(u_bar)
             lam = p.lam if self._value is not None else 0.0
-            r_h = core.higher_level_reward(u_bar, value.to(u_bar), lam)
-            groups = [rollout.turns[f].parent for f in feedbacks] if p.feedbacks > 1 else problem_of(rollout, feedbacks)
-            adv_h, zero_h = group_advantages(r_h, groups, p.scale)
-            items["critic"] = train_items(rollout, feedbacks, adv_h, p.beta)
-            sampled["critic"] = len(feedbacks)
-            credit.advantages.update(by_turn(feedbacks, adv_h))
-            credit.rewards.update(by_turn(feedbacks, r_h))
-            stats.update(critic_reward=float(r_h.mean()), frac_zero_std_critic=zero_h)
-            if self._value is not None:
-                stats["value_mean"] = float(value.mean())
+            stats.update(critic_credit(self, rollout, u_bar, inputs.values, lam, credit))
         credit.stats = stats
         return credit
 
@@ -109,3 +97,33 @@ class MLMT(Algorithm):
     def load_state_dict(self, state: dict) -> None:
         if self._value is not None:
             self._value.load_state_dict(state.get("value_model") or {})
+
+
+def feedback_means(rollout: Rollout, r2: torch.Tensor) -> torch.Tensor:
+    """ū(g): ``[F]`` mean reward of each feedback's refinements (``r2`` [R], in refinement order)."""
+    f_pos = {t: n for n, t in enumerate(rollout.of_kind("feedback"))}
+    parents = torch.tensor([f_pos[ancestor(rollout, i, 1)] for i in rollout.of_kind("refine")])
+    return core.mean_by_parent(r2, parents, len(f_pos))
+
+
+def critic_credit(algo: Algorithm, rollout: Rollout, u_bar: torch.Tensor, values: torch.Tensor | None, lam: float,
+                  credit: Credit) -> dict[str, float]:
+    """The higher level's credit, added to ``credit`` (METHOD.md "Higher level"): R_H(g) = ū(g) +
+    λ·sg[V_L(x, z, g)], group-relative among the K feedbacks of an attempt when K > 1, else among
+    the feedbacks of the problem. ``u_bar`` [F] is each feedback's mean r2, ``values`` [F] the
+    value model's predictions (None when λ = 0). Returns the logged stats."""
+    p = algo.params
+    feedbacks = rollout.of_kind("feedback")
+    value = values if values is not None else torch.zeros_like(u_bar)
+    r_h = core.higher_level_reward(u_bar, value.to(u_bar), lam)
+    feedbacks_per_attempt = getattr(p, "feedbacks", 1)
+    groups = [rollout.turns[f].parent for f in feedbacks] if feedbacks_per_attempt > 1 else problem_of(rollout, feedbacks)
+    adv_h, zero_h = group_advantages(r_h, groups, p.scale)
+    credit.items["critic"] = algo.items(rollout, feedbacks, adv_h, p.beta)
+    credit.sampled["critic"] = len(feedbacks)
+    credit.advantages.update(by_turn(feedbacks, adv_h))
+    credit.rewards.update(by_turn(feedbacks, r_h))
+    stats = {"critic_reward": float(r_h.mean()), "frac_zero_std_critic": zero_h}
+    if values is not None:
+        stats["value_mean"] = float(value.mean())
+    return stats

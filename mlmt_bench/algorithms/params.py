@@ -71,10 +71,25 @@ class LossParams(_Params):
                                   "completion tokens / (max_new_tokens × sequences sampled))")
     scale: Literal["std", "none"] = Field("std", description="divide advantages by the group std (none = Dr.GRPO)")
     epochs: int = Field(1, ge=1, description="optimisation passes over each rollout batch")
+    ratio: Literal["token", "sequence"] = Field(
+        "token", description="importance ratio per token, or one length-normalised ratio per sequence (GSPO)")
+    loss: Literal["clip", "cispo"] = Field(
+        "clip", description="clip: PPO's clipped surrogate; cispo: the clipped, stop-gradiented weight times "
+                            "the REINFORCE term of every token")
+    cispo_max: float = Field(5.0, gt=0.0, description="CISPO's cap on the importance weight (ε_max)")
+    overlong_buffer: int = Field(0, ge=0, description="DAPO overlong shaping: a penalty ramping from 0 to "
+                                                      "-overlong_penalty over the last N tokens before the limit (0: off)")
+    overlong_penalty: float = Field(1.0, ge=0.0, description="the overlong penalty at the token limit")
+    mask_truncated: bool = Field(False, description="drop completions cut by the token limit from the loss "
+                                                    "(DAPO's overlong filtering); they still count in the group's statistics")
 
 
 class GRPOParams(LossParams):
     group_size: int = Field(8, ge=2, description="G: samples per problem")
+    dynamic_sampling: bool = Field(False, description="DAPO: sample more problems until the step holds "
+                                                      "problems_per_step groups with non-zero reward variance "
+                                                      "(the extra tokens count in every budget)")
+    dynamic_sampling_rounds: int = Field(3, ge=1, description="at most this many extra rollouts per step")
 
 
 class SelfCorrectParams(LossParams):

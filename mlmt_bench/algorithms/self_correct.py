@@ -13,7 +13,7 @@ import torch
 
 from mlmt_bench.algorithms import core
 from mlmt_bench.algorithms.base import Algorithm, Credit, CreditInputs, ancestor, by_turn, group_advantages, \
-    problem_of, rewards, train_items
+    problem_of
 from mlmt_bench.algorithms.params import SelfCorrectParams
 from mlmt_bench.rollout.episodes import Program, Rollout
 
@@ -32,8 +32,8 @@ class SelfCorrect(Algorithm):
     def credit(self, rollout: Rollout, step: int, inputs: CreditInputs) -> Credit:
         p = self.params
         attempts, refines = rollout.of_kind("attempt"), rollout.of_kind("refine")
-        r1, r2 = rewards(rollout, attempts), rewards(rollout, refines)
-        r1_of_refine = rewards(rollout, [ancestor(rollout, i, 2) for i in refines])
+        r1, r2 = self.solver_rewards(rollout, attempts, inputs), self.solver_rewards(rollout, refines, inputs)
+        r1_of_refine = self.solver_rewards(rollout, [ancestor(rollout, i, 2) for i in refines], inputs)
         stage = self.stage_of(inputs.frac_done, p.stage1_frac)
         if stage == 1:
             shaped2, adv1, beta1 = r2, torch.zeros_like(r1), p.beta2
@@ -41,7 +41,7 @@ class SelfCorrect(Algorithm):
             shaped2, beta1 = core.progress_bonus_reward(r1_of_refine, r2, p.alpha), p.beta
             adv1, _ = group_advantages(r1, problem_of(rollout, attempts), p.scale)
         adv2, zero = group_advantages(shaped2, problem_of(rollout, refines), p.scale)
-        items = train_items(rollout, attempts, adv1, beta1) + train_items(rollout, refines, adv2, p.beta)
+        items = self.items(rollout, attempts, adv1, beta1) + self.items(rollout, refines, adv2, p.beta)
         stats = {"r1": float(r1.mean()), "r2": float(r2.mean()), "stage": float(stage), "frac_zero_std": zero,
                  "reward_mean": float(r2.mean()), "reward_std": float(r2.std()) if len(r2) > 1 else 0.0}
         return Credit({"solver": items}, {"solver": len(attempts) + len(refines)},

@@ -126,6 +126,28 @@ def sequence_logprobs(model: Any, items: Sequence[Tokens], pad_id: int, *, with_
     return logp, mask[:, start:].to(device), entropy
 
 
+def completion_logits(model: Any, items: Sequence[Tokens], pad_id: int,
+                      prompts: Sequence[list[int]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next-token logits at the positions that predict each item's ``ids``, aligned at the start
+    of the completion: ``[B, Tc, V]`` and its mask ``[B, Tc]`` (Tc the longest completion).
+
+    ``prompts`` replaces each item's ``prompt_ids`` as context (a teacher's context for the same
+    completion tokens); the logits then describe the same tokens under another conditioning.
+    """
+    contexts = [list(p) for p in (prompts if prompts is not None else [it.prompt_ids for it in items])]
+    input_ids, attention = pad_right([c + it.ids for c, it in zip(contexts, items)], pad_id)
+    device = model_device(model)
+    logits = model(input_ids=input_ids.to(device), attention_mask=attention.to(device)).logits
+    width = max(len(it.ids) for it in items)
+    out = logits.new_zeros((len(items), width, logits.shape[-1]))
+    mask = torch.zeros((len(items), width), dtype=torch.bool, device=device)
+    for b, (c, it) in enumerate(zip(contexts, items)):
+        n = len(it.ids)
+        out[b, :n] = logits[b, len(c) - 1:len(c) - 1 + n]
+        mask[b, :n] = True
+    return out, mask
+
+
 @torch.no_grad()
 def sequence_logprob_sums(model: Any, items: Sequence[Tokens], pad_id: int, max_tokens: int | None) -> list[float]:
     """``log π(ids | prompt_ids)`` summed over each item's ids, in the order of ``items``

@@ -8,6 +8,7 @@ its parent, holding the exact ids that were generated (token-in/token-out).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol, Sequence
@@ -102,6 +103,17 @@ class Sampling:
     max_new_tokens: int
     feedback_max_new_tokens: int
     stop: list[str] | None = None
+
+
+def merge_rollouts(a: Rollout, b: Rollout) -> Rollout:
+    """One rollout holding ``a``'s problems and turns, then ``b``'s (indices shifted)."""
+    shift, offset = len(a.turns), len(a.problems)
+    moved = [dataclasses.replace(t, problem=t.problem + offset,
+                                 parent=None if t.parent is None else t.parent + shift,
+                                 children=[c + shift for c in t.children]) for t in b.turns]
+    tokens = {k: a.gen_tokens.get(k, 0) + b.gen_tokens.get(k, 0) for k in {*a.gen_tokens, *b.gen_tokens}}
+    prompts = {k: a.prompt_tokens.get(k, 0) + b.prompt_tokens.get(k, 0) for k in {*a.prompt_tokens, *b.prompt_tokens}}
+    return Rollout(a.problems + b.problems, a.turns + moved, tokens, a.seconds + b.seconds, prompts)
 
 
 def _generate(actor: Any, prompts: list[list[int]], sampling: Sampling, max_new: int, backend: Any) -> list[Any]:
