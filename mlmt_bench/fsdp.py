@@ -19,9 +19,10 @@ sharded, every process running the same number of micro-batches (padded with emp
 
 Not sharded: frozen policies and π_ref (full fine-tuning loads it from the initial weights;
 with LoRA it is the sharded model with the adapter off) stay whole on every process.
-Checkpoints are gathered to the main process: ordinary HF (or peft) directories, and the
-optimiser state as a full state dict keyed by parameter name (torch.distributed.checkpoint),
-so a run resumes under any number of processes with FSDP.
+Checkpoints are gathered to the main process (torch.distributed.checkpoint's full state
+dicts): ordinary HF (or peft) directories, and the optimiser state in the layout of a plain
+``optimizer.state_dict()``, so an FSDP checkpoint resumes with or without FSDP, on any number
+of processes.
 
 Why not ``accelerator.prepare``: accelerate (1.15) turns FSDP on only for GPU-type
 distributed runs (``AcceleratorState`` sets ``DistributedType.FSDP`` inside its MULTI_GPU/XPU/…
@@ -34,6 +35,7 @@ applies ``fully_shard`` itself, the same calls accelerate makes, on CPU (gloo) a
 from __future__ import annotations
 
 import os
+import weakref
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -106,7 +108,8 @@ class Sharding:
                     if wrap(module) and not isinstance(module, FSDPModule):
                         fully_shard(module, **kwargs)
             fully_shard(model, **kwargs)
-            for unit in self._units(model):
+            _RESHARD[model] = plugin.reshard_after_forward
+            for unit in _units(model):
                 # sum, not mean: the loss is already normalised by global counts (gloo has no
                 # PREMUL_SUM, so the collectives are forced to plain sums)
                 unit.set_gradient_divide_factor(1.0)
@@ -117,30 +120,11 @@ class Sharding:
                 model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=self.dist.device))
             self.models.append(model)
 
-    @staticmethod
-    def _units(model: Any) -> list[Any]:
-        from torch.distributed.fsdp import FSDPModule
-
-        return [m for m in model.modules() if isinstance(m, FSDPModule)]
-
     @contextmanager
     def full_params(self) -> Iterator[None]:
-        """Every sharded model whole on every process for the block (a collective: every process
-        enters it); forwards inside run without communication, so one process may run alone."""
-        units = [u for model in self.models for u in self._units(model)]
-        if not units:
+        """Every sharded model whole on every process for the block (see :func:`gathered`)."""
+        with gathered(*self.models):
             yield
-            return
-        for u in units:
-            u.set_reshard_after_forward(False, recurse=False)
-        for u in units:
-            u.unshard()
-        try:
-            yield
-        finally:
-            for u in units:
-                u.reshard()
-                u.set_reshard_after_forward(self._plugin.reshard_after_forward, recurse=False)
 
     # checkpoints ----------------------------------------------------------------------------
     def full_state(self, policy: Any, optimizer: Any) -> tuple[dict[str, Any] | None, dict[str, Any]]:
@@ -156,8 +140,12 @@ class Sharding:
         # a tied weight comes back once per name, as separate tensors: keep the first name only, as
         # save_pretrained does for the model's own (shared) tensors
         names = {n for n, _ in policy.model.named_parameters()} | {n for n, _ in policy.model.named_buffers()}
-        return ({k: v for k, v in state.items() if k in names},
-                get_optimizer_state_dict(policy.model, optimizer, options=opts))
+        optim = get_optimizer_state_dict(policy.model, optimizer, options=opts)  # keyed by parameter name
+        if optim:  # the main process: the plain optimizer.state_dict() layout, as without FSDP
+            index = {name: i for i, name in enumerate(_param_names(policy.model, optimizer))}
+            optim = {"state": {index[k]: v for k, v in optim["state"].items()},
+                     "param_groups": [{**g, "params": [index[k] for k in g["params"]]} for g in optim["param_groups"]]}
+        return {k: v for k, v in state.items() if k in names}, optim
 
     def load_weights(self, policy: Any, directory: Path) -> None:
         """:meth:`Policy.load_weights`, sharding the saved full tensors when the model is sharded."""
@@ -181,7 +169,43 @@ class Sharding:
             return
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-        set_optimizer_state_dict(policy.model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+        names = _param_names(policy.model, optimizer)
+        by_name = {"state": {names[i]: v for i, v in state["state"].items()},
+                   "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]}
+        set_optimizer_state_dict(policy.model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
+
+
+_RESHARD: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()  # model -> its reshard_after_forward
+
+
+def _units(model: Any) -> list[Any]:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+@contextmanager
+def gathered(*models: Any) -> Iterator[None]:
+    """The sharded ones of ``models`` whole on every process for the block: a collective (every
+    process enters it, with the same models); forwards inside need no communication, so one
+    process may run alone (evaluation) or to its own length (``generate``). No-op for others."""
+    units = [(m, u) for m in models if is_sharded(m) for u in _units(m)]
+    for _, u in units:
+        u.set_reshard_after_forward(False, recurse=False)
+    for _, u in units:
+        u.unshard()
+    try:
+        yield
+    finally:
+        for m, u in units:
+            u.reshard()
+            u.set_reshard_after_forward(_RESHARD.get(m, True), recurse=False)
+
+
+def _param_names(model: Any, optimizer: Any) -> list[str]:
+    """The names of the optimiser's parameters, in its order (the ids of ``optimizer.state_dict()``)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
 
 
 def _adapter_to_model_keys(model: Any, saved: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
