@@ -185,7 +185,7 @@ def _builtin() -> None:
     a("critique_grpo", "mlmt_bench.algorithms.critique_grpo:CritiqueGRPO",
       "Critique-GRPO: refinements after fixed feedback join the group as shaped off-policy responses")
     a("self_distill", "mlmt_bench.algorithms.self_distill:SelfDistill",
-      "GRPO + δ · distillation of the feedback-conditioned solver into the unconditioned one (sft | kl)")
+      "GRPO + δ · distillation of the feedback-conditioned solver into the unconditioned one (sft or kl)")
 
 
 _builtin()

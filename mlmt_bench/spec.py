@@ -117,6 +117,8 @@ class EvalSpec(_Spec):
         default_factory=lambda: ["refine_all", "oracle_gated"])
     feedback_metrics: bool = Field(True, description="also run the paired null-feedback pass")
     samples: int = Field(8, ge=0, description="full episodes written to samples.jsonl per evaluation")
+    final_samples: bool = Field(True, description="the final evaluation writes every problem's episode to "
+                                "samples.jsonl (the report's examples where arms disagree), not only `samples`")
 
 
 class RunSpec(_Spec):
