@@ -65,20 +65,22 @@ class Dist:
         return self.sum(1.0 if flag else 0.0) > 0
 
     def sum_grads(self, params: list[torch.nn.Parameter]) -> None:
-        """Sum gradients over processes (a parameter without a gradient contributes zeros)."""
+        """Sum gradients over processes (a parameter without a gradient contributes zeros); FSDP's
+        sharded parameters (DTensors, mlmt_bench/fsdp.py) were summed by its reduce-scatter."""
         if not self.enabled:
             return
-        for p in params:
+        for p in _replicated(params):
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             self._dist.all_reduce(p.grad)
 
     def replica_spread(self, params: list[torch.nn.Parameter]) -> float:
-        """max − min over processes of a weight checksum: 0.0 when every replica holds the same weights."""
+        """max − min over processes of a weight checksum: 0.0 when every replica holds the same weights
+        (FSDP's sharded parameters are not replicas and are left out)."""
         if not self.enabled:
             return 0.0
-        checksum = torch.tensor([sum(float(p.detach().double().sum()) for p in params)], dtype=torch.float64,
-                                device=self.device)
+        checksum = torch.tensor([sum(float(p.detach().double().sum()) for p in _replicated(params))],
+                                dtype=torch.float64, device=self.device)
         hi, lo = checksum.clone(), checksum.clone()
         self._dist.all_reduce(hi, op=self._dist.ReduceOp.MAX)
         self._dist.all_reduce(lo, op=self._dist.ReduceOp.MIN)
@@ -94,6 +96,13 @@ class Dist:
     def barrier(self) -> None:
         if self.enabled:
             self._dist.barrier()
+
+
+def _replicated(params: list[torch.nn.Parameter]) -> list[torch.nn.Parameter]:
+    """The parameters every process holds whole (not an FSDP shard)."""
+    from torch.distributed.tensor import DTensor
+
+    return [p for p in params if not isinstance(p, DTensor)]
 
 
 class NullRunDir:

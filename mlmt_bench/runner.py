@@ -219,24 +219,31 @@ def _build_in_turn(spec: RunSpec, dist: Any, progress: bool) -> Components:
 
 
 def resume_run(path: Path | str, progress: bool = True) -> dict[str, Any]:
-    """Continue a run from its last checkpoint; log lines written after it are dropped and redone."""
+    """Continue a run from its last checkpoint; log lines written after it are dropped and redone.
+    Under ``accelerate launch`` every process loads the checkpoint and the main one writes."""
+    from mlmt_bench.dist import Dist, NullRunDir
+
     run_dir = RunDir.open(path)
     if run_dir.manifest().get("status") == "completed":
         raise UserError(f"{run_dir.path}: the run is complete; nothing to resume")
     spec = load_run_spec(run_dir.path / "spec.resolved.yaml")
     configure_torch(spec)
-    comp = build(spec, progress=progress)
-    trainer = make_trainer(spec, comp, run_dir)
+    dist = Dist()
+    comp = _build_in_turn(spec, dist, progress)
     ckpt = run_dir.latest_checkpoint()
+    resumes = run_dir.manifest().get("resumed_from", [])
+    if not dist.is_main:
+        run_dir = NullRunDir(run_dir.path)
+    trainer = make_trainer(spec, comp, run_dir)
+    trainer.dist = dist
     if ckpt is not None:
         trainer.load_checkpoint(ckpt)
         run_dir.truncate_logs_after(trainer.counters.step)
     else:
         run_dir.truncate_logs_after(-1)
-    resumes = run_dir.manifest().get("resumed_from", [])
     run_dir.update_manifest(status="running", resumed_from=resumes + [ckpt.name if ckpt else None])
     try:
-        return _train(trainer, run_dir, progress)
+        return _train(trainer, run_dir, progress and dist.is_main)
     finally:
         comp.backend.close()
 

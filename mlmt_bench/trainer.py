@@ -22,6 +22,7 @@ from mlmt_bench.algorithms.base import Algorithm, Credit, CreditInputs
 from mlmt_bench.algorithms.update import LossConfig, update_policy
 from mlmt_bench.dist import Dist
 from mlmt_bench.evaluate import evaluate
+from mlmt_bench.fsdp import Sharding
 from mlmt_bench.metrics.cost import forward_flops, generation_flops, training_flops
 from mlmt_bench.models.forward import last_hidden_states
 from mlmt_bench.rollout.episodes import Actors, Rollout, Sampling, merge_rollouts, rollout
@@ -61,6 +62,8 @@ class Trainer:
 
     def __post_init__(self) -> None:
         t = self.spec.train
+        self.sharding = Sharding(self.dist, self.spec.backend.name)  # FSDP under accelerate's fsdp.yaml
+        self.sharding.shard(self._trainable())
         for policy in self._trainable():
             opt = torch.optim.AdamW(policy.trainable_parameters(), lr=policy.lr, weight_decay=t.weight_decay)
             self.optimizers[id(policy)] = (opt, _schedule(opt, t.schedule, t.warmup_steps, max(t.steps, 1),
@@ -94,10 +97,11 @@ class Trainer:
             problems = self.batch(step)
             torch.manual_seed(_step_seed(self.spec.seed, step) + self.dist.rank)
 
-            with memory.phase("rollout"):
-                ro = rollout(self.algorithm.program(step), self.actors, problems, self.sampling)
-                ro, resampled = self.dynamic_sampling(step, ro)
-            feats, values, value_tokens = self.value_predictions(ro)
+            with self.sharding.full_params():  # FSDP: generation and the value pass need whole weights
+                with memory.phase("rollout"):
+                    ro = rollout(self.algorithm.program(step), self.actors, problems, self.sampling)
+                    ro, resampled = self.dynamic_sampling(step, ro)
+                feats, values, value_tokens = self.value_predictions(ro)
             credit = self.algorithm.credit(ro, step, CreditInputs(self.frac_done(), values, self.sampling.max_new_tokens))
 
             t0 = time.perf_counter()
@@ -232,6 +236,10 @@ class Trainer:
     def evaluate(self, started: float, final: bool = False) -> dict[str, Any] | None:
         """Held-out evaluation on the main process (the others wait). ``final``: the run's last
         evaluation, which logs every problem's episode when ``eval.final_samples`` is on."""
+        with self.sharding.full_params():  # FSDP: every process gathers the weights, the main one evaluates
+            return self._evaluate(started, final)
+
+    def _evaluate(self, started: float, final: bool) -> dict[str, Any] | None:
         if not self.dist.is_main:
             self.dist.barrier()
             return None
@@ -256,6 +264,8 @@ class Trainer:
 
     # checkpoints ------------------------------------------------------------------------------
     def save_checkpoint(self) -> Path | None:
+        # id(policy) -> (model state or None, optimiser state); FSDP gathers them on every process
+        states = {k: self.sharding.full_state(self._by_id(k), o) for k, (o, _) in self.optimizers.items()}
         if not self.dist.is_main:
             self.dist.barrier()
             return None
@@ -264,11 +274,11 @@ class Trainer:
         for role, policy in self.policies.items():
             if policy is None or id(policy) in saved:
                 continue
-            policy.save(tmp / role)
+            policy.save(tmp / role, states.get(id(policy), (None, None))[0])
             saved[id(policy)] = role
         torch.save({
             "counters": self.counters.__dict__,
-            "optimizers": {saved[k]: (o.state_dict(), s.state_dict() if s else None)
+            "optimizers": {saved[k]: (states[k][1], s.state_dict() if s else None)
                            for k, (o, s) in self.optimizers.items()},
             "algorithm": self.algorithm.state_dict(),
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
@@ -283,12 +293,12 @@ class Trainer:
         for role, policy in self.policies.items():
             if policy is None or id(policy) in loaded or not (ckpt / role).exists():
                 continue
-            policy.load_weights(ckpt / role)
+            self.sharding.load_weights(policy, ckpt / role)
             self.actors.backend.sync_weights(policy.model)
             loaded.add(id(policy))
         for role, (opt_state, sched_state) in state["optimizers"].items():
             opt, sched = self.optimizers[id(self.policies[role])]
-            opt.load_state_dict(opt_state)
+            self.sharding.load_optimizer(self.policies[role], opt, opt_state)
             if sched is not None and sched_state is not None:
                 sched.load_state_dict(sched_state)
         self.algorithm.load_state_dict(state["algorithm"])
@@ -305,6 +315,9 @@ class Trainer:
                 seen.add(id(p))
                 out.append(p)
         return out
+
+    def _by_id(self, key: int) -> Policy:
+        return next(p for p in self._trainable() if id(p) == key)
 
     def _params(self, role: str) -> int:
         p = self.policies.get(role)

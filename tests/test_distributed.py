@@ -49,3 +49,75 @@ def test_two_cpu_processes_keep_identical_weights(tiny_ckpt, tmp_path):
     assert all(r["replica_spread"] == 0.0 for r in train)  # both processes hold identical weights
     # rollouts were split: each process generated for 2 of the 4 problems, 4 samples each
     assert all(r["len/attempt"] is not None for r in train)
+
+
+REPO = TESTS.parent
+DDP = ["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+FSDP = ["--config_file", str(REPO / "registry" / "accelerate" / "fsdp.yaml"), "--num_processes", "2"]
+
+
+def _launch(launcher, args):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)]), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *launcher, str(TESTS / "launch_cli.py"), "-q", *args]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
+def _fsdp_spec(tmp_path, ckpt, name):
+    """π_ref (beta), π_old (2 epochs) and uneven micro-batches per process (64 tokens)."""
+    d = yaml.safe_load(_spec(tmp_path, ckpt, name).read_text())
+    d["output_dir"] = str(tmp_path / name)
+    d["algorithm"]["params"].update(beta=0.05, epochs=2)
+    d["train"].update(micro_batch_tokens=64, checkpoint_every=2)
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(yaml.safe_dump(d))
+    return p
+
+
+def _final(out):
+    from safetensors.torch import load_file
+
+    (run,) = out.iterdir()
+    ckpt = sorted((run / "checkpoints").glob("step-*"))[-1]
+    train = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines() if '"train"' in l]
+    return run, ckpt, load_file(str(ckpt / "solver" / "model.safetensors")), train
+
+
+@pytest.mark.slow
+def test_fsdp_on_two_cpu_processes_equals_ddp_and_resumes(tiny_ckpt, tmp_path):
+    import shutil
+
+    import torch
+
+    _launch(DDP, ["run", str(_fsdp_spec(tmp_path, tiny_ckpt, "ddp"))])
+    _launch(FSDP, ["run", str(_fsdp_spec(tmp_path, tiny_ckpt, "fsdp"))])
+    _, ckpt_d, w_ddp, train_ddp = _final(tmp_path / "ddp")
+    run, ckpt_f, w_fsdp, train_fsdp = _final(tmp_path / "fsdp")
+    # the same rollouts (the gathered weights generate), the same losses, the same weights
+    assert [r["reward_mean"] for r in train_fsdp] == [r["reward_mean"] for r in train_ddp]
+    assert all(r["micro_batches/solver"] > 1 for r in train_fsdp)
+    for a, b in zip(train_fsdp, train_ddp):
+        for key in ("loss/solver", "kl/solver", "grad_norm/solver"):
+            assert abs(a[key] - b[key]) < 1e-6, (key, a[key], b[key])
+    assert w_fsdp.keys() == w_ddp.keys()  # the gathered checkpoint is an ordinary HF directory (tied head once)
+    assert max(float((w_fsdp[k] - w_ddp[k]).abs().max()) for k in w_ddp) < 5e-5
+    # the optimiser state was gathered into a plain optimizer.state_dict()
+    opt_f = torch.load(ckpt_f / "trainer_state.pt", weights_only=False)["optimizers"]["solver"][0]
+    opt_d = torch.load(ckpt_d / "trainer_state.pt", weights_only=False)["optimizers"]["solver"][0]
+    assert opt_f["state"].keys() == opt_d["state"].keys() and opt_f["param_groups"] == opt_d["param_groups"]
+    assert all(torch.allclose(opt_f["state"][i]["exp_avg_sq"], opt_d["state"][i]["exp_avg_sq"], rtol=1e-3, atol=1e-12)
+               for i in opt_d["state"])
+
+    # resume under FSDP from the step-2 checkpoint: the same final weights as the run that went through
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    copy = resumed / run.name
+    shutil.copytree(run, copy)
+    shutil.rmtree(copy / "checkpoints" / ckpt_f.name)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    (copy / "manifest.json").write_text(json.dumps({**manifest, "status": "running"}))
+    _launch(FSDP, ["run", "--resume", str(copy)])
+    _, ckpt_r, w_res, train_res = _final(resumed)
+    assert ckpt_r.name == ckpt_f.name and [r["step"] for r in train_res] == [1, 2, 3]
+    assert train_res[-1]["reward_mean"] == train_fsdp[-1]["reward_mean"]
+    assert max(float((w_res[k] - w_fsdp[k]).abs().max()) for k in w_fsdp) < 1e-6

@@ -14,6 +14,7 @@ import torch
 from mlmt_bench import memory
 from mlmt_bench.algorithms import core
 from mlmt_bench.dist import Dist
+from mlmt_bench.fsdp import gathered, is_sharded, scalar
 from mlmt_bench.models.forward import completion_logits, padded_batch, seq_len, sequence_logprobs, split
 
 __all__ = ["LossConfig", "TrainItem", "padded_batch", "sequence_logprobs", "update_policy"]
@@ -96,13 +97,17 @@ def update_policy(policy: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
     rows = -(-max(len(items), 1) // cfg.grad_accum)
     batches = split(rl_items, seq_len, cfg.micro_batch_tokens, max_rows=rows) if rl_items else []
     aux_batches = split(aux_items, seq_len, cfg.micro_batch_tokens, max_rows=rows) if aux_items else []
-    needs_ref = any(it.beta > 0 for it in rl_items)
+    needs_ref = dist.any(any(it.beta > 0 for it in rl_items))
+    # FSDP: every forward/backward of a sharded model is a collective, so every process runs as many
+    n_passes = len(batches) + len(aux_batches)
+    empty_passes = int(dist.max(n_passes)) - n_passes if is_sharded(model) else 0
     old_logps: list[torch.Tensor] | None = None
     ref_logps: list[torch.Tensor | None] = [None] * len(batches)
     teachers: list[torch.Tensor | None] = [None] * len(aux_batches)
     extra_tokens = 0
-    if cfg.epochs > 1 or needs_ref or any(it.mode == core.DISTILL for it in aux_items):
-        with memory.phase("logprobs"), torch.no_grad():
+    if dist.any(cfg.epochs > 1 or needs_ref or any(it.mode == core.DISTILL for it in aux_items)):
+        # FSDP: the weights gathered, so that these passes need no communication
+        with memory.phase("logprobs"), torch.no_grad(), gathered(model):
             if cfg.epochs > 1:  # π_old is the rollout policy: freeze its log-probs before the first update
                 old_logps = [sequence_logprobs(model, mb, pad_id)[0] for mb in batches]
                 extra_tokens += sum(seq_len(it) for it in rl_items)
@@ -147,8 +152,10 @@ def update_policy(policy: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
                 aux = _auxiliary_sum(model, mb, pad_id, teachers[k]) / aux_tokens
                 aux.backward()
                 stats["aux_loss"] += float(aux.detach()) / cfg.epochs
+            for _ in range(empty_passes):  # adds 0 to the gradients
+                (sequence_logprobs(model, [TrainItem([pad_id], [pad_id], 0.0)], pad_id)[0].sum() * 0.0).backward()
             dist.sum_grads(policy.trainable_parameters())
-            stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), cfg.grad_clip))
+            stats["grad_norm"] = scalar(torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), cfg.grad_clip))
             optimizer.step()
             if scheduler is not None:
                 scheduler.step()

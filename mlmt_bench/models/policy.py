@@ -78,11 +78,12 @@ class Policy:
         if hasattr(self.model, "tie_weights"):
             self.model.tie_weights()
 
-    def save(self, directory: Path) -> None:
-        """HF-format directory (a peft adapter directory with LoRA) + the tokenizer."""
+    def save(self, directory: Path, state_dict: dict[str, Any] | None = None) -> None:
+        """HF-format directory (a peft adapter directory with LoRA) + the tokenizer; ``state_dict``:
+        the weights to write instead of the model's own (FSDP: gathered from the shards)."""
         directory.mkdir(parents=True, exist_ok=True)
         with quiet_transformers():
-            self.model.save_pretrained(directory)
+            self.model.save_pretrained(directory, **({"state_dict": state_dict} if state_dict is not None else {}))
             self.tokenizer.save_pretrained(directory)
 
 

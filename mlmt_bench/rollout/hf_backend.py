@@ -68,6 +68,7 @@ class HFBackend:
             pad_token_id=pad_id,
             eos_token_id=eos_id,
             return_dict_in_generate=True,
+            synced_gpus=False,  # every process generates alone (FSDP: on weights gathered by mlmt_bench/fsdp.py)
             output_scores=True,
         )
         if sampling:
