@@ -187,7 +187,12 @@ def run(spec: RunSpec, progress: bool = True, *, extra_manifest: dict[str, Any] 
                                 world_size=dist.world)
     path = dist.broadcast(str(run_dir.path) if run_dir else None)
     run_dir = run_dir or NullRunDir(Path(path))
-    trainer = make_trainer(spec, comp, run_dir)
+    try:
+        trainer = make_trainer(spec, comp, run_dir)  # may refuse a setting (e.g. FSDP with vLLM)
+    except BaseException:
+        run_dir.finish("failed")
+        comp.backend.close()
+        raise
     trainer.dist, trainer.on_eval = dist, on_eval
     try:
         return _train(trainer, run_dir, progress and dist.is_main, bar if dist.is_main else None)
