@@ -139,26 +139,30 @@ def validate(
 def run(
     spec: Optional[Path] = typer.Argument(None, help="Run or experiment spec (YAML)."),
     overrides: Optional[list[str]] = SetOption,
-    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue a killed run from its last checkpoint."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue a killed run from its last checkpoint "
+                                          "(no SPEC), or, with an experiment SPEC, a killed experiment's directory."),
+    workers: int = typer.Option(1, "--workers", "-j", help="Experiments: runs at once, one process each."),
 ) -> None:
     """Train and evaluate a run spec (or every arm × seed of an experiment spec)."""
     from mlmt_bench import runner
     from mlmt_bench import spec as specs
 
-    if resume is not None:
+    loaded = specs.load_any(spec, overrides or []) if spec is not None else None
+    if isinstance(loaded, tuple):
+        from mlmt_bench import experiment
+
+        result = experiment.run_experiment(*loaded, progress=not state.quiet, workers=workers, resume=resume)
+    elif workers != 1:
+        raise UserError("--workers applies to experiment specs (arms × seeds); a single run uses train.threads")
+    elif resume is not None:
         if spec is not None or overrides:
-            raise UserError("--resume takes the spec from the run directory; give no SPEC or --set")
+            raise UserError("--resume RUN_DIR takes the spec from the run directory; give no SPEC or --set "
+                            "(an experiment is resumed with its SPEC and --resume EXPERIMENT_DIR)")
         result = runner.resume_run(resume, progress=not state.quiet)
-    elif spec is None:
+    elif loaded is None:
         raise UserError("give a SPEC file or --resume RUN_DIR")
     else:
-        loaded = specs.load_any(spec, overrides or [])
-        if isinstance(loaded, tuple):
-            from mlmt_bench import experiment
-
-            result = experiment.run_experiment(*loaded, progress=not state.quiet)
-        else:
-            result = runner.run(loaded, progress=not state.quiet)
+        result = runner.run(loaded, progress=not state.quiet)
     _emit(result, lambda: typer.echo(f"run directory: {result['run_dir']}"))
 
 

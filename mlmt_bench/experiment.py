@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import multiprocessing
+import os
 import sys
 import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,36 +40,189 @@ def check_equal_budgets(exp: ExperimentSpec, arms: dict[str, RunSpec]) -> None:
                         f"set it to null")
 
 
-def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool = True) -> dict[str, Any]:
-    from mlmt_bench import runner
+def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool = True, *,
+                   workers: int = 1, resume: Path | str | None = None) -> dict[str, Any]:
+    """Run every arm × seed (seed-major), then compare them.
+
+    ``workers`` > 1 runs that many runs at once, each in its own process with
+    ``cpu_count // workers`` torch threads unless the spec sets ``train.threads``; the shared bases
+    are built first, one process per distinct base. ``resume`` names the directory of an earlier,
+    interrupted run of the same experiment: its finished runs are kept (their specs must equal
+    this spec's), a run cut short is continued from its last checkpoint, the rest are started."""
     from mlmt_bench.report.compare import build_comparison
 
     check_equal_budgets(exp, arms)
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    exp_dir = Path(exp.output_dir) / f"{exp.name}-{stamp}"
-    exp_dir.mkdir(parents=True, exist_ok=False)
-    record: dict[str, Any] = {"name": exp.name, "seeds": exp.seeds, "arms": {a: [] for a in arms},
-                              "started": stamp, "wall_s": {}}
-    atomic_write_text(exp_dir / "experiment.json", json.dumps(record, indent=2))
+    if workers < 1:
+        raise UserError(f"--workers must be at least 1, got {workers}")
+    if workers > 1:
+        arms = {a: _with_threads(s, workers) for a, s in arms.items()}
+    exp_dir, record = _open_experiment(exp, arms, resume)
     t_start = time.perf_counter()
-    n, total = 0, len(arms) * len(exp.seeds)
-    for seed in exp.seeds:
-        for arm, spec in arms.items():
-            n += 1
-            run_spec = spec.model_copy(update={"seed": seed, "output_dir": str(exp_dir),
-                                               "name": f"{spec.name}-s{seed}"}, deep=True)
+    jobs = _pending_jobs(exp, arms, exp_dir, record)
+    total, n_done = len(arms) * len(exp.seeds), len(arms) * len(exp.seeds) - len(jobs)
+
+    def finished(job: _Job, run_name: str, wall_s: float) -> None:
+        nonlocal n_done
+        n_done += 1
+        record["arms"][job.arm].append(run_name)
+        record["wall_s"][f"{job.arm}/s{job.seed}"] = round(wall_s, 1)
+        atomic_write_text(exp_dir / "experiment.json", json.dumps(record, indent=2))
+        if progress:
+            sys.stderr.write(f"[{n_done}/{total}] {job.arm} seed {job.seed} finished in {wall_s:.0f} s: {run_name}\n")
+
+    if workers == 1:
+        for job in jobs:
             if progress:
-                sys.stderr.write(f"[{n}/{total}] {arm} seed {seed}\n")
-            t0 = time.perf_counter()
-            result = runner.run(run_spec, progress=progress,
-                                extra_manifest={"arm": arm, "experiment": exp.name})
-            record["arms"][arm].append(Path(result["run_dir"]).name)
-            record["wall_s"][f"{arm}/s{seed}"] = round(time.perf_counter() - t0, 1)
-            atomic_write_text(exp_dir / "experiment.json", json.dumps(record, indent=2))
-    record["wall_s"]["total"] = round(time.perf_counter() - t_start, 1)
+                sys.stderr.write(f"[{n_done + 1}/{total}] {job.arm} seed {job.seed}\n")
+            finished(job, *_run_job(job, exp.name, progress))
+    else:
+        _run_parallel(jobs, exp.name, workers, finished, progress)
+    record["wall_s"]["total"] = round(record["wall_s"].get("total", 0.0) + time.perf_counter() - t_start, 1)
     baseline = "grpo" if "grpo" in arms else None
     summary = build_comparison({a: [exp_dir / d for d in dirs] for a, dirs in record["arms"].items()}, exp_dir,
                                baseline=baseline, title=exp.name)
     record["comparison"] = summary["files"]
     atomic_write_text(exp_dir / "experiment.json", json.dumps(record, indent=2))
     return {"run_dir": str(exp_dir), "experiment": record, "comparison": summary}
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One arm × seed: its run spec (as JSON, to cross a process boundary) and, when an earlier
+    attempt was cut short, the run directory to continue."""
+
+    arm: str
+    seed: int
+    spec_json: str
+    resume_dir: str | None = None
+
+
+def _with_threads(spec: RunSpec, workers: int) -> RunSpec:
+    if spec.train.threads is not None:
+        return spec
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    return spec.model_copy(update={"train": spec.train.model_copy(update={"threads": threads})}, deep=True)
+
+
+def _run_spec(spec: RunSpec, exp_dir: Path, seed: int) -> RunSpec:
+    return spec.model_copy(update={"seed": seed, "output_dir": str(exp_dir), "name": f"{spec.name}-s{seed}"},
+                           deep=True)
+
+
+def _open_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec],
+                     resume: Path | str | None) -> tuple[Path, dict[str, Any]]:
+    if resume is None:
+        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        exp_dir = Path(exp.output_dir) / f"{exp.name}-{stamp}"
+        exp_dir.mkdir(parents=True, exist_ok=False)
+        record: dict[str, Any] = {"name": exp.name, "seeds": exp.seeds, "arms": {a: [] for a in arms},
+                                  "started": stamp, "wall_s": {}}
+        atomic_write_text(exp_dir / "experiment.json", json.dumps(record, indent=2))
+        return exp_dir, record
+    exp_dir = Path(resume)
+    try:
+        record = json.loads((exp_dir / "experiment.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--resume {exp_dir}: not an experiment directory (experiment.json: {exc})") from None
+    if record.get("name") != exp.name or sorted(record.get("arms", {})) != sorted(arms):
+        raise UserError(f"--resume {exp_dir}: it holds experiment {record.get('name')!r} with arms "
+                        f"{sorted(record.get('arms', {}))}, the spec is {exp.name!r} with arms {sorted(arms)}")
+    record["seeds"] = sorted(set(record.get("seeds", [])) | set(exp.seeds))
+    record.pop("comparison", None)
+    return exp_dir, record
+
+
+def _comparable(spec: RunSpec) -> dict[str, Any]:
+    """A run spec's fields that decide what the run computes (not where it writes or its name)."""
+    d = spec.model_dump(mode="json")
+    for key in ("name", "output_dir"):
+        d.pop(key, None)
+    d.get("train", {}).pop("threads", None)
+    return d
+
+
+def _pending_jobs(exp: ExperimentSpec, arms: dict[str, RunSpec], exp_dir: Path,
+                  record: dict[str, Any]) -> list[_Job]:
+    """The arm × seed runs still to do. A finished run in ``exp_dir`` counts only if its resolved spec
+    is this arm's; a run with a checkpoint but not finished is continued rather than redone."""
+    from mlmt_bench.spec import load_run_spec
+
+    finished, partial = {}, {}
+    for manifest_path in sorted(exp_dir.glob("*/manifest.json")):
+        try:
+            manifest = json.loads(manifest_path.read_text())
+        except (OSError, ValueError):
+            continue
+        key = (manifest.get("arm"), manifest.get("seed"))
+        if manifest.get("experiment") != exp.name or key[0] not in arms:
+            continue
+        run_dir = manifest_path.parent
+        if manifest.get("status") == "completed":
+            want = _comparable(_run_spec(arms[key[0]], exp_dir, key[1]))
+            have = _comparable(load_run_spec(run_dir / "spec.resolved.yaml"))
+            if want != have:
+                diff = sorted(k for k in want if want.get(k) != have.get(k))
+                raise UserError(f"--resume {exp_dir}: finished run {run_dir.name} ({key[0]}, seed {key[1]}) was made "
+                                f"with a different spec (fields {diff}); start a new experiment instead")
+            finished[key] = run_dir.name
+        elif any((run_dir / "checkpoints").glob("*")):
+            partial[key] = str(run_dir)
+    for arm in arms:  # the record lists exactly the finished runs, in seed order
+        record["arms"][arm] = [finished[(arm, s)] for s in exp.seeds if (arm, s) in finished]
+    return [_Job(arm, seed, _run_spec(spec, exp_dir, seed).model_dump_json(), partial.get((arm, seed)))
+            for seed in exp.seeds for arm, spec in arms.items() if (arm, seed) not in finished]
+
+
+def _run_job(job: _Job, exp_name: str, progress: bool) -> tuple[str, float]:
+    """Runs one job in this process; returns the run directory's name and its wall time (s)."""
+    from mlmt_bench import runner
+
+    t0 = time.perf_counter()
+    if job.resume_dir is not None:
+        result = runner.resume_run(job.resume_dir, progress=progress)
+    else:
+        spec = RunSpec.model_validate_json(job.spec_json)
+        result = runner.run(spec, progress=progress, extra_manifest={"arm": job.arm, "experiment": exp_name})
+    return Path(result["run_dir"]).name, time.perf_counter() - t0
+
+
+def _build_base(spec_json: str) -> str:
+    from mlmt_bench import runner
+    from mlmt_bench.models.shared_base import ensure_base
+
+    return ensure_base(runner.base_config(RunSpec.model_validate_json(spec_json)), progress=False).summary()["key"]
+
+
+def _run_parallel(jobs: list[_Job], exp_name: str, workers: int,
+                  finished: Callable[[_Job, str, float], None], progress: bool) -> None:
+    """Runs ``jobs`` in ``workers`` processes (spawned: no torch state is forked). The distinct shared
+    bases are built first, so that no two runs build the same one. On a failure the runs under way
+    finish, no new one starts, and the first error is raised."""
+    from mlmt_bench import runner
+
+    bases: dict[str, str] = {}
+    for job in jobs:
+        spec = RunSpec.model_validate_json(job.spec_json)
+        if spec.base is not None and job.resume_dir is None:
+            bases.setdefault(runner.base_config(spec).key(), job.spec_json)
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        for key in pool.map(_build_base, bases.values()):
+            if progress:
+                sys.stderr.write(f"shared base {key} ready\n")
+        futures = {pool.submit(_run_job, job, exp_name, False): job for job in jobs}
+        error: BaseException | None = None
+        for future in as_completed(futures):
+            try:
+                name, wall_s = future.result()
+            except BaseException as exc:  # noqa: BLE001 - re-raised once the runs under way are done
+                if error is None:
+                    error = exc
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    job = futures[future]
+                    if progress:
+                        sys.stderr.write(f"{job.arm} seed {job.seed} failed: {exc}; no new run starts\n")
+                continue
+            finished(futures[future], name, wall_s)
+        if error is not None:
+            raise error

@@ -247,13 +247,15 @@ def test_humaneval_style_check_function(verifier):
 
 
 def test_sandbox_disable_is_the_explicit_way_to_weaken_the_sandbox():
-    """The option takes effect (without the jail this test file is visible to the program) and
-    is checked; unknown options are errors, not ignored."""
+    """The option takes effect (without the jail the host's /etc/passwd is visible to the program;
+    the jail shows only /etc/ld.so.cache of /etc) and is checked; unknown options are errors.
+    The probe is a world-readable host file, not this test file: a clone under a 0700 temporary
+    directory (as CI makes) is unreadable to the sandbox's dropped uid even without the jail."""
     from mlmt_bench.errors import UserError
     from mlmt_bench.verifiers.sandbox import capabilities
 
     sees_host = Problem(id="t/host", benchmark="test", prompt="", tests=("assert visible() is True",))
-    program = fenced(f"import os\ndef visible():\n    return os.path.exists({__file__!r})")
+    program = fenced(f"import os\ndef visible():\n    return os.path.exists('/etc/passwd')")
     weakened = CodeVerifier(timeout_s=5.0, sandbox_disable=["jail"])
     assert weakened.sandbox_disabled == ("jail",) and weakened.options["sandbox_disable"] == ["jail"]
     assert weakened.score(sees_host, program).kind == "ok"

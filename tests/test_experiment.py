@@ -1,0 +1,79 @@
+"""Experiments: arms × seeds in parallel processes, and resuming a killed experiment."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+from conftest import minimal_spec
+
+from mlmt_bench.errors import UserError
+from mlmt_bench.experiment import run_experiment
+from mlmt_bench.spec import load_experiment
+
+
+@pytest.fixture
+def exp_spec(tiny_ckpt, tmp_path, write_spec):
+    base = minimal_spec()
+    base["policies"]["solver"]["path"] = str(tiny_ckpt)
+    base["train"].update(token_budget=None, steps=2)
+    base["eval"] = {"every": 2}
+
+    def make(**arms_lr):
+        exp = {"name": "exp", "base": base, "seeds": [0, 1], "budget": "none", "output_dir": str(tmp_path / "runs"),
+               "arms": {arm: {"policies": {"solver": {"lr": lr}}} for arm, lr in arms_lr.items()}}
+        return write_spec(exp, "exp.yaml")
+
+    return make
+
+
+def _files(run_dir):
+    return {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+
+
+def test_workers_run_every_arm_and_seed_in_processes(exp_spec, tmp_path):
+    exp, arms = load_experiment(exp_spec(a=1e-4, b=2e-4))
+    out = run_experiment(exp, arms, progress=False, workers=2)
+    record = out["experiment"]
+    exp_dir = out["run_dir"]
+    assert set(record["arms"]) == {"a", "b"} and set(record["wall_s"]) >= {"a/s0", "a/s1", "b/s0", "b/s1"}
+    for arm, names in record["arms"].items():
+        seeds = [json.loads(open(f"{exp_dir}/{n}/manifest.json").read())["seed"] for n in names]
+        assert seeds == [0, 1]  # listed in seed order whatever order the processes finished in
+        for n in names:
+            resolved = open(f"{exp_dir}/{n}/spec.resolved.yaml").read()
+            assert f"threads: {max(1, (os.cpu_count() or 1) // 2)}" in resolved
+    assert exp_dir.startswith(str(tmp_path)) and record["comparison"]
+
+
+def test_resume_keeps_finished_runs_and_does_only_the_missing_ones(exp_spec, tmp_path):
+    path = exp_spec(a=1e-4)
+    exp, arms = load_experiment(path)
+    out = run_experiment(exp, arms, progress=False)
+    exp_dir = tmp_path / "runs" / os.path.basename(out["run_dir"])
+    kept, lost = (exp_dir / n for n in out["experiment"]["arms"]["a"])
+    before = _files(kept)
+    shutil.rmtree(lost)  # as if the process had been killed before the second run began
+    record = json.loads((exp_dir / "experiment.json").read_text())
+    record["arms"]["a"] = record["arms"]["a"][:1]
+    (exp_dir / "experiment.json").write_text(json.dumps(record))
+
+    again = run_experiment(*load_experiment(path), progress=False, resume=exp_dir)
+    names = again["experiment"]["arms"]["a"]
+    assert names[0] == kept.name and len(names) == 2 and names[1] != lost.name
+    assert _files(kept) == before  # the finished run is not touched
+    assert json.loads((exp_dir / names[1] / "manifest.json").read_text())["seed"] == 1
+
+
+def test_resume_refuses_a_changed_spec_or_another_experiment(exp_spec, tmp_path):
+    exp, arms = load_experiment(exp_spec(a=1e-4))
+    exp.seeds = [0]
+    exp_dir = run_experiment(exp, arms, progress=False)["run_dir"]
+    with pytest.raises(UserError, match="different spec"):
+        run_experiment(*load_experiment(exp_spec(a=3e-4)), progress=False, resume=exp_dir)
+    with pytest.raises(UserError, match="arms"):
+        run_experiment(*load_experiment(exp_spec(z=1e-4)), progress=False, resume=exp_dir)
+    with pytest.raises(UserError, match="not an experiment directory"):
+        run_experiment(*load_experiment(exp_spec(a=1e-4)), progress=False, resume=tmp_path)
