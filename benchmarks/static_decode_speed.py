@@ -7,7 +7,8 @@ and generates ``--max-new-tokens`` tokens per prompt with both paths of
 after one warm-up call each. Every row is forced to the full length (``min_new_tokens`` =
 ``max_new_tokens`` in the model's generation config, which both paths honour), so both generate
 the same number of tokens. It prints tokens/s per path (median over ``--repeats``) and the ratio
-static / generate, checks that the two paths returned the same ids (seeded multinomial draws on
+static / generate (of wall time, and of process CPU time, which other jobs on a shared machine
+disturb less), checks that the two paths returned the same ids (seeded multinomial draws on
 the CPU), and writes a JSON file.
 
 Usage (from the repository root)::
@@ -60,30 +61,37 @@ def measure(preset: str, args: argparse.Namespace) -> dict[str, Any]:
                 "static": HFBackend(batch_size=args.prompts, decode="static")}
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=1.0)
     seconds: dict[str, list[float]] = {k: [] for k in backends}
+    cpu_seconds: dict[str, list[float]] = {k: [] for k in backends}
     ids: dict[str, list[list[int]]] = {}
     tokens = 0
     for r in range(args.repeats + 1):  # the first round warms up (and captures graphs on a GPU)
         for name, backend in backends.items():
             if args.device.startswith("cuda"):
                 torch.cuda.synchronize()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             gens = backend.generate(model, tok, prompts, seed=args.seed + r, **kw)
             if args.device.startswith("cuda"):
                 torch.cuda.synchronize()
-            dt = time.perf_counter() - t0
+            dt, dc = time.perf_counter() - t0, time.process_time() - c0
             tokens = sum(len(g.ids) for g in gens)
             if r > 0:
                 seconds[name].append(dt)
+                cpu_seconds[name].append(dc)
             else:
                 ids[name] = [g.ids for g in gens]
     med = {k: statistics.median(v) for k, v in seconds.items()}
+    cpu = {k: statistics.median(v) for k, v in cpu_seconds.items()}
     out = {
         "preset": preset,
         "params": num_parameters(model),
         "tokens_per_call": tokens,
         "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
         "tokens_per_s": {k: tokens / v for k, v in med.items()},
+        "tokens_per_cpu_s": {k: tokens / v for k, v in cpu.items()},
         "ratio_static_over_generate": (tokens / med["static"]) / (tokens / med["generate"]),
+        # process CPU time: less sensitive than wall time to other jobs on a shared machine
+        "cpu_ratio_static_over_generate": cpu["generate"] / cpu["static"],
         "same_ids": ids["generate"] == ids["static"],
         "static_stats": vars(backends["static"].decoder(model).stats),
     }
@@ -117,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         tps = res["tokens_per_s"]
         print(f"{preset} ({res['params']:,} params), {args.prompts} prompts x {args.max_new_tokens} tokens: "
               f"generate {tps['generate']:,.0f} tok/s, static {tps['static']:,.0f} tok/s, "
-              f"ratio {res['ratio_static_over_generate']:.2f}x, same ids: {res['same_ids']}", flush=True)
+              f"ratio {res['ratio_static_over_generate']:.2f}x (CPU time: {res['cpu_ratio_static_over_generate']:.2f}x), "
+              f"same ids: {res['same_ids']}", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({

@@ -150,6 +150,19 @@ def test_stop_strings_match_generate(tok, prompts, temperature):
     _compare(plain, static4)
 
 
+def test_stop_strings_are_matched_in_the_generated_text_only(tok, prompts):
+    """The one documented difference from generate: generate's StopStringCriteria also matches a stop
+    string that begins in the prompt ("hello there, how" + "w" ends with "ww"); the static path, like
+    vLLM, looks at the generated text only."""
+    model = _llama(tok)
+    plain = HFBackend().generate(model, tok, prompts, max_new_tokens=30, temperature=0.0)
+    assert TEXTS[1].endswith("w") and plain[1].text.startswith("www")
+    plain, static = _both(model, tok, prompts, max_new_tokens=30, temperature=0.0, stop=["ww"])
+    assert plain[1].text == "w"  # generate stopped after one token, and the row is not seen as stopped
+    assert static[1].text == "ww" and static[1].finish_reason == "stop"
+    assert [g.ids for i, g in enumerate(plain) if i != 1] == [g.ids for i, g in enumerate(static) if i != 1]
+
+
 @pytest.mark.parametrize("max_new", [1, 2, 7])
 def test_short_limits_and_one_token_prompts(tok, max_new):
     model = _llama(tok)
@@ -224,6 +237,108 @@ def test_weights_updated_in_place_are_used_without_rebuilding(tok, prompts):
 
 
 # ----------------------------------------------------------------------------------------------
+# CUDA-graph semantics, on the CPU
+
+
+class _ReplayedClosure:
+    """Stands in for a CUDA graph: ``replay()`` reruns the recorded step with the Python values it
+    had at capture, as a graph replays its kernels; only what the step reads from buffers changes."""
+
+    def __init__(self, run):
+        self.run = run
+
+    def replay(self):
+        self.run()
+
+
+def _fake_capture_graph(self, prepare, run):
+    prepare()
+    run()
+    return _ReplayedClosure(run)
+
+
+def _graph_decoder(monkeypatch, model, **kw):
+    from mlmt_bench.rollout.static_decode import StaticDecoder
+
+    monkeypatch.setattr(StaticDecoder, "_capture_graph", _fake_capture_graph)
+    return StaticDecoder(model, graphs=True, buckets=True, max_cache_mb=None, sync_every=kw.pop("sync_every", 8),
+                         sampler="race", max_rows=256, **kw)
+
+
+def _as_records(decoder, tok, prompts, stop=None, seed=None, **kw):
+    from mlmt_bench.rollout.hf_backend import _records
+    from mlmt_bench.rollout.stops import StopStrings
+
+    stops = StopStrings(tok, stop) if stop else None
+    if seed is not None:
+        torch.manual_seed(seed)
+    ids, lps = decoder.generate(prompts, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, stops=stops, **kw)
+    return _records(ids, lps, tok.eos_token_id, tok.pad_token_id, tok, stops)
+
+
+def test_replayed_steps_read_every_changing_value_from_buffers(monkeypatch, tok, prompts):
+    """Decoding by replaying one recorded step per (state, active length) gives generate's greedy
+    rows: nothing that changes from step to step (slot, position, step index, finished rows, cache
+    mask) is a Python value baked into the step."""
+    model = _llama(tok)
+    dec = _graph_decoder(monkeypatch, model)
+    plain = HFBackend().generate(model, tok, prompts, max_new_tokens=30, temperature=0.0)
+    _compare(plain, _as_records(dec, tok, prompts, max_new_tokens=30, temperature=0.0, top_p=1.0))
+    captured = dec.stats.graphs_captured
+    assert captured >= 2 and dec.stats.graph_replays >= 20
+    # a second call with other prompts of the same buckets reuses every graph
+    other = [p[::-1] for p in prompts]
+    _compare(HFBackend().generate(model, tok, other, max_new_tokens=30, temperature=0.0),
+             _as_records(dec, tok, other, max_new_tokens=30, temperature=0.0, top_p=1.0))
+    assert dec.stats.graphs_captured == captured
+    # stop strings end rows between replays (one that cannot begin in the prompt: see the next test)
+    text = plain[0].text
+    stop = [next(text[i:i + 2] for i in range(1, len(text) - 1) if text[i] != text[i + 1])]
+    assert stop[0] not in TEXTS[0] + text[:1]
+    _compare(HFBackend().generate(model, tok, prompts, max_new_tokens=30, temperature=0.0, stop=stop),
+             _as_records(dec, tok, prompts, max_new_tokens=30, temperature=0.0, top_p=1.0, stop=stop))
+
+
+def test_replayed_sampling_steps_match_eager_ones(monkeypatch, tok, prompts):
+    """With graphs captured (first call), a seeded call draws exactly what the eager race sampler
+    draws: temperature, top-p and the random draws come from buffers and the RNG, not from Python."""
+    from mlmt_bench.rollout.static_decode import StaticDecoder
+
+    model = _llama(tok)
+    dec = _graph_decoder(monkeypatch, model)
+    kw = dict(max_new_tokens=24, temperature=0.8, top_p=0.9)
+    _as_records(dec, tok, prompts, **kw)  # captures
+    replays = dec.stats.graph_replays
+    graphed = _as_records(dec, tok, prompts, seed=7, **kw)
+    assert dec.stats.graph_replays > replays
+    eager = StaticDecoder(model, graphs=False, buckets=True, max_cache_mb=None, sync_every=8, sampler="race",
+                          max_rows=256)
+    _compare(_as_records(eager, tok, prompts, seed=7, **kw), graphed)
+    # another temperature reuses the same graphs (it is a buffer)
+    captured = dec.stats.graphs_captured
+    _compare(_as_records(eager, tok, prompts, seed=8, max_new_tokens=24, temperature=1.3, top_p=0.9),
+             _as_records(dec, tok, prompts, seed=8, max_new_tokens=24, temperature=1.3, top_p=0.9))
+    assert dec.stats.graphs_captured == captured
+
+
+def test_a_replaced_parameter_drops_the_graphs(monkeypatch, tok, prompts):
+    model = _llama(tok)
+    dec = _graph_decoder(monkeypatch, model)
+    _as_records(dec, tok, prompts, max_new_tokens=12, temperature=0.0, top_p=1.0)
+    assert dec._graphs
+    with torch.no_grad():  # an in-place update keeps them
+        model.model.layers[0].mlp.up_proj.weight.mul_(1.01)
+    dec.check_params()
+    assert dec._graphs and dec.stats.recaptures == 0
+    layer = model.model.layers[0].mlp.up_proj
+    layer.weight = torch.nn.Parameter(layer.weight.detach().clone())
+    dec.check_params()
+    assert not dec._graphs and dec.stats.recaptures == 1
+    _compare(HFBackend().generate(model, tok, prompts, max_new_tokens=12, temperature=0.0),
+             _as_records(dec, tok, prompts, max_new_tokens=12, temperature=0.0, top_p=1.0))
+
+
+# ----------------------------------------------------------------------------------------------
 # the sampling distribution
 
 
@@ -251,15 +366,20 @@ def _chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
 
 
-@pytest.mark.parametrize("sampler", ["multinomial", "race"])
-def test_first_token_distribution_follows_the_tempered_softmax(tok, sampler):
+def _spread_model(tok):
+    """A model whose next token after "7*8=" is spread over a few dozen tokens (about 20 above 1 %),
+    the prompt, and the model's logits there (float32)."""
     model = build_tiny_model("tiny-0.5m", tok, seed=3)
-    # a distribution spread over a few dozen tokens (about 20 above 1 %)
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(1.5)
-    prompt = encode(tok, "7*8=")
-    with torch.no_grad():
+        prompt = encode(tok, "7*8=")
         logits = model(input_ids=torch.tensor([prompt])).logits[0, -1].float()
+    return model, prompt, logits
+
+
+@pytest.mark.parametrize("sampler", ["multinomial", "race"])
+def test_first_token_distribution_follows_the_tempered_softmax(tok, sampler):
+    model, prompt, logits = _spread_model(tok)
     temperature = 0.8
     counts = _first_token_counts(model, tok, prompt, 10000, temperature=temperature, seed=0, sampler=sampler)
     probs = torch.softmax(logits / temperature, -1)
@@ -271,12 +391,7 @@ def test_first_token_distribution_follows_the_tempered_softmax(tok, sampler):
 
 @pytest.mark.parametrize("sampler", ["multinomial", "race"])
 def test_top_p_keeps_the_nucleus_and_its_renormalised_weights(tok, sampler):
-    model = build_tiny_model("tiny-0.5m", tok, seed=3)
-    with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(1.5)
-    prompt = encode(tok, "7*8=")
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([prompt])).logits[0, -1].float()
+    model, prompt, logits = _spread_model(tok)
     temperature, top_p = 1.0, 0.7
     probs = torch.softmax(logits / temperature, -1)
     order = torch.argsort(probs, descending=True)

@@ -30,7 +30,8 @@ Equivalence with ``generate`` (tested on CPU, where graphs are off): the same le
 position ids, the logits processors in generate's order (repetition penalty from the model's
 ``generation_config``, EOS suppressed before ``generation_config.min_new_tokens``, temperature,
 then top-p exactly as transformers' ``TopPLogitsWarper``), EOS ends a row and pads the rest, stop
-strings end a row as generate's ``StopStringCriteria`` does. With ``sampler="multinomial"`` (the
+strings end a row as generate's ``StopStringCriteria`` does (matched in the generated text only, as
+vLLM does; generate also stops on one that begins in the prompt). With ``sampler="multinomial"`` (the
 CPU default) tokens are drawn by ``torch.multinomial`` over the real rows, consuming the RNG as
 generate does, so a seeded call returns generate's ids; with ``sampler="race"`` (the default when
 graphs are on) a token is ``argmax(p / E)`` with ``E ~ Exp(1)``, which draws from ``p`` exactly and
@@ -381,9 +382,10 @@ class StaticDecoder:
         # Graphs for every active length this call will use, captured before the state is filled
         # (capturing runs the step on the buffers).
         actives = sorted({self._active(width + t, length) for t in range(max_new - 1)})
-        if self.graphs:
-            for a in actives:
-                self._graph(st, a, mode, eos_id, pad_id)
+        for a in actives:
+            if not self.graphs:  # off, or a capture failed
+                break
+            self._graph(st, a, mode, eos_id, pad_id)
 
         # Fill the buffers: prompts (left padded; dummy rows get one pad token), settings.
         ids = torch.full((rows, width), pad_id, dtype=torch.long)
@@ -566,30 +568,39 @@ class StaticDecoder:
         return graph
 
     def _capture(self, st: _State, active: int, mode: Mode, eos_id, pad_id) -> Any:
-        """Warm up on a side stream, then record one step. Counters are reset around it so every
-        index the step writes is in range; the state is refilled by the prefill afterwards."""
-        rows = st.rows
+        """A graph of one decode step at ``active`` on ``st``. Before recording, the counters are set
+        so that every index the step writes is in range; the prefill refills the state afterwards."""
 
-        def reset() -> None:
+        def prepare() -> None:  # not recorded: runs before the capture
             st.slot.fill_(active - 1)
             st.step.fill_(1)
             st.pos.zero_()
             st.ids.zero_()
             st.done.zero_()
 
+        def run() -> None:  # recorded: what every replay repeats, reading all that changes from buffers
+            self._step(st, active, mode, eos_id, pad_id, st.rows)
+
+        return self._capture_graph(prepare, run)
+
+    def _capture_graph(self, prepare: Any, run: Any) -> Any:
+        """The CUDA mechanics: ``prepare(); run()`` twice on a side stream to warm up (lazy
+        initialisations must not happen inside a capture), then ``prepare()`` and ``run()`` recorded
+        into a graph that shares this decoder's memory pool (graphs replay one at a time and keep
+        nothing between replays but the state's buffers)."""
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                reset()
-                self._step(st, active, mode, eos_id, pad_id, rows)
+                prepare()
+                run()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        reset()
+        prepare()
         with torch.cuda.graph(graph, pool=self._pool):
-            self._step(st, active, mode, eos_id, pad_id, rows)
+            run()
         torch.cuda.synchronize()
         return graph
 
