@@ -26,11 +26,11 @@ from pathlib import Path
 from mlmt_bench.types import Problem
 from mlmt_bench.verifiers.code import CodeVerifier
 
-DATA_DIR = Path(os.environ.get("MLMT_DATA_DIR", "/work/shared/data"))
+DATA_DIR = Path(os.environ.get("MLMT_DATA_DIR", Path(__file__).resolve().parents[1] / "data"))
 
 # Reference solutions that fail their own tests upstream, keyed by (set, task_id), with a
 # one-line reason each. It is empty, and that was checked rather than assumed: with these data
-# files (see /work/shared/data/SOURCES.md) every reference solution of both sets passes all of
+# files (see data/SOURCES.md) every reference solution of both sets passes all of
 # its tests through this verifier (974/974 full, 427/427 sanitized), and also under a plain
 # `exec(code + "\n" + setup + "\n" + tests)` in a fresh CPython 3.11.7 with PYTHONHASHSEED
 # 0..7 (no hash-order dependence), and the 11 full-set `challenge_test_list`s pass too. MBPP's

@@ -78,27 +78,38 @@ SetOption = typer.Option(None, "--set", "-s", help="Override a spec field: --set
 
 @app.command("list")
 @_user_errors
-def list_components(kind: Optional[str] = typer.Argument(None, help="Only this kind: benchmark, verifier, model, backend, algorithm.")) -> None:
+def list_components(
+    kind: Optional[str] = typer.Argument(None, help="Only this kind: benchmark, verifier, model, backend, algorithm "
+                                                    "(a plural works too)."),
+    json_out: bool = typer.Option(False, "--json", help="Machine-readable JSON on stdout (as the global --json)."),
+) -> None:
     """List registered components with their descriptions."""
     from mlmt_bench import registry
 
     kinds = registry.REGISTRIES
     if kind is not None:
-        if kind not in kinds:
-            raise UserError(f"unknown kind {kind!r} (known: {', '.join(kinds)})")
-        kinds = {kind: kinds[kind]}
+        name = kind[:-1] if kind not in kinds and kind.endswith("s") and kind[:-1] in kinds else kind
+        if name not in kinds:
+            import difflib
+
+            close = difflib.get_close_matches(kind, list(kinds), n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise UserError(f"unknown kind {kind!r}{hint} (known: {', '.join(kinds)})")
+        kinds = {name: kinds[name]}
     rows = [{"kind": k, "name": e.name, "description": e.description, "source": e.source}
             for k, reg in kinds.items() for e in reg.entries()]
+    state.json = state.json or json_out
 
     def human() -> None:
         from rich.console import Console
+        from rich.markup import escape
         from rich.table import Table
 
         table = Table(title="mlmt-bench components")
         for col in ("kind", "name", "description", "source"):
             table.add_column(col)
-        for r in rows:
-            table.add_row(r["kind"], r["name"], r["description"], r["source"])
+        for r in rows:  # descriptions hold text such as "pip install .[gpu]": not rich markup
+            table.add_row(*(escape(r[c]) for c in ("kind", "name", "description", "source")))
         Console().print(table)
 
     _emit(rows, human)
@@ -188,16 +199,24 @@ def verify(
 
 @app.command()
 @_user_errors
-def bootstrap(
-    spec: Path = typer.Argument(..., help="Run or experiment spec with a `bootstrap:` section."),
+def base(
+    spec: Path = typer.Argument(..., help="Run or experiment spec with a `base:` section."),
     overrides: Optional[list[str]] = SetOption,
-    evaluate: bool = typer.Option(True, "--eval/--no-eval", help="Report the warm start's accuracies."),
 ) -> None:
-    """Supervised warm start of the tiny solver and critic (cached by content hash)."""
+    """Build (or find in the cache) the shared base of every arm and seed, and show its check."""
     from mlmt_bench import runner
 
-    result = runner.bootstrap_from_spec(spec, overrides or [], evaluate=evaluate, progress=not state.quiet)
-    _emit(result, lambda: typer.echo(json.dumps(result, indent=2, default=str)))
+    result = runner.bases_from_spec(spec, overrides or [], progress=not state.quiet)
+
+    def human() -> None:
+        for b in result:
+            c = b.get("check") or {}
+            typer.echo(f"base {b['key']} ({b['preset']}, seed {b['seed']}, {b['params']:,} parameters, "
+                       f"{b['tokens']:,} tokens): validation acc@t1 {c.get('acc@t1', 0):.1%}, acc@t2 after its own "
+                       f"feedback {c.get('acc@t2_critic', 0):.1%}, after g∅ {c.get('acc@t2_null', 0):.1%}, after the "
+                       f"oracle's {c.get('acc@t2_oracle', 0):.1%}  {b['path']}")
+
+    _emit(result, human)
 
 
 @app.command()

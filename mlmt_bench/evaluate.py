@@ -11,10 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-import torch
-
-from mlmt_bench.algorithms.update import TrainItem, sequence_logprobs
+from mlmt_bench.algorithms.update import TrainItem
 from mlmt_bench.metrics import feedback as fbm
+from mlmt_bench.models.forward import sequence_logprob_sums
 from mlmt_bench.metrics.turns import oracle_gated_accuracy, turn_metrics
 from mlmt_bench.rollout.episodes import Actors, Program, Rollout, Sampling, refine_prompt, rollout
 from mlmt_bench.types import Problem
@@ -31,7 +30,8 @@ class EvalResult:
 
 def evaluate(program: Program, actors: Actors, problems: Sequence[Problem], sampling: Sampling, *,
              verifier_name: str, feedback_metrics: bool = True, n_samples: int = 8,
-             protocols: Sequence[str] = ("refine_all", "oracle_gated")) -> EvalResult:
+             protocols: Sequence[str] = ("refine_all", "oracle_gated"),
+             micro_batch_tokens: int | None = None) -> EvalResult:
     ro = rollout(program, actors, problems, sampling)
     attempts = ro.of_kind("attempt")
     t1 = [bool(ro.turns[i].verdict.correct) for i in attempts]
@@ -47,7 +47,10 @@ def evaluate(program: Program, actors: Actors, problems: Sequence[Problem], samp
             m["acc_oracle_gated"] = oracle_gated_accuracy(t1, t2)
     t2_null: list[bool | None] = [None] * len(problems)
     if program.feedback in ("critic", "oracle") and feedback_metrics:
-        t2_null = _feedback_metrics(ro, actors, sampling, verifier_name, m)
+        t2_null = _feedback_metrics(ro, actors, sampling, verifier_name, m, micro_batch_tokens)
+    elif program.feedback == "null":  # the refinement *is* the one after g∅ (self_correct, null_feedback)
+        t2_null = list(t2)
+        m["acc@t2_null"] = m["acc@t2"]
     m["gen_tokens_eval"] = sum(len(t.ids) for t in ro.turns)
     per_problem = [{"problem_id": p.id, "t1": a, "t2": b, "t2_null": c}
                    for p, a, b, c in zip(problems, t1, t2, t2_null)]
@@ -55,7 +58,7 @@ def evaluate(program: Program, actors: Actors, problems: Sequence[Problem], samp
 
 
 def _feedback_metrics(ro: Rollout, actors: Actors, sampling: Sampling, verifier_name: str,
-                      m: dict[str, Any]) -> list[bool]:
+                      m: dict[str, Any], micro_batch_tokens: int | None) -> list[bool]:
     solver, tpl = actors.solver, actors.templates
     feedbacks, refines = ro.of_kind("feedback"), ro.of_kind("refine")
     null_prompts, with_g = [], []
@@ -73,22 +76,11 @@ def _feedback_metrics(ro: Rollout, actors: Actors, sampling: Sampling, verifier_
     m["feedback_effect"] = fbm.feedback_effect(t2, t2_null)
 
     # how much the solver listens: log π_L(ŷ | x, z, g) − log π_L(ŷ | x, z, g∅), per token of ŷ
-    pad = solver.tokenizer.pad_token_id
-    lp_g, lp_null, n_tok = [], [], []
-    for ri, null_prompt in zip(refines, null_prompts):
-        r = ro.turns[ri]
-        if r.ids:
-            with_g.append(TrainItem(r.prompt_ids, r.ids, 0.0))
-            with_g.append(TrainItem(null_prompt, r.ids, 0.0))
-    with torch.no_grad():
-        for start in range(0, len(with_g), 64):
-            chunk = with_g[start:start + 64]
-            logp, mask, _ = sequence_logprobs(solver.model, chunk, pad)
-            sums = (logp * mask).sum(dim=1).tolist()
-            for k in range(0, len(chunk), 2):
-                lp_g.append(sums[k])
-                lp_null.append(sums[k + 1])
-                n_tok.append(len(chunk[k].ids))
+    pairs = [(ro.turns[ri], null_prompt) for ri, null_prompt in zip(refines, null_prompts) if ro.turns[ri].ids]
+    for r, null_prompt in pairs:
+        with_g += [TrainItem(r.prompt_ids, r.ids, 0.0), TrainItem(null_prompt, r.ids, 0.0)]
+    sums = sequence_logprob_sums(solver.model, with_g, solver.tokenizer.pad_token_id, micro_batch_tokens)
+    lp_g, lp_null, n_tok = sums[0::2], sums[1::2], [len(r.ids) for r, _ in pairs]
     if n_tok:
         m["feedback_sensitivity"] = fbm.feedback_sensitivity(lp_g, lp_null, n_tok)
     golds = [ro.problems[ro.turns[fi].problem].answer for fi in feedbacks]

@@ -20,10 +20,19 @@ from mlmt_bench.tracking import atomic_write_text
 
 
 def check_equal_budgets(exp: ExperimentSpec, arms: dict[str, RunSpec]) -> None:
-    budgets = {arm: s.train.token_budget for arm, s in arms.items()}
-    if exp.equal_token_budget and (None in budgets.values() or len(set(budgets.values())) > 1):
-        raise UserError(f"experiment {exp.name}: equal_token_budget needs the same train.token_budget in every "
-                        f"arm, got {budgets}")
+    """Every arm must stop at the same budget of the kind ``exp.budget`` names (METHOD.md v2: equal
+    generated tokens, or equal FLOPs), and at no budget of the other kind, which would stop it first."""
+    if exp.budget == "none":
+        return
+    field, other = ("token_budget", "flop_budget") if exp.budget == "tokens" else ("flop_budget", "token_budget")
+    budgets = {arm: getattr(s.train, field) for arm, s in arms.items()}
+    if None in budgets.values() or len(set(budgets.values())) > 1:
+        raise UserError(f"experiment {exp.name}: budget: {exp.budget} needs the same train.{field} in every arm, "
+                        f"got {budgets}")
+    extra = {arm: getattr(s.train, other) for arm, s in arms.items() if getattr(s.train, other) is not None}
+    if extra:
+        raise UserError(f"experiment {exp.name}: budget: {exp.budget}, but train.{other} is set in {extra}; "
+                        f"set it to null")
 
 
 def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool = True) -> dict[str, Any]:

@@ -179,6 +179,10 @@ def _builtin() -> None:
     a("self_correct", "mlmt_bench.algorithms.self_correct:SelfCorrect",
       "single-level multi-turn self-correction (SCoRe-style two stages)")
     a("mlmt", "mlmt_bench.algorithms.mlmt:MLMT", "MLMT-RL: bi-level feedback writer + refining solver")
+    a("critique_grpo", "mlmt_bench.algorithms.critique_grpo:CritiqueGRPO",
+      "Critique-GRPO: refinements after fixed feedback join the group as shaped off-policy responses")
+    a("self_distill", "mlmt_bench.algorithms.self_distill:SelfDistill",
+      "GRPO + δ · distillation of the feedback-conditioned solver into the unconditioned one (sft | kl)")
 
 
 _builtin()

@@ -1,14 +1,19 @@
 """Compose a :class:`RunSpec` into components and run it; resume a killed run.
 
-spec ──build──▶ benchmark, verifier, backend, policies, algorithm ──▶ Trainer(run_dir).train()
+spec ──build──▶ benchmark, verifier, backend, algorithm ──roles──▶ policies ──▶ Trainer(run_dir).train()
+
+The algorithm's roles (``Algorithm.roles()``) say which policies to build: a ``trained`` or
+``frozen`` role loads its ``policies.<role>`` spec (tiny models from the shared base), a
+``shared`` role is the solver itself, an ``absent`` one is None.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlmt_bench import registry
 from mlmt_bench.errors import UserError
@@ -16,18 +21,29 @@ from mlmt_bench.spec import RunSpec, dump_yaml, load_any, load_run_spec
 from mlmt_bench.tracking import RunDir
 from mlmt_bench.types import PromptTemplates
 
+if TYPE_CHECKING:
+    from mlmt_bench.algorithms.base import Algorithm
+    from mlmt_bench.benchmarks.base import Benchmark
+    from mlmt_bench.models.policy import Policy
+    from mlmt_bench.models.shared_base import Base, BaseConfig
+    from mlmt_bench.rollout.backend import Backend
+    from mlmt_bench.trainer import Trainer
+    from mlmt_bench.types import Problem
+    from mlmt_bench.verifiers.base import Verifier
+
 
 @dataclass
 class Components:
-    benchmark: Any
+    benchmark: Benchmark
     templates: PromptTemplates
-    verifier: Any
+    verifier: Verifier
     verifier_name: str
-    backend: Any
-    policies: dict[str, Any]
-    algorithm: Any
-    train_problems: list
-    eval_problems: list
+    backend: Backend
+    policies: dict[str, Policy | None]
+    algorithm: Algorithm
+    train_problems: list[Problem]
+    eval_problems: list[Problem]
+    base: Base | None
 
 
 def configure_torch(spec: RunSpec) -> None:
@@ -39,43 +55,48 @@ def configure_torch(spec: RunSpec) -> None:
     torch.manual_seed(spec.seed)
 
 
-def templates_for(spec: RunSpec, benchmark: Any) -> PromptTemplates:
+def templates_for(spec: RunSpec, benchmark: Benchmark) -> PromptTemplates:
     overrides = {k: v for k, v in spec.benchmark.templates.model_dump().items() if v is not None}
     return PromptTemplates(**{**benchmark.templates.__dict__, **overrides})
 
 
-def warm_start_config(spec: RunSpec) -> Any:
-    """The spec's ``bootstrap:`` section as a BootstrapConfig. Where the section names no
-    benchmark, the warm start uses the run's own benchmark and options if that benchmark has an
-    oracle critic, so that it trains on the kind of problem the run is evaluated on."""
-    from mlmt_bench.models.bootstrap import BootstrapConfig
+def base_config(spec: RunSpec) -> BaseConfig:
+    """The spec's ``base:`` section as a BaseConfig with the run's seed (unless it names one). Where
+    the section names no benchmark, the base trains on the run's own benchmark and options if that
+    benchmark has an oracle critic, so that it learns the kind of problem the run is evaluated on."""
+    from mlmt_bench.models.shared_base import BaseConfig
 
-    raw = dict(spec.bootstrap or {})
+    raw = dict(spec.base or {})
     if "benchmark" not in raw:
         bench_cls = registry.benchmarks.get(spec.benchmark.name)
         if all(hasattr(bench_cls, m) for m in ("solution", "oracle_feedback", "inject_errors")):
             raw["benchmark"] = spec.benchmark.name
             raw.setdefault("benchmark_options", dict(spec.benchmark.options))
-    return BootstrapConfig.model_validate(raw)  # the section itself is checked by spec.validate_run
+    return BaseConfig.model_validate(raw).with_seed(spec.seed)  # the section itself is checked by spec.validate_run
 
 
-def bootstrap_dirs(spec: RunSpec, progress: bool = True, evaluate: bool = False) -> tuple[dict[str, Path], dict]:
-    """Checkpoints of the warm start (built on first use, then reused from the cache)."""
-    if spec.bootstrap is None:
-        return {}, {}
-    from mlmt_bench.models.bootstrap import ensure_bootstrap, evaluate_bootstrap
+def needs_base(spec: RunSpec, algorithm: Algorithm) -> bool:
+    """Whether a role the algorithm builds is a tiny model without a path (it starts from the base)."""
+    for role in algorithm.roles().built():
+        p = getattr(spec.policies, role)
+        if p is not None and p.model == "tiny" and not p.path:
+            return True
+    return False
 
-    result = ensure_bootstrap(warm_start_config(spec), progress=progress)
-    report = dict(result.report)
-    if evaluate:
-        report["eval"] = evaluate_bootstrap(result)
-    return {"solver": Path(result.solver_dir), "critic": Path(result.critic_dir)}, report
+
+def ensure_run_base(spec: RunSpec, progress: bool = True) -> Base:
+    """The shared base of ``spec`` (built and checked on first use, then reused from the cache)."""
+    from mlmt_bench.models.shared_base import ensure_base
+
+    if spec.base is None:
+        raise UserError("policies: a tiny model without `path` starts from the shared base; the spec needs a "
+                        "`base:` section (`base: {}` for the defaults)")
+    return ensure_base(base_config(spec), progress=progress)
 
 
 def build(spec: RunSpec, progress: bool = True) -> Components:
     b = spec.benchmark
-    bench_cls = registry.benchmarks.get(b.name)
-    benchmark = bench_cls(path=b.path, **b.options)
+    benchmark = registry.benchmarks.get(b.name)(path=b.path, **b.options)
     train = benchmark.load(b.train_split)[: b.train_limit]
     evals = benchmark.load(b.eval_split)[: spec.eval.limit or b.eval_limit]
     if not train or not evals:
@@ -85,28 +106,34 @@ def build(spec: RunSpec, progress: bool = True) -> Components:
     backend = registry.backends.get(spec.backend.name)(**spec.backend.options)
 
     algo_cls = registry.algorithms.get(spec.algorithm.name)
-    params = algo_cls.Params.model_validate(spec.algorithm.params)
-    algorithm = algo_cls(params, spec.train.steps)
-
-    dirs = {}
-    if any(p is not None and p.model == "tiny" and not p.path for p in (spec.policies.solver, spec.policies.critic)):
-        dirs, _ = bootstrap_dirs(spec, progress=progress)
-    device = _device()
-    solver = registry.models.get(spec.policies.solver.model)("solver", spec.policies.solver, dirs, device)
-    policies: dict[str, Any] = {"solver": solver, "critic": None}
-    variant = getattr(params, "variant", None)
-    if variant == "shared_policy":
-        policies["critic"] = solver
-    elif spec.policies.critic is not None and spec.algorithm.name == "mlmt" and variant in ("full", "fixed_feedback"):
-        critic_spec = spec.policies.critic
-        if variant == "fixed_feedback":
-            critic_spec = critic_spec.model_copy(update={"trainable": False})
-        policies["critic"] = registry.models.get(critic_spec.model)("critic", critic_spec, dirs, device)
-    if variant == "oracle_feedback" and not hasattr(benchmark, "oracle_feedback"):
-        raise UserError(f"algorithm.params.variant: oracle_feedback needs a benchmark with an oracle critic "
+    algorithm = algo_cls(algo_cls.Params.model_validate(spec.algorithm.params), spec.train.steps)
+    roles = algorithm.roles()
+    if roles.feedback == "oracle" and not hasattr(benchmark, "oracle_feedback"):
+        raise UserError(f"algorithm {spec.algorithm.name}: oracle feedback needs a benchmark with an oracle critic "
                         f"(synthetic-*), not {b.name}")
+    base = ensure_run_base(spec, progress) if needs_base(spec, algorithm) else None
+    if progress and not hasattr(benchmark, "oracle_feedback") and any(
+            getattr(spec.policies, r) is not None and getattr(spec.policies, r).model == "tiny" for r in roles.built()):
+        sys.stderr.write(f"note: tiny models on {b.name} are a smoke test of the pipeline, not a measurement: they are "
+                         "trained on synthetic arithmetic and read one token per character with 512 positions, so "
+                         "most prompts are longer than their context (transformers says so once) and accuracy stays "
+                         "near 0\n")
+    base_dir = base.model_dir if base is not None else None
+    device = _device()
+    policies: dict[str, Any] = {}
+    for role in ("solver", "critic"):
+        mode = roles.mode(role)
+        if mode == "shared":
+            policies[role] = policies["solver"]
+        elif mode == "absent":
+            policies[role] = None
+        else:
+            role_spec = getattr(spec.policies, role)
+            if mode == "frozen":
+                role_spec = role_spec.model_copy(update={"trainable": False})
+            policies[role] = registry.models.get(role_spec.model)(role, role_spec, base_dir, device)
     return Components(benchmark, templates_for(spec, benchmark), verifier, verifier_name, backend, policies,
-                      algorithm, train, evals)
+                      algorithm, train, evals, base)
 
 
 def _device() -> str | None:
@@ -118,7 +145,7 @@ def _device() -> str | None:
     return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
 
 
-def make_trainer(spec: RunSpec, comp: Components, run_dir: RunDir) -> Any:
+def make_trainer(spec: RunSpec, comp: Components, run_dir: RunDir) -> Trainer:
     from mlmt_bench.rollout.episodes import Actors
     from mlmt_bench.trainer import Trainer
 
@@ -126,6 +153,15 @@ def make_trainer(spec: RunSpec, comp: Components, run_dir: RunDir) -> Any:
                     getattr(comp.benchmark, "oracle_feedback", None))
     return Trainer(spec, comp.algorithm, actors, comp.policies, comp.train_problems, comp.eval_problems, run_dir,
                    comp.verifier_name)
+
+
+def run_manifest(comp: Components) -> dict[str, Any]:
+    """What the manifest records about a run's components: the algorithm's roles, the policies'
+    sizes, and the shared base (its data, tokens and seed, identical for every arm of an experiment)."""
+    roles = comp.algorithm.roles()
+    return {"roles": {"solver": roles.solver, "critic": roles.critic, "feedback": roles.feedback},
+            "params": {r: p.n_params for r, p in comp.policies.items() if p is not None},
+            "base": comp.base.summary() if comp.base is not None else None}
 
 
 def run(spec: RunSpec, progress: bool = True, *, extra_manifest: dict[str, Any] | None = None,
@@ -143,12 +179,15 @@ def run(spec: RunSpec, progress: bool = True, *, extra_manifest: dict[str, Any] 
     run_dir: Any = None
     if dist.is_main:
         run_dir = RunDir.create(spec.output_dir, spec.name, dump_yaml(spec), spec.seed)
-        run_dir.update_manifest(**(extra_manifest or {}), world_size=dist.world)
+        run_dir.update_manifest(**(extra_manifest or {}), **run_manifest(comp), world_size=dist.world)
     path = dist.broadcast(str(run_dir.path) if run_dir else None)
     run_dir = run_dir or NullRunDir(Path(path))
     trainer = make_trainer(spec, comp, run_dir)
     trainer.dist, trainer.on_eval = dist, on_eval
-    return _train(trainer, run_dir, progress and dist.is_main)
+    try:
+        return _train(trainer, run_dir, progress and dist.is_main)
+    finally:
+        comp.backend.close()
 
 
 def _build_in_turn(spec: RunSpec, dist: Any, progress: bool) -> Components:
@@ -165,6 +204,8 @@ def _build_in_turn(spec: RunSpec, dist: Any, progress: bool) -> Components:
 def resume_run(path: Path | str, progress: bool = True) -> dict[str, Any]:
     """Continue a run from its last checkpoint; log lines written after it are dropped and redone."""
     run_dir = RunDir.open(path)
+    if run_dir.manifest().get("status") == "completed":
+        raise UserError(f"{run_dir.path}: the run is complete; nothing to resume")
     spec = load_run_spec(run_dir.path / "spec.resolved.yaml")
     configure_torch(spec)
     comp = build(spec, progress=progress)
@@ -177,7 +218,10 @@ def resume_run(path: Path | str, progress: bool = True) -> dict[str, Any]:
         run_dir.truncate_logs_after(-1)
     resumes = run_dir.manifest().get("resumed_from", [])
     run_dir.update_manifest(status="running", resumed_from=resumes + [ckpt.name if ckpt else None])
-    return _train(trainer, run_dir, progress)
+    try:
+        return _train(trainer, run_dir, progress)
+    finally:
+        comp.backend.close()
 
 
 def _train(trainer: Any, run_dir: RunDir, progress: bool) -> dict[str, Any]:
@@ -200,12 +244,23 @@ def _train(trainer: Any, run_dir: RunDir, progress: bool) -> dict[str, Any]:
     return {**final, "run_dir": str(run_dir.path)}
 
 
-def bootstrap_from_spec(path: Path, overrides: list[str], *, evaluate: bool, progress: bool) -> dict[str, Any]:
+def bases_from_spec(path: Path, overrides: list[str], *, progress: bool) -> list[dict[str, Any]]:
+    """Build (or find in the cache) the shared base of every arm × seed of a run or experiment spec;
+    returns each distinct base's summary and its check on the validation split."""
+    from mlmt_bench.models.shared_base import ensure_base
+
     loaded = load_any(path, overrides)
-    specs = [loaded] if isinstance(loaded, RunSpec) else list(loaded[1].values())
-    spec = next((s for s in specs if s.bootstrap is not None), None)
-    if spec is None:
-        raise UserError(f"{path}: no `bootstrap:` section")
-    configure_torch(spec)
-    dirs, report = bootstrap_dirs(spec, progress=progress, evaluate=evaluate)
-    return {"solver_dir": str(dirs["solver"]), "critic_dir": str(dirs["critic"]), **report}
+    specs = [loaded] if isinstance(loaded, RunSpec) else [s.model_copy(update={"seed": seed})
+                                                          for s in loaded[1].values() for seed in loaded[0].seeds]
+    configs = {}
+    for spec in specs:
+        if spec.base is not None:
+            cfg = base_config(spec)
+            configs.setdefault(cfg.key(), cfg)
+    if not configs:
+        raise UserError(f"{path}: no `base:` section")
+    out = []
+    for cfg in configs.values():
+        base = ensure_base(cfg, progress=progress)
+        out.append({**base.summary(), "check": base.report.get("check")})
+    return out

@@ -39,7 +39,7 @@ class BenchmarkSpec(_Spec):
     path: str | None = Field(None, description="data file or directory; default: search (see README)")
     options: dict[str, Any] = Field(default_factory=dict, description="benchmark-specific options")
     train_split: str = "train"
-    eval_split: str = "eval"
+    eval_split: str = Field("test", description="split evaluated during and after training (sweeps: validation)")
     train_limit: int | None = Field(None, ge=1)
     eval_limit: int | None = Field(None, ge=1)
     verifier: str | None = Field(None, description="default: the benchmark's own")
@@ -55,16 +55,18 @@ class LoraSpec(_Spec):
 
 class PolicySpec(_Spec):
     model: str = Field("tiny", description="model registry name: tiny | hf | a plugin's")
-    path: str | None = Field(None, description="hub name or checkpoint dir; tiny: default from bootstrap")
+    path: str | None = Field(None, description="hub name or checkpoint dir; tiny: default the shared base")
     lora: LoraSpec | None = None
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     lr: float = Field(1e-4, gt=0.0)
     trainable: bool = True
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass "
+                                                            "(less memory, ~1/3 more compute)")
 
 
 class PoliciesSpec(_Spec):
     solver: PolicySpec = Field(default_factory=PolicySpec)
-    critic: PolicySpec | None = Field(None, description="the feedback writer; required by mlmt")
+    critic: PolicySpec | None = Field(None, description="the feedback writer; required when the algorithm builds one")
 
 
 class BackendSpec(_Spec):
@@ -85,13 +87,20 @@ class AlgorithmSpec(_Spec):
 class TrainSpec(_Spec):
     steps: int = Field(20, ge=0)
     problems_per_step: int = Field(8, ge=1)
-    grad_accum: int = Field(1, ge=1)
+    grad_accum: int = Field(1, ge=1, description="at least this many micro-batches per update")
+    micro_batch_tokens: int | None = Field(
+        32768, ge=1, description="padded tokens (rows × longest row) per forward/backward of an update, "
+        "log-prob, value or evaluation pass; gradients are accumulated to the full-batch update; "
+        "null: the whole batch at once. The default keeps every tiny registry run in one micro-batch; "
+        "lower it for large models (activation memory grows with it)")
     grad_clip: float = Field(1.0, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
     schedule: Literal["constant", "cosine"] = "constant"
     warmup_steps: int = Field(0, ge=0)
     checkpoint_every: int = Field(0, ge=0, description="steps between checkpoints; 0 = only at the end")
     token_budget: int | None = Field(None, ge=1, description="stop once this many tokens were generated")
+    flop_budget: float | None = Field(None, gt=0, description="stop once this many FLOPs were spent (METHOD.md v2 "
+                                                               "counting: prompts, trained sequences, extra passes)")
     deterministic: bool = True
     threads: int | None = Field(None, ge=1, description="torch CPU threads; default all cores")
 
@@ -116,7 +125,8 @@ class RunSpec(_Spec):
     algorithm: AlgorithmSpec
     train: TrainSpec = Field(default_factory=TrainSpec)
     eval: EvalSpec = Field(default_factory=EvalSpec)
-    bootstrap: dict[str, Any] | None = Field(None, description="warm start of tiny policies (BootstrapConfig)")
+    base: dict[str, Any] | None = Field(None, description="the shared base every tiny policy starts from "
+                                                         "(models/shared_base.py BaseConfig); seed: the run's")
     description: str = ""
 
 
@@ -128,7 +138,9 @@ class ExperimentSpec(_Spec):
     arms: dict[str, dict[str, Any]] = Field(min_length=1)
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     output_dir: str = "runs"
-    equal_token_budget: bool = Field(True, description="every arm stops at the same generated-token count")
+    budget: Literal["tokens", "flops", "none"] = Field(
+        "tokens", description="what every arm must spend equally: train.token_budget (generated tokens), "
+                              "train.flop_budget (FLOPs), or none (no check)")
     description: str = ""
 
 
@@ -282,6 +294,8 @@ def format_validation_error(source: str, exc: ValidationError, prefix: str = "",
         what = f"must be one of {ctx.get('expected')}, got {got!r}"
     elif kind == "string_pattern_mismatch":
         what = f"must match {ctx.get('pattern')}, got {got!r}"
+    elif kind == "value_error" and ctx.get("error") is not None:
+        what = f"{ctx['error']}, got {got!r}"
     else:
         what = f"{err['msg'][0].lower()}{err['msg'][1:]}, got {got!r}"
     return f"{source}: {loc}: {what}" if loc else f"{source}: {what}"
@@ -301,8 +315,29 @@ def _field_hint(model: type[BaseModel] | None, loc: list[Any]) -> str:
     return f"; did you mean {close[0]!r}?" if close else f" (expected one of: {', '.join(fields)})"
 
 
-def validate_run(data: dict[str, Any], source: str) -> RunSpec:
-    """A :class:`RunSpec` with its registry names and algorithm parameters checked."""
+def validate_run(data: dict[str, Any], source: str, overrides: list[str] | tuple[str, ...] = ()) -> RunSpec:
+    """A :class:`RunSpec` with its registry names and algorithm parameters checked. An error in a
+    field that a ``--set`` override wrote is blamed on that override, not on the file."""
+    try:
+        return _validate_run(data, source)
+    except UserError as exc:
+        raise _blame_override(exc, source, overrides) from None
+
+
+def _blame_override(exc: UserError, source: str, overrides: list[str] | tuple[str, ...]) -> UserError:
+    msg = str(exc)
+    if not msg.startswith(source + ": "):
+        return exc
+    rest = msg[len(source) + 2:]
+    field = rest.split(":", 1)[0].strip()
+    for text in overrides:
+        key = text.partition("=")[0].strip()
+        if field == key or field.startswith(key + ".") or key.startswith(field + "."):
+            return UserError(f"--set {text}: {rest}")
+    return exc
+
+
+def _validate_run(data: dict[str, Any], source: str) -> RunSpec:
     from mlmt_bench import registry
 
     try:
@@ -326,16 +361,20 @@ def validate_run(data: dict[str, Any], source: str) -> RunSpec:
     except ValidationError as exc:
         raise UserError(format_validation_error(source, exc, "algorithm.params", params_model)) from None
     spec.algorithm.params = params.model_dump()
-    if spec.bootstrap is not None:
-        from mlmt_bench.models.bootstrap import BootstrapConfig
+    if spec.benchmark.path is not None and not Path(spec.benchmark.path).expanduser().exists():
+        raise UserError(f"{source}: benchmark.path: no such file or directory: {spec.benchmark.path}")
+    if spec.base is not None:
+        from mlmt_bench.models.shared_base import BaseConfig
 
         try:
-            BootstrapConfig.model_validate(spec.bootstrap)
+            BaseConfig.model_validate(spec.base)
         except ValidationError as exc:
-            raise UserError(format_validation_error(source, exc, "bootstrap", BootstrapConfig)) from None
-    if spec.algorithm.name == "mlmt" and params.variant not in ("shared_policy", "oracle_feedback", "null_feedback") \
-            and spec.policies.critic is None:
-        raise UserError(f"{source}: policies.critic: required by algorithm mlmt (variant {params.variant})")
+            raise UserError(format_validation_error(source, exc, "base", BaseConfig)) from None
+    roles = params.roles() if callable(getattr(params, "roles", None)) else None
+    for role in roles.built() if roles is not None else ["solver"]:
+        if getattr(spec.policies, role) is None:
+            mode = roles.mode(role) if roles is not None else "trained"
+            raise UserError(f"{source}: policies.{role}: required by algorithm {spec.algorithm.name} ({role} {mode})")
     return spec
 
 
@@ -359,7 +398,7 @@ def is_experiment(data: dict[str, Any]) -> bool:
 def load_run_spec(path: Path | str, overrides: list[str] | None = None) -> RunSpec:
     path = Path(path)
     data = apply_overrides(load_raw(path), overrides or [], RunSpec)
-    return validate_run(data, str(path))
+    return validate_run(data, str(path), overrides or [])
 
 
 def load_validated(path: Path | str, model: type[_M]) -> _M:
@@ -382,7 +421,7 @@ def load_experiment(path: Path | str, overrides: list[str] | None = None) -> tup
         merged = deep_merge(base, over)
         merged["name"] = over.get("name", f"{exp.name}-{arm}")
         merged["output_dir"] = exp.output_dir
-        arms[arm] = validate_run(merged, f"{path}: arms.{arm}")
+        arms[arm] = validate_run(merged, f"{path}: arms.{arm}", overrides or [])
     return exp, arms
 
 
@@ -391,7 +430,7 @@ def load_any(path: Path | str, overrides: list[str] | None = None) -> RunSpec | 
     data = load_raw(path)
     if is_experiment(data):
         return load_experiment(path, overrides)
-    return validate_run(apply_overrides(data, overrides or [], RunSpec), str(path))
+    return validate_run(apply_overrides(data, overrides or [], RunSpec), str(path), overrides or [])
 
 
 def dump_yaml(spec: BaseModel) -> str:

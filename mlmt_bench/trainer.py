@@ -1,28 +1,36 @@
-"""The training loop every algorithm shares: rollout → credit → update → log → eval → checkpoint.
+"""The training loop every algorithm shares: rollout → value → credit → update → log → eval → checkpoint.
 
 Read it top to bottom: :meth:`Trainer.train` is the whole story; the algorithm (GRPO,
-self_correct, MLMT) only decides the episode program, the credit and who updates when.
+self_correct, MLMT) only decides the roles, the episode program, the credit and who updates
+when. Cost is counted as METHOD.md v2 says (mlmt_bench/metrics/cost.py): prompts as prefill,
+whole trained sequences, and every extra forward pass.
 """
 
 from __future__ import annotations
 
 import random
-import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
 
+from mlmt_bench import memory
+from mlmt_bench.algorithms.base import Algorithm, Credit, CreditInputs
 from mlmt_bench.algorithms.update import LossConfig, update_policy
 from mlmt_bench.dist import Dist
 from mlmt_bench.evaluate import evaluate
-from mlmt_bench.metrics.feedback import flops_estimate
-from mlmt_bench.rollout.episodes import Actors, Sampling, rollout
+from mlmt_bench.metrics.cost import forward_flops, generation_flops, training_flops
+from mlmt_bench.models.forward import last_hidden_states
+from mlmt_bench.rollout.episodes import Actors, Rollout, Sampling, merge_rollouts, rollout
 from mlmt_bench.tracking import RunDir
 from mlmt_bench.types import Problem
+
+if TYPE_CHECKING:
+    from mlmt_bench.models.policy import Policy
+    from mlmt_bench.spec import RunSpec
 
 
 @dataclass
@@ -37,20 +45,11 @@ class Counters:
 
 
 @dataclass
-class TrainContext:
-    """What credit assignment may look at besides the rollout."""
-
-    policies: dict[str, Any]
-    seed: int
-    frac_done: float = 0.0
-
-
-@dataclass
 class Trainer:
-    spec: Any  # RunSpec
-    algorithm: Any  # Algorithm
+    spec: RunSpec
+    algorithm: Algorithm
     actors: Actors
-    policies: dict[str, Any]  # role -> Policy ("critic" may be the solver itself)
+    policies: dict[str, Policy | None]  # role -> policy ("critic" may be the solver itself, or None)
     train_problems: list[Problem]
     eval_problems: list[Problem]
     run_dir: RunDir
@@ -65,66 +64,69 @@ class Trainer:
         for policy in self._trainable():
             opt = torch.optim.AdamW(policy.trainable_parameters(), lr=policy.lr, weight_decay=t.weight_decay)
             self.optimizers[id(policy)] = (opt, _schedule(opt, t.schedule, t.warmup_steps, max(t.steps, 1),
-                                                         self.algorithm.p.epochs))
+                                                         self.algorithm.params.epochs))
         b = self.spec.backend
         self.sampling = Sampling(b.temperature, b.top_p, b.max_new_tokens, b.feedback_max_new_tokens or b.max_new_tokens,
                                  b.stop)
         self.eval_sampling = Sampling(self.spec.eval.temperature, 1.0, b.max_new_tokens,
                                       b.feedback_max_new_tokens or b.max_new_tokens, b.stop)
-        self.loss_cfg = LossConfig(self.algorithm.p.clip_low, self.algorithm.p.clip_high, self.algorithm.p.loss_agg,
-                                   self.algorithm.p.epochs, t.grad_accum, t.grad_clip)
+        p = self.algorithm.params
+        self.loss_cfg = LossConfig(p.clip_low, p.clip_high, p.loss_agg, p.epochs, t.grad_accum, t.grad_clip,
+                                   t.micro_batch_tokens, p.ratio, p.loss, p.cispo_max,
+                                   getattr(p, "shaping_gamma", 0.1))
 
     # ------------------------------------------------------------------------------------------
     def train(self, progress: Any = None) -> dict[str, Any]:
-        """Train until ``train.steps`` or the token budget; returns the final evaluation."""
+        """Train until ``train.steps`` or a budget (tokens, FLOPs) is spent; returns the final evaluation."""
         t = self.spec.train
         started = time.perf_counter() - self.counters.wall_s
+        task = progress.add_task("train", total=100, completed=100 * self.frac_done()) if progress else None
+
+        def say(text: str) -> None:
+            if progress:
+                progress.update(task, completed=100 * self.frac_done(), description=text)
+
         if self.counters.step == 0:
+            say(f"evaluating {len(self.eval_problems)} {self.spec.benchmark.eval_split} problems at step 0")
             self.evaluate(started)
-        task = progress.add_task("train", total=t.steps, completed=self.counters.step) if progress else None
-        while self.counters.step < t.steps and not self._budget_spent():
+        while not self.done():
             step = self.counters.step
             problems = self.batch(step)
             torch.manual_seed(_step_seed(self.spec.seed, step) + self.dist.rank)
 
-            ro = rollout(self.algorithm.program(step), self.actors, problems, self.sampling)
-            ctx = TrainContext(self.policies, self.spec.seed, self.frac_done())
-            items, stats = self.algorithm.credit(ro, step, ctx)
+            with memory.phase("rollout"):
+                ro = rollout(self.algorithm.program(step), self.actors, problems, self.sampling)
+                ro, resampled = self.dynamic_sampling(step, ro)
+            feats, values, value_tokens = self.value_predictions(ro)
+            credit = self.algorithm.credit(ro, step, CreditInputs(self.frac_done(), values, self.sampling.max_new_tokens))
 
             t0 = time.perf_counter()
-            updated, update_stats = self.update(items, self.algorithm.updates(step))
+            updated, update_stats = self.update(credit, self.algorithm.updates(step))
             train_s = time.perf_counter() - t0
-            stats.update(self.algorithm.after_update(ro, step, ctx))
-            stats = {k: self.dist.mean(v) for k, v in stats.items()}  # over processes
+            stats = {**credit.stats, **self.fit_value(ro, feats), **resampled}
+            stats = {k: self.dist.mean(v) for k, v in stats.items() if v is not None}  # over processes
 
-            gen_by_role = {role: int(self.dist.sum(n)) for role, n in sorted(ro.gen_tokens.items())}
-            gen = sum(gen_by_role.values())
-            trained = int(sum(s.get("trained_tokens", 0) for s in update_stats.values()))
-            c = self.counters
-            c.step += 1
-            c.gen_tokens += gen
-            c.trained_tokens += trained
-            c.flops += sum(flops_estimate(self._params(role), n, 0) for role, n in gen_by_role.items() if n) + \
-                sum(flops_estimate(self._params(role), 0, int(s.get("trained_tokens", 0)))
-                    for role, s in update_stats.items())
+            gen = self.count_cost(ro, update_stats, value_tokens)
             if self.dist.enabled:
                 stats["replica_spread"] = max(self.dist.replica_spread(p.trainable_parameters())
                                               for p in self._trainable())
-            c.wall_s = time.perf_counter() - started
+            self.counters.wall_s = time.perf_counter() - started
+            trained = sum(s.get("trained_tokens", 0) for s in update_stats.values())
             self.run_dir.log_metrics({
                 "kind": "train", **self._counters(), **stats, "updated": sorted(updated),
                 **{f"{k}/{role}": v for role, s in update_stats.items() for k, v in s.items()},
                 **{f"len/{kind}": _mean_len(ro, kind) for kind in ("attempt", "feedback", "refine")},
                 "gen_tok_per_s": gen / max(ro.seconds, 1e-9), "train_tok_per_s": trained / max(train_s, 1e-9),
-                "peak_mem_mb": _peak_mem_mb(),
+                "peak_mem_mb": memory.TRACKER.peak_mb(), "mem/source": memory.TRACKER.source,
+                **memory.TRACKER.take(memory.TRAIN_PHASES, self.dist.max),
             })
-            if progress:
-                progress.update(task, completed=c.step,
-                                description=f"train r={stats.get('reward_mean', 0):.2f} tok={c.gen_tokens}")
-            last = c.step >= t.steps or self._budget_spent()
-            if last or (self.spec.eval.every and c.step % self.spec.eval.every == 0):
+            say(f"train step {self.counters.step} r={stats.get('reward_mean', 0):.2f} tok={self.counters.gen_tokens}")
+            last = self.done()
+            if last or (self.spec.eval.every and self.counters.step % self.spec.eval.every == 0):
+                say(f"evaluating {len(self.eval_problems)} {self.spec.benchmark.eval_split} problems at step "
+                    f"{self.counters.step}")
                 self.evaluate(started)
-            if last or (t.checkpoint_every and c.step % t.checkpoint_every == 0):
+            if last or (t.checkpoint_every and self.counters.step % t.checkpoint_every == 0):
                 self.save_checkpoint()
         final = self.run_dir.metrics()
         evals = [r for r in final if r["kind"] == "eval"]
@@ -133,33 +135,99 @@ class Trainer:
         return summary
 
     # ------------------------------------------------------------------------------------------
-    def batch(self, step: int) -> list[Problem]:
+    def dynamic_sampling(self, step: int, ro: Rollout) -> tuple[Rollout, dict[str, float]]:
+        """DAPO's dynamic sampling (``dynamic_sampling`` in the algorithm's params): roll out more
+        problems, from a second seeded order, until ``problems_per_step`` of them carry a gradient
+        (:meth:`Algorithm.informative`) or the rounds run out. Every token generated counts."""
+        p = self.algorithm.params
+        if not getattr(p, "dynamic_sampling", False):
+            return ro, {}
+        want = len(ro.problems)
+        rounds = 0
+        while len(self.algorithm.informative(ro)) < want and rounds < p.dynamic_sampling_rounds:
+            rounds += 1
+            extra = self.batch(step, round_=rounds)[: want - len(self.algorithm.informative(ro))]
+            ro = merge_rollouts(ro, rollout(self.algorithm.program(step), self.actors, extra, self.sampling))
+        return ro, {"dynamic_sampling/rounds": float(rounds),
+                    "dynamic_sampling/informative": float(len(self.algorithm.informative(ro)))}
+
+    def value_predictions(self, ro: Rollout) -> tuple[torch.Tensor | None, torch.Tensor | None, int]:
+        """The value model's features and predictions for the contexts the algorithm names (a
+        forward pass of the current solver), and the tokens that pass read."""
+        model = self.algorithm.value_model
+        if model is None:
+            return None, None, 0
+        contexts = self.algorithm.value_contexts(ro)
+        if not contexts:
+            return None, None, 0
+        solver = self.policies["solver"]
+        assert solver is not None
+        with memory.phase("value"):
+            feats = last_hidden_states(solver.model, solver.tokenizer.pad_token_id, contexts,
+                                       self.spec.train.micro_batch_tokens)
+        return feats, model.predict(feats), sum(len(c) for c in contexts)
+
+    def fit_value(self, ro: Rollout, feats: torch.Tensor | None) -> dict[str, Any]:
+        """Fit the value model on this step's refinements (after it was scored on them)."""
+        model = self.algorithm.value_model
+        if model is None or feats is None:
+            return {}
+        index, targets = self.algorithm.value_targets(ro)
+        return model.fit(feats[index], targets)
+
+    def count_cost(self, ro: Rollout, update_stats: dict[str, dict[str, float]], value_tokens: int) -> int:
+        """Add this step's tokens and FLOPs to the counters; returns the tokens generated (all processes)."""
+        c = self.counters
+        gen_by_role = {role: int(self.dist.sum(n)) for role, n in sorted(ro.gen_tokens.items())}
+        prompt_by_role = {role: int(self.dist.sum(n)) for role, n in sorted(ro.prompt_tokens.items())}
+        flops = sum(generation_flops(self._params(role), prompt_by_role.get(role, 0), n)
+                    for role, n in gen_by_role.items() if n)
+        for role, s in update_stats.items():
+            p = self._params(role)
+            flops += training_flops(p, int(s.get("sequence_tokens", 0))) + forward_flops(p, int(s.get("forward_tokens", 0)))
+        flops += forward_flops(self._params("solver"), int(self.dist.sum(value_tokens)))
+        gen = sum(gen_by_role.values())
+        c.step += 1
+        c.gen_tokens += gen
+        c.trained_tokens += int(sum(s.get("trained_tokens", 0) for s in update_stats.values()))
+        c.flops += flops
+        return gen
+
+    # ------------------------------------------------------------------------------------------
+    def batch(self, step: int, round_: int = 0) -> list[Problem]:
         """This process's problems of ``step``: its share of consecutive slices of a per-epoch seeded
-        permutation (so the order depends only on the step: resumable)."""
+        permutation (so the order depends only on the step: resumable). ``round_ > 0``: the extra
+        problems of dynamic sampling, from another permutation per round."""
         n, k = len(self.train_problems), self.spec.train.problems_per_step
         out = []
         for j in range(step * k, step * k + k):
             epoch, pos = divmod(j, n)
-            perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.spec.seed * 7919 + epoch))
+            seed = self.spec.seed * 7919 + epoch + 1_000_003 * round_
+            perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
             out.append(self.train_problems[int(perm[pos])])
         return self.dist.shard(out)
 
-    def update(self, items: dict[str, list], roles: set[str]) -> tuple[set[str], dict[str, dict[str, float]]]:
+    def update(self, credit: Credit, roles: set[str]) -> tuple[set[str], dict[str, dict[str, float]]]:
         """One optimiser update per distinct trainable model (a shared model gets both roles' items)."""
-        by_model: dict[int, tuple[str, Any, list]] = {}
+        by_model: dict[int, tuple[str, Any, list, float]] = {}
         for role in sorted(roles):
             policy = self.policies.get(role)
-            if policy is None or not policy.trainable or not self.dist.any(bool(items.get(role))):
+            if policy is None or not policy.trainable or not self.dist.any(bool(credit.items.get(role))):
                 continue
-            name, _, acc = by_model.setdefault(id(policy), (role, policy, []))
-            acc.extend(items[role])
+            name, _, acc, norm = by_model.get(id(policy), (role, policy, [], 0.0))
+            acc.extend(credit.items.get(role, []))
+            by_model[id(policy)] = (name, policy, acc, norm + self._max_new(role) * credit.sampled.get(role, 0))
         stats, updated = {}, set()
-        for name, policy, its in by_model.values():
+        for name, policy, its, norm in by_model.values():
             opt, sched = self.optimizers[id(policy)]
-            stats[name] = update_policy(policy, opt, sched, its, self.loss_cfg, self.dist)
+            stats[name] = update_policy(policy, opt, sched, its, self.loss_cfg, self.dist, constant_norm=norm)
             self.actors.backend.sync_weights(policy.model)  # generation engines see the new weights
             updated |= {r for r in roles if self.policies.get(r) is policy}
         return updated, stats
+
+    def _max_new(self, role: str) -> int:
+        """The longest turn ``role`` may generate: the constant of ``constant_norm``."""
+        return self.sampling.feedback_max_new_tokens if role == "critic" else self.sampling.max_new_tokens
 
     def evaluate(self, started: float) -> dict[str, Any] | None:
         """Held-out evaluation on the main process (the others wait)."""
@@ -167,11 +235,13 @@ class Trainer:
             self.dist.barrier()
             return None
         e = self.spec.eval
-        res = evaluate(self.algorithm.eval_program(), self.actors, self.eval_problems, self.eval_sampling,
-                       verifier_name=self.verifier_name, feedback_metrics=e.feedback_metrics,
-                       n_samples=e.samples, protocols=e.protocols)
+        with memory.phase("eval"):
+            res = evaluate(self.algorithm.eval_program(), self.actors, self.eval_problems, self.eval_sampling,
+                           verifier_name=self.verifier_name, feedback_metrics=e.feedback_metrics,
+                           n_samples=e.samples, protocols=e.protocols,
+                           micro_batch_tokens=self.spec.train.micro_batch_tokens)
         self.counters.wall_s = time.perf_counter() - started
-        record = {"kind": "eval", **self._counters(), **res.metrics}
+        record = {"kind": "eval", **self._counters(), **res.metrics, **memory.TRACKER.take(("eval",))}
         self.run_dir.log_metrics(record)
         self.run_dir.log_eval_problems([{"step": self.counters.step, "gen_tokens": self.counters.gen_tokens, **row}
                                         for row in res.per_problem])
@@ -226,7 +296,7 @@ class Trainer:
         np.random.set_state(state["rng"]["numpy"])
 
     # helpers ----------------------------------------------------------------------------------
-    def _trainable(self) -> list[Any]:
+    def _trainable(self) -> list[Policy]:
         seen, out = set(), []
         for p in self.policies.values():
             if p is not None and p.trainable and id(p) not in seen:
@@ -238,15 +308,18 @@ class Trainer:
         p = self.policies.get(role)
         return p.n_params if p is not None else 0
 
-    def _budget_spent(self) -> bool:
-        b = self.spec.train.token_budget
-        return b is not None and self.counters.gen_tokens >= b
+    def done(self) -> bool:
+        """``train.steps`` taken, or a budget (generated tokens, FLOPs) spent."""
+        return self.frac_done() >= 1.0
 
     def frac_done(self) -> float:
-        t = self.spec.train
-        f = self.counters.step / max(t.steps, 1)
+        """Share of training done: steps, or the share of a budget spent, whichever is further."""
+        t, c = self.spec.train, self.counters
+        f = c.step / t.steps if t.steps else 1.0
         if t.token_budget:
-            f = max(f, self.counters.gen_tokens / t.token_budget)
+            f = max(f, c.gen_tokens / t.token_budget)
+        if t.flop_budget:
+            f = max(f, c.flops / t.flop_budget)
         return min(f, 1.0)
 
     def _counters(self) -> dict[str, Any]:
@@ -279,9 +352,3 @@ def _step_seed(seed: int, step: int) -> int:
 def _mean_len(ro: Any, kind: str) -> float | None:
     lens = [len(t.ids) for t in ro.turns if t.kind == kind and t.ids]
     return sum(lens) / len(lens) if lens else None
-
-
-def _peak_mem_mb() -> float:
-    if torch.cuda.is_available():
-        return torch.cuda.max_memory_allocated() / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

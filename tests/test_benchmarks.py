@@ -21,7 +21,7 @@ from mlmt_bench.benchmarks.mbpp import MBPP, MBPPSanitized
 from mlmt_bench.errors import UserError
 from mlmt_bench.types import Problem
 
-SHARED = Path(data.__file__).resolve().parents[2] / ".." / "shared" / "data"
+DATA = Path(data.__file__).resolve().parents[2] / "data"  # shipped with the repository
 
 
 @pytest.fixture(autouse=True)
@@ -46,6 +46,9 @@ def no_hub(monkeypatch: pytest.MonkeyPatch) -> None:
 # ---------------------------------------------------------------------------------------
 # Counts and splits of the real files
 # ---------------------------------------------------------------------------------------
+
+#: (train, validation, test) sizes at seed 0 with the default fractions (0.4 / 0.1 / 0.5).
+SPLIT_SIZES_SEED0 = {"math500": (195, 46, 259), "gsm8k": (548, 140, 631), "gpqa-diamond": (85, 21, 92)}
 
 ALL = {
     "math500": (Math500, 500),
@@ -78,7 +81,6 @@ def test_mbpp_splits(no_hub: None) -> None:
     b = MBPP()
     sizes = {s: len(b.load(s)) for s in ("prompt", "test", "validation", "train")}
     assert sizes == {"prompt": 10, "test": 500, "validation": 90, "train": 374}
-    assert b.load("eval") == b.load("test")
     ids = [p.metadata["task_id"] for p in b.load("test")]
     assert ids == list(range(11, 511))
     assert [p.metadata["task_id"] for p in b.load("train")] == list(range(601, 975))
@@ -142,42 +144,60 @@ def test_math500_problem_shape(no_hub: None) -> None:
 @pytest.mark.parametrize("cls", [Math500, GSM8K, GPQADiamond])
 def test_seeded_splits(cls: type, no_hub: None) -> None:
     a, b, c = cls(seed=0), cls(seed=0), cls(seed=1)
-    train, held = a.load("train"), a.load("eval")
-    ids_t, ids_e = {p.id for p in train}, {p.id for p in held}
-    assert not ids_t & ids_e
-    assert ids_t | ids_e == {p.id for p in a.load("test")}
-    n = len(a.load("test"))
-    assert abs(len(held) - n / 2) < 4 * (n ** 0.5) / 2  # about half
-    assert [p.id for p in b.load("eval")] == [p.id for p in held]  # deterministic
-    assert {p.id for p in c.load("eval")} != ids_e  # seed changes it
-    small = cls(seed=0, eval_fraction=0.2).load("eval")
-    assert len(small) < len(held)
+    splits = {s: a.load(s) for s in ("train", "validation", "test")}
+    ids = {s: {p.id for p in ps} for s, ps in splits.items()}
+    assert not ids["train"] & ids["validation"] and not ids["train"] & ids["test"]
+    assert not ids["validation"] & ids["test"]
+    assert ids["train"] | ids["validation"] | ids["test"] == {p.id for p in a.all_problems()}
+    n = len(a.all_problems())
+    for split, share in (("test", 0.5), ("validation", 0.1)):  # binomial: within 4 standard deviations
+        assert abs(len(ids[split]) - n * share) < 4 * (n * share * (1 - share)) ** 0.5, split
+    assert [p.id for p in b.load("test")] == [p.id for p in splits["test"]]  # deterministic
+    assert {p.id for p in c.load("test")} != ids["test"]  # seed changes it
+    small = cls(seed=0, test_fraction=0.2).load("test")
+    assert len(small) < len(splits["test"])
     # file order is kept within a split
-    order = {p.id: i for i, p in enumerate(a.load("test"))}
+    order = {p.id: i for i, p in enumerate(a.all_problems())}
+    held = splits["test"]
     assert [order[p.id] for p in held] == sorted(order[p.id] for p in held)
 
 
 def test_split_sizes_seed0(no_hub: None) -> None:
     """The seed-0 sizes, recorded so a change in the split rule is noticed."""
-    got = {n: (len(c(seed=0).load("train")), len(c(seed=0).load("eval")))
+    got = {n: tuple(len(c(seed=0).load(s)) for s in ("train", "validation", "test"))
            for n, c in [("math500", Math500), ("gsm8k", GSM8K), ("gpqa-diamond", GPQADiamond)]}
-    assert got == {"math500": (241, 259), "gsm8k": (688, 631), "gpqa-diamond": (106, 92)}
+    assert got == SPLIT_SIZES_SEED0
+
+
+def test_gpqa_zip_is_read_in_memory_and_errors_are_one_line(tmp_path: Path, no_hub: None) -> None:
+    b = GPQADiamond()
+    assert b.origin is None and len(b.all_problems()) == 198
+    assert b.origin == str(DATA / "gpqa_dataset.zip")
+    bad = tmp_path / "gpqa_dataset.zip"
+    raw = (DATA / "gpqa_dataset.zip").read_bytes()
+    bad.write_bytes(raw[: len(raw) // 3])
+    with pytest.raises(UserError) as info:
+        GPQADiamond(path=str(tmp_path)).load("test")
+    assert "corrupt or unreadable zip" in str(info.value) and "\n" not in str(info.value)
+    assert not list(tmp_path.rglob("*.csv")) and not list(DATA.rglob("*.csv"))  # nothing unpacked to disk
 
 
 def test_gpqa_split_consistent_across_sets(no_hub: None) -> None:
-    d_eval = {p.id for p in GPQADiamond(seed=3).load("eval")}
-    m_eval = {p.id for p in GPQAMain(seed=3).load("eval")}
-    d_all = {p.id for p in GPQADiamond(seed=3).load("test")}
-    assert d_eval == m_eval & d_all
+    d_test = {p.id for p in GPQADiamond(seed=3).load("test")}
+    m_test = {p.id for p in GPQAMain(seed=3).load("test")}
+    d_all = {p.id for p in GPQADiamond(seed=3).all_problems()}
+    assert d_test == m_test & d_all
 
 
 def test_bad_options() -> None:
     with pytest.raises(UserError, match="unknown option"):
         Math500(bogus=1)
-    with pytest.raises(UserError, match="eval_fraction"):
-        Math500(eval_fraction=1.5)
+    with pytest.raises(UserError, match="test_fraction"):
+        Math500(test_fraction=1.5)
+    with pytest.raises(UserError, match="the rest is train"):
+        Math500(validation_fraction=0.5, test_fraction=0.5)
     with pytest.raises(UserError, match="unknown split"):
-        Math500().load("validation")
+        Math500().load("eval")
     with pytest.raises(UserError, match="shown_tests"):
         MBPP(shown_tests=-1)
 
@@ -188,15 +208,19 @@ def test_bad_options() -> None:
 
 
 def _gpqa_rows(which: str) -> list[dict[str, str]]:
+    """The member CSV read independently of the loader (zipfile + csv, in memory)."""
     import io
+    import zipfile
 
-    with io.TextIOWrapper(gzip.open(SHARED / f"gpqa_{which}.csv.gz"), encoding="utf-8", newline="") as f:
-        return list(csv.DictReader(f))
+    from mlmt_bench.benchmarks.gpqa import GPQA_ZIP_PASSWORD
+
+    raw = zipfile.ZipFile(DATA / "gpqa_dataset.zip").read(f"dataset/gpqa_{which}.csv", pwd=GPQA_ZIP_PASSWORD)
+    return list(csv.DictReader(io.StringIO(raw.decode("utf-8"), newline="")))
 
 
 def test_gpqa_options_and_gold(no_hub: None) -> None:
     rows = {r["Record ID"]: r for r in _gpqa_rows("diamond")}
-    problems = GPQADiamond(seed=0).load("test")
+    problems = GPQADiamond(seed=0).all_problems()
     letters = {L: 0 for L in "ABCD"}
     for p in problems:
         row = rows[p.id]
@@ -215,18 +239,18 @@ def test_gpqa_options_and_gold(no_hub: None) -> None:
 
 
 def test_gpqa_shuffle_deterministic_and_seeded(no_hub: None) -> None:
-    a = GPQAMain(seed=0).load("test")
-    b = GPQAMain(seed=0).load("test")
-    c = GPQAMain(seed=1).load("test")
+    a = GPQAMain(seed=0).all_problems()
+    b = GPQAMain(seed=0).all_problems()
+    c = GPQAMain(seed=1).all_problems()
     assert [p.metadata["order"] for p in a] == [p.metadata["order"] for p in b]
     assert [p.prompt for p in a] == [p.prompt for p in b]
     changed = sum(x.metadata["order"] != y.metadata["order"] for x, y in zip(a, c))
     assert changed > len(a) // 2
     # the same question is shuffled the same way in every set
-    d = {p.id: p.metadata["order"] for p in GPQADiamond(seed=0).load("test")}
+    d = {p.id: p.metadata["order"] for p in GPQADiamond(seed=0).all_problems()}
     assert all(d[p.id] == p.metadata["order"] for p in a if p.id in d)
     assert sum(p.metadata["duplicate_options"] for p in a) == 3
-    assert sum(p.metadata["duplicate_options"] for p in GPQAExtended().load("test")) == 4
+    assert sum(p.metadata["duplicate_options"] for p in GPQAExtended().all_problems()) == 4
 
 
 # ---------------------------------------------------------------------------------------
@@ -249,22 +273,36 @@ def test_discovery_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_hub
     explicit = _write_jsonl(tmp_path / "explicit" / "math500_test.jsonl", _math_rows(3, "explicit"))
     env = _write_jsonl(tmp_path / "env" / "math500_test.jsonl", _math_rows(2, "env"))
     # shipped data only
-    assert len(Math500().load("test")) == 500
+    assert len(Math500().all_problems()) == 500
     # env var beats shipped
     monkeypatch.setenv(data.ENV_VAR, str(env.parent))
     b = Math500()
-    assert len(b.load("test")) == 2 and b.origin == str(env)
+    assert len(b.all_problems()) == 2 and b.origin == str(env)
     # explicit path (file or directory) beats env var
-    assert len(Math500(path=str(explicit)).load("test")) == 3
-    assert len(Math500(path=str(explicit.parent)).load("test")) == 3
+    assert len(Math500(path=str(explicit)).all_problems()) == 3
+    assert len(Math500(path=str(explicit.parent)).all_problems()) == 3
     # an env dir without this benchmark's file falls through to the shipped data
-    assert len(GSM8K().load("test")) == 1319
+    assert len(GSM8K().all_problems()) == 1319
 
 
-def test_shipped_dirs_include_shared_data() -> None:
+def test_shipped_dirs_put_the_repository_data_first() -> None:
     dirs = data.shipped_dirs()
-    assert SHARED.resolve() in dirs
-    assert dirs.index(SHARED.resolve()) == 0
+    assert dirs[0] == DATA
+    shared = (DATA.parent / ".." / "shared" / "data").resolve()
+    assert dirs[-1] == shared  # one more place to look, never needed
+
+
+def test_shipped_files_match_their_sha256() -> None:
+    import hashlib
+
+    lines = (DATA / "SHA256SUMS").read_text().split("\n")
+    sums = dict(reversed(line.split()) for line in lines if line.strip())
+    assert set(sums) == {"HumanEval.jsonl.gz", "gpqa_dataset.zip", "gsm8k_test.jsonl", "math500_test.jsonl",
+                         "mbpp.jsonl", "sanitized-mbpp.json"}
+    for name, digest in sums.items():
+        assert hashlib.sha256((DATA / name).read_bytes()).hexdigest() == digest, name
+    assert (DATA / "SOURCES.md").is_file() and (DATA / "LICENSES.md").is_file()
+    assert not list(DATA.glob("gpqa_*.csv*"))  # GPQA stays in its password-protected zip
 
 
 def test_explicit_path_missing(tmp_path: Path, no_hub: None) -> None:
@@ -337,27 +375,27 @@ def _hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tables: Any) -> FakeHu
 
 
 def _local(cls: type) -> list[Problem]:
-    return cls(path=str(SHARED)).load("test")
+    return cls(path=str(DATA)).load("test")
 
 
 def test_hub_math500_gsm8k(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    m_rows = [json.loads(x) for x in (SHARED / "math500_test.jsonl").read_text().splitlines()]
-    g_rows = [json.loads(x) for x in (SHARED / "gsm8k_test.jsonl").read_text().splitlines()]
+    m_rows = [json.loads(x) for x in (DATA / "math500_test.jsonl").read_text().splitlines()]
+    g_rows = [json.loads(x) for x in (DATA / "gsm8k_test.jsonl").read_text().splitlines()]
     fake = _hub(monkeypatch, tmp_path, {
         ("HuggingFaceH4/MATH-500", None, "test"): m_rows,
         ("openai/gsm8k", "main", "test"): g_rows,
     })
     b = Math500()
     assert b.load("test") == _local(Math500) and b.origin == "hf://HuggingFaceH4/MATH-500"
-    assert GSM8K().load("eval") == GSM8K(path=str(SHARED)).load("eval")
+    assert GSM8K().load("validation") == GSM8K(path=str(DATA)).load("validation")
     assert fake.calls == [("HuggingFaceH4/MATH-500", None, "test"), ("openai/gsm8k", "main", "test")]
 
 
 def test_hub_mbpp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from mlmt_bench.benchmarks.mbpp import split_of
 
-    full = [json.loads(x) for x in (SHARED / "mbpp.jsonl").read_text().splitlines()]
-    san = json.loads((SHARED / "sanitized-mbpp.json").read_text())
+    full = [json.loads(x) for x in (DATA / "mbpp.jsonl").read_text().splitlines()]
+    san = json.loads((DATA / "sanitized-mbpp.json").read_text())
     tables: dict[Any, list[dict[str, Any]]] = {}
     for cfg, rows in (("full", full), ("sanitized", san)):
         for split in ("train", "test", "validation", "prompt"):
@@ -365,8 +403,8 @@ def test_hub_mbpp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
             part = [r for r in rows if split_of(r["task_id"]) == split][::-1]
             tables[("google-research-datasets/mbpp", cfg, split)] = part
     fake = _hub(monkeypatch, tmp_path, tables)
-    assert MBPP().all_problems() == MBPP(path=str(SHARED)).all_problems()
-    assert MBPPSanitized().all_problems() == MBPPSanitized(path=str(SHARED)).all_problems()
+    assert MBPP().all_problems() == MBPP(path=str(DATA)).all_problems()
+    assert MBPPSanitized().all_problems() == MBPPSanitized(path=str(DATA)).all_problems()
     assert {c[1] for c in fake.calls} == {"full", "sanitized"} and len(fake.calls) == 8
 
 
@@ -375,7 +413,7 @@ def test_hub_gpqa(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     _hub(monkeypatch, tmp_path, tables)
     for cls in (GPQADiamond, GPQAMain, GPQAExtended):
         b = cls(seed=2)
-        assert b.load("test") == cls(path=str(SHARED), seed=2).load("test")
+        assert b.load("test") == cls(path=str(DATA), seed=2).load("test")
         assert b.origin is not None and b.origin.startswith("hf://Idavidrein/gpqa/gpqa_")
 
 
@@ -391,7 +429,7 @@ def test_hub_rows_missing_field(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
 
 
 def test_jsonl_bad_line(tmp_path: Path) -> None:
-    lines = (SHARED / "math500_test.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    lines = (DATA / "math500_test.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
     lines[36] = lines[36][: len(lines[36]) // 2] + "\n"  # line 37 cut in half
     bad = tmp_path / "math500_test.jsonl"
     bad.write_text("".join(lines), encoding="utf-8")
@@ -414,7 +452,14 @@ def test_jsonl_missing_field_and_not_object(tmp_path: Path) -> None:
 
 
 def test_gzip_truncated(tmp_path: Path) -> None:
-    raw = (SHARED / "gpqa_diamond.csv.gz").read_bytes()
+    import io
+
+    rows = _gpqa_rows("diamond")
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    raw = gzip.compress(out.getvalue().encode())
     bad = tmp_path / "gpqa_diamond.csv.gz"
     bad.write_bytes(raw[: len(raw) // 2])
     with pytest.raises(UserError) as info:
@@ -427,14 +472,14 @@ def test_gzip_truncated(tmp_path: Path) -> None:
 
 def test_gzip_jsonl_truncated(tmp_path: Path) -> None:
     bad = tmp_path / "gsm8k_test.jsonl.gz"
-    bad.write_bytes(gzip.compress((SHARED / "gsm8k_test.jsonl").read_bytes())[:5000])
+    bad.write_bytes(gzip.compress((DATA / "gsm8k_test.jsonl").read_bytes())[:5000])
     with pytest.raises(UserError, match=re.escape(str(bad)) + r":\d+: corrupt data file: file is truncated"):
         GSM8K(path=str(bad)).load("test")
 
 
 def test_gzip_ok(tmp_path: Path) -> None:
     gz = tmp_path / "math500_test.jsonl.gz"
-    gz.write_bytes(gzip.compress((SHARED / "math500_test.jsonl").read_bytes()))
+    gz.write_bytes(gzip.compress((DATA / "math500_test.jsonl").read_bytes()))
     assert Math500(path=str(tmp_path)).load("test") == _local(Math500)
 
 
@@ -459,7 +504,7 @@ def test_csv_missing_columns(tmp_path: Path) -> None:
 def test_csv_truncated_record(tmp_path: Path) -> None:
     rows = [[f"line one\nline two {i}", " right ", "w1", "w2", "w3", f"rec{i}", "s", "Physics"] for i in range(3)]
     good = _fake_gpqa(tmp_path / "gpqa_main.csv", _GPQA_HEADER, rows)
-    problems = GPQAMain(path=str(good)).load("test")
+    problems = GPQAMain(path=str(good)).all_problems()
     assert len(problems) == 3 and problems[0].metadata["options"].count("right") == 1
     text = good.read_text(encoding="utf-8")
     cut = text[: text.rindex("rec2") - 6]  # the last record loses its last fields
@@ -476,7 +521,7 @@ def test_json_not_an_array(tmp_path: Path) -> None:
 
 
 def test_json_syntax_error_line(tmp_path: Path) -> None:
-    text = (SHARED / "sanitized-mbpp.json").read_text(encoding="utf-8")
+    text = (DATA / "sanitized-mbpp.json").read_text(encoding="utf-8")
     bad = tmp_path / "sanitized-mbpp.json"
     bad.write_text(text[: len(text) // 2], encoding="utf-8")  # truncated array
     with pytest.raises(UserError, match=re.escape(str(bad)) + r":\d+: invalid JSON"):
@@ -484,7 +529,7 @@ def test_json_syntax_error_line(tmp_path: Path) -> None:
 
 
 def test_json_array_bad_element_line(tmp_path: Path) -> None:
-    rows = json.loads((SHARED / "sanitized-mbpp.json").read_text(encoding="utf-8"))[:3]
+    rows = json.loads((DATA / "sanitized-mbpp.json").read_text(encoding="utf-8"))[:3]
     del rows[2]["test_list"]
     bad = tmp_path / "sanitized-mbpp.json"
     bad.write_text(json.dumps(rows, indent=1), encoding="utf-8")
@@ -502,7 +547,7 @@ def test_unknown_file_type(tmp_path: Path) -> None:
 
 
 def test_copy_of_shipped_file_loads(tmp_path: Path) -> None:
-    shutil.copy(SHARED / "mbpp.jsonl", tmp_path / "mbpp.jsonl")
+    shutil.copy(DATA / "mbpp.jsonl", tmp_path / "mbpp.jsonl")
     assert len(MBPP(path=str(tmp_path)).all_problems()) == 974
 
 

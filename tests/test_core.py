@@ -159,9 +159,10 @@ def test_aggregate_modes_by_hand():
     assert aggregate(x, mask, "token_mean").item() == pytest.approx(2.5)
     # seq_mean_token_mean: mean((1+2+3)/3, 4/1) = mean(2, 4) = 3
     assert aggregate(x, mask, "seq_mean_token_mean").item() == pytest.approx(3.0)
-    # constant_norm: 10 / (B*T) = 10/6; with max_len 5: 10/(2*5) = 1
+    # constant_norm: 10 / (B*T) = 10/6; with the constant norm = 40 (e.g. max_new_tokens 5 x 8 sampled
+    # sequences, six of them with no tokens here): 10/40
     assert aggregate(x, mask, "constant_norm").item() == pytest.approx(10 / 6)
-    assert aggregate(x, mask, "constant_norm", max_len=5).item() == pytest.approx(1.0)
+    assert aggregate(x, mask, "constant_norm", norm=40).item() == pytest.approx(0.25)
     with pytest.raises(ValueError):
         aggregate(x, mask, "sum")
 

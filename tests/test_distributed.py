@@ -32,7 +32,7 @@ def _spec(tmp_path, ckpt, name):
 
 @pytest.mark.slow
 def test_two_cpu_processes_keep_identical_weights(tiny_ckpt, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(TESTS), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)]), "OMP_NUM_THREADS": "1"}
     # accelerate's `--cpu` launcher needs MPI for more than one process; its torchrun launcher
     # (`--multi_gpu`) starts the two processes, and with no GPU present they join over gloo.
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",

@@ -10,15 +10,16 @@ import numpy as np
 import pytest
 
 from mlmt_bench.errors import UserError
-from mlmt_bench.metrics.stats import bootstrap_ci, paired_bootstrap_diff
-from mlmt_bench.report.compare import build_comparison, load_run, report_from_dirs, strip_stamp
+from mlmt_bench.metrics.stats import bootstrap_ci, sign_flip_test
+from mlmt_bench.report.compare import build_comparison, report_from_dirs
+from mlmt_bench.report.runs import load_run, strip_stamp
 
 PIDS = ["p0", "p1", "p2", "p3"]
 
 
 def make_run(root: Path, dirname: str, *, seed: int, arm: str | None, curve: list[tuple],
              t1: list[int], t2: list[int], extra: dict | None = None, final: bool = True,
-             feedback: bool = True) -> Path:
+             feedback: bool = True, spec: str = "name: x\n") -> Path:
     """A run directory as `mlmt-bench run` writes it.
 
     curve: (step, gen_tokens, flops, acc@t1, acc@t2) per eval; the last one is the final eval,
@@ -32,7 +33,7 @@ def make_run(root: Path, dirname: str, *, seed: int, arm: str | None, curve: lis
     if arm is not None:
         manifest["arm"] = arm
     (d / "manifest.json").write_text(json.dumps(manifest))
-    (d / "spec.resolved.yaml").write_text("name: x\n")
+    (d / "spec.resolved.yaml").write_text(spec)
     lines, prob_lines = [], []
     for step, tok, flops, a1, a2 in curve:
         base = {"step": step, "gen_tokens": tok, "trained_tokens": tok // 2, "flops": flops, "wall_s": 1.0}
@@ -98,50 +99,87 @@ def test_comparison_table_numbers(arms, tmp_path):
     std = np.std([0.75, 0.5], ddof=1)  # sample std over seeds = 0.1768 -> 17.7 points
     assert f"{100 * std:.1f}" == "17.7"
     # columns: grpo, mlmt, self_correct
-    assert table_row(md, "acc@t2") == ["62.5% ± 17.7", "87.5% ± 17.7", "50.0% (1 seed)"]
+    assert table_row(md, "acc@t2 (refine-all)") == ["62.5% ± 17.7", "87.5% ± 17.7", "50.0% (1 seed)"]
     assert table_row(md, "acc@t1") == ["62.5% ± 17.7", "37.5% ± 17.7", "50.0% (1 seed)"]
     assert table_row(md, "delta (t2 − t1)") == ["+0.0 pp ± 0.0", "+50.0 pp ± 0.0", "+0.0 pp (1 seed)"]
     # GRPO has no turn-2 / feedback metrics: dashes
     assert table_row(md, "i→c")[0] == "–"
     assert table_row(md, "feedback_effect (g vs g∅)") == ["–", "+12.5 pp ± 0.0", "+12.5 pp (1 seed)"]
-    assert table_row(md, "correction_rate") == ["–", "–", "–"]
+    assert "correction_rate" not in md  # no arm recorded it: no row
     assert "oracle-gated (optimistic: consults the verifier at test time)" in md
     assert table_row(md, "generated tokens (training, at the end)")[1] == "5000 ± 1414"
 
-    # 95% bootstrap CI over the pooled (seed, problem) units
-    m, lo, hi = bootstrap_ci([1, 1, 0, 1, 1, 0, 0, 1])
+    # the 95% CI resamples problems, each keeping both seeds: the bootstrap of the per-problem
+    # seed means [1, .5, 0, 1] (grpo: seed 0 [1, 1, 0, 1], seed 1 [1, 0, 0, 1])
+    m, lo, hi = bootstrap_ci([1, 0.5, 0, 1])
     assert m == 0.625
     ci = summary["arms"]["grpo"]["ci"]["acc@t2"]
-    assert (ci["mean"], ci["lo"], ci["hi"], ci["n_units"]) == (m, lo, hi, 8)
-    assert table_row(md, "acc@t2 95% CI (problems)")[0] == f"62.5% [{100 * lo:.1f}, {100 * hi:.1f}]"
+    assert (ci["mean"], ci["lo"], ci["hi"], ci["n_problems"], ci["n_seeds"]) == (m, lo, hi, 4, 2)
+    assert table_row(md, "acc@t2 (refine-all): 95% CI (problems)")[0] == f"62.5% [{100 * lo:.1f}, {100 * hi:.1f}]"
+    assert table_row(md, "problems × seeds in the CIs") == ["4 × 2", "4 × 2", "4 × 1"]
     assert summary["arms"]["mlmt"]["metrics"]["acc@t2"]["mean"] == 0.875
     assert math.isclose(summary["arms"]["mlmt"]["metrics"]["acc@t2"]["std"], std)
 
-    # tokens to reach grpo's mean final acc@t2 (62.5%)
+    # each arm's start (step 0: every problem wrong in these runs) and its gain over it:
+    # mlmt per problem (seed-averaged) [1, 1, .5, 1] - 0; sign flips of 4 positive values: 2/16
+    assert summary["arms"]["mlmt"]["start"]["acc@t2"] == 0.0
+    g = summary["arms"]["mlmt"]["gain"]
+    assert g["mean"] == pytest.approx(0.875) and g["per_seed"] == [1.0, 0.75]
+    assert g["p_value"] == pytest.approx(0.125) and (g["lo"], g["hi"]) == bootstrap_ci([1, 1, .5, 1])[1:]
+    assert table_row(md, "gain in acc@t2 over its own step 0 (95% CI, p)")[1].startswith("+87.5 pp [")
+
+    # tokens (FLOPs) to reach grpo's mean final acc@t2 (62.5%), per seed, interpolated
     assert summary["target_acc@t2"] == 0.625
-    reach = table_row(md, "tokens to reach grpo's final acc@t2 (62.5%)")
-    assert summary["arms"]["mlmt"]["tokens_to_reach"]["per_seed"] == [3000, 2000]  # >= counts
-    assert reach[1] == "2500"
-    assert summary["arms"]["grpo"]["tokens_to_reach"]["per_seed"] == [2000, None]
-    assert reach[0].startswith("2000 (reached by 1/2 seeds")
-    assert reach[2] == "not reached"
+    r = summary["arms"]["mlmt"]["reach"]["gen_tokens"]
+    # seed 0: .25 at 0 -> .75 at 3000: 0 + (.625-.25)/.5 * 3000 = 2250; seed 1: .625 at 2000 exactly
+    assert r["per_seed"] == pytest.approx([2250, 2000]) and r["median"] == pytest.approx(2125)
+    assert summary["arms"]["mlmt"]["reach"]["flops"]["per_seed"] == pytest.approx([2.25e12, 2e12])
+    reach = table_row(md, "tokens to reach grpo's final acc@t2 (62.5%): median over seeds")
+    assert reach[1] == "2125 (2/2 seeds)"
+    assert summary["arms"]["grpo"]["reach"]["gen_tokens"]["per_seed"] == [pytest.approx(1500), None]
+    assert reach[0] == "1500 (1/2 seeds)" and reach[2] == "not reached (0/1)"
 
 
-def test_paired_mcnemar(arms, tmp_path):
+def test_an_arm_already_at_the_target_at_step_0_is_said_so(tmp_path):
+    r = tmp_path / "runs"
+    base = [make_run(r, "grpo-20250101T000000Z", seed=0, arm="grpo", feedback=False,
+                     curve=[(0, 0, 0.0, .25, .25), (10, 1000, 1e12, .5, .5)], t1=[1, 1, 0, 0], t2=[1, 1, 0, 0])]
+    fast = [make_run(r, "m-20250101T000000Z", seed=0, arm="m", curve=[(0, 0, 0.0, .25, .75), (10, 900, 1e12, .5, .5)],
+                     t1=[1, 1, 0, 0], t2=[1, 1, 0, 0])]
+    s = build_comparison({"grpo": base, "m": fast}, tmp_path / "o")
+    assert s["arms"]["m"]["reach"]["gen_tokens"]["at_start"] == 1
+    assert "at step 0" in table_row((tmp_path / "o" / "comparison.md").read_text(),
+                                    "tokens to reach grpo's final acc@t2 (50.0%): median over seeds")[1]
+
+
+def test_paired_difference_by_problem_and_mcnemar_per_seed(arms, tmp_path):
     summary = build_comparison(arms, tmp_path / "r", baseline="grpo")
     md = (tmp_path / "r" / "comparison.md").read_text()
     p = summary["paired"]["mlmt"]
-    # seed 0: mlmt [1,1,1,1] vs grpo [1,1,0,1] -> b=1; seed 1: [1,1,0,1] vs [1,0,0,1] -> b=1
-    assert (p["b"], p["c"], p["n_pairs"], p["seeds"]) == (2, 0, 8, [0, 1])
-    assert p["p_value"] == 0.5  # 2 * P[Bin(2, 1/2) <= 0]
-    d, lo, hi = paired_bootstrap_diff([1, 1, 1, 1, 1, 1, 0, 1], [1, 1, 0, 1, 1, 0, 0, 1])
-    assert (p["diff"], p["lo"], p["hi"]) == (d, lo, hi) and d == 0.25
-    assert table_row(md, "mlmt")[:5] == ["0, 1", "8", "2", "0", "0.500"]
-    assert table_row(md, "mlmt")[5].startswith("+25.0 pp [")
-    # self_correct has seed 0 only: [0,1,0,1] vs grpo [1,1,0,1] -> c=1
-    q = summary["paired"]["self_correct"]
-    assert (q["b"], q["c"], q["n_pairs"], q["p_value"]) == (0, 1, 4, 1.0)
+    # per-problem seed means: mlmt [1, 1, .5, 1], grpo [1, .5, 0, 1] -> d = [0, .5, .5, 0]
+    d = [0, 0.5, 0.5, 0]
+    assert p["n_problems"] == 4 and p["diff"] == pytest.approx(0.25)
+    assert (p["lo"], p["hi"]) == bootstrap_ci(d)[1:]
+    assert p["p_value"] == sign_flip_test(d) == 0.5  # two non-zero differences: 4 sign patterns
+    # McNemar per seed: seed 0 [1,1,1,1] vs [1,1,0,1] -> b=1, c=0; seed 1 [1,1,0,1] vs [1,0,0,1] -> b=1
+    assert {s: (m["b"], m["c"], m["p_value"]) for s, m in p["mcnemar"].items()} == {0: (1, 0, 1.0), 1: (1, 0, 1.0)}
+    row = table_row(md, "mlmt")
+    assert row[0] == "4" and row[1].startswith("+25.0 pp [") and row[2] == "0.500"
+    assert row[3] == "s0: 1/0, p = 1.000; s1: 1/0, p = 1.000"
+    q = summary["paired"]["self_correct"]  # seed 0 only: [0,1,0,1] vs grpo's seed means [1,.5,0,1]
+    assert q["diff"] == pytest.approx(-0.125) and list(q["mcnemar"]) == [0]
     assert "grpo" not in summary["paired"]
+
+
+def test_runs_of_different_protocols_are_never_one_table(tmp_path):
+    r = tmp_path / "runs"
+    a = make_run(r, "grpo-20250101T000000Z", seed=0, arm="grpo", feedback=False, curve=[(0, 0, 0.0, .5, .5)],
+                 t1=[1, 1, 0, 0], t2=[1, 1, 0, 0], spec="benchmark: {name: gsm8k, eval_split: test}\n")
+    b = make_run(r, "m-20250101T000000Z", seed=0, arm="m", curve=[(0, 0, 0.0, .5, .5)],
+                 t1=[1, 1, 0, 0], t2=[1, 1, 0, 0], spec="benchmark: {name: mbpp, eval_split: test}\n")
+    with pytest.raises(UserError, match=r"differ in their protocol \(benchmark.name: \"gsm8k\" vs \"mbpp\"\)"):
+        build_comparison({"grpo": [a], "m": [b]}, tmp_path / "o")
+    assert not (tmp_path / "o").exists()
 
 
 def test_figure_and_atomic_outputs(arms, tmp_path):
@@ -167,7 +205,7 @@ def test_no_baseline_and_interrupted_run(arms, tmp_path):
     assert "baseline 'grpo' is not among the arms" in md
     assert "has no final record (status: interrupted)" in md
     assert summary["arms"]["mlmt"]["metrics"]["acc@t2"]["per_seed"] == [1.0, 0.75, 0.5]  # last eval used
-    assert "tokens to reach" not in md
+    assert "to reach" not in md
 
 
 def test_report_from_dirs_groups_by_arm(arms, tmp_path):
@@ -186,10 +224,10 @@ def test_report_from_dirs_groups_by_arm(arms, tmp_path):
         {"name": "toy", "arms": {k: [str(p.relative_to(exp)) for p in v] for k, v in arms.items()}}))
     s = report_from_dirs([exp], tmp_path / "o2", "grpo")
     assert set(s["arms"]) == {"grpo", "mlmt", "self_correct"}
-    assert s["paired"]["mlmt"]["b"] == 2
+    assert s["paired"]["mlmt"]["n_problems"] == 4
     # run dirs grouped by their manifest's arm
     s = report_from_dirs(arms["mlmt"] + arms["grpo"], tmp_path / "o3", "grpo")
-    assert list(s["arms"]) == ["mlmt", "grpo"] and s["paired"]["mlmt"]["n_pairs"] == 8
+    assert list(s["arms"]) == ["mlmt", "grpo"] and sorted(s["paired"]["mlmt"]["mcnemar"]) == [0, 1]
 
 
 def test_load_run(arms):
@@ -197,6 +235,7 @@ def test_load_run(arms):
     assert (run.arm, run.seed, run.final_step, run.has_final) == ("mlmt", 1, 20, True)
     assert {p: v["t2"] for p, v in run.problems.items()} == {"p0": True, "p1": True, "p2": False, "p3": True}
     assert [r["step"] for r in run.curve] == [0, 10, 20]
+    assert run.outcomes("t2", at="first") == {"p0": 0.0, "p1": 0.0, "p2": 0.0, "p3": 0.0}  # step 0
 
 
 def test_load_run_errors(tmp_path):

@@ -423,7 +423,7 @@ def test_inspecting_frames_and_memory_finds_no_expected_value():
 
 def test_reading_the_tests_file_finds_nothing():
     secret = 10 ** 17 + secrets.randbelow(10 ** 17)
-    data_file = "/work/shared/data/mbpp.jsonl"
+    data_file = str(Path(__file__).resolve().parents[1] / "data" / "mbpp.jsonl")
     v, run = attack(f"""
         import os, re
         hits = []

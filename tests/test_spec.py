@@ -44,8 +44,8 @@ BAD = [
     ("empty file", "", "empty file, expected a YAML mapping"),
     ("top-level list", "- a\n- b\n", "expected a YAML mapping at the top level, got list"),
     ("negative lr", minimal_spec(policies={"solver": {"lr": -1}}), "policies.solver.lr: must be > 0.0, got -1"),
-    ("bad bootstrap knob", minimal_spec(bootstrap={"solver_stepz": 3}),
-     "bootstrap.solver_stepz: unknown field; did you mean 'solver_steps'?"),
+    ("bad base knob", minimal_spec(base={"stepz": 3}),
+     "base.stepz: unknown field; did you mean 'steps'?"),
     ("unknown verifier", minimal_spec(benchmark={"name": "synthetic-arith", "verifier": "maths"}),
      "benchmark.verifier: unknown verifier 'maths'; did you mean 'math'?"),
 ]

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from scipy.stats import binomtest
+from scipy.stats import binomtest, permutation_test
 
 from mlmt_bench.metrics.stats import (
     bootstrap_ci,
+    cluster_bootstrap_ci,
     mcnemar_exact,
     mean_std,
-    paired_bootstrap_diff,
-    tokens_to_reach,
+    paired_problem_diff,
+    per_problem_means,
+    reach_point,
+    sign_flip_test,
 )
 
 
@@ -45,14 +48,46 @@ def test_bootstrap_ci_is_seeded():
         bootstrap_ci([])
 
 
-def test_paired_bootstrap_diff_is_bootstrap_of_differences():
-    # a - b = [1, 0, 0, 1] -> mean 0.5, interval the bootstrap of those differences
-    a, b = [1, 1, 0, 1], [0, 1, 0, 0]
-    out = paired_bootstrap_diff(a, b, n_boot=500, seed=7)
-    assert out[0] == pytest.approx(0.5)
-    assert out == bootstrap_ci([1, 0, 0, 1], n_boot=500, seed=7)
-    with pytest.raises(ValueError):
-        paired_bootstrap_diff([1, 0], [1])
+def test_per_problem_means_and_paired_differences_by_hand():
+    seeds_a = [{"p1": 1, "p2": 0, "p3": 1}, {"p1": 1, "p2": 1, "p3": 0}]
+    seeds_b = [{"p1": 0, "p2": 0, "p3": 1}, {"p1": 1, "p2": 0}]  # p3 missing from seed 1
+    assert per_problem_means(seeds_a) == {"p1": 1.0, "p2": 0.5, "p3": 0.5}
+    assert per_problem_means(seeds_b) == {"p1": 0.5, "p2": 0.0, "p3": 1.0}
+    assert paired_problem_diff(seeds_a, seeds_b).tolist() == [0.5, 0.5, -0.5]  # p1, p2, p3
+
+
+def test_cluster_bootstrap_resamples_problems_not_seed_problem_pairs():
+    # Seeds that agree problem by problem carry little extra information: 200 problems x 5 seeds
+    # with identical outcomes. Pooling 1000 (seed, problem) pairs as independent would give an
+    # interval ~sqrt(5) too narrow; resampling problems gives the interval of 200 problems.
+    rng = np.random.default_rng(0)
+    outcome = {f"p{i}": float(v) for i, v in enumerate(rng.integers(0, 2, 200))}
+    rows = [dict(outcome) for _ in range(5)]
+    mean, lo, hi = cluster_bootstrap_ci(rows, seed=0)
+    assert (mean, lo, hi) == bootstrap_ci(list(outcome.values()), seed=0)
+    pooled = bootstrap_ci([v for r in rows for v in r.values()], seed=0)
+    assert (hi - lo) > 2.0 * (pooled[2] - pooled[1])
+
+
+@pytest.mark.parametrize("diffs", [[1, 0, 1, 1, -1, 0, 1], [0.4, -0.2, 0.6, 0.2, 0.2, -0.4, 0.8, 0.0, 0.6],
+                                   [1, 1, 1, 1, 1], [-0.2, 0.2]])
+def test_sign_flip_exact_matches_scipy(diffs):
+    d = np.array(diffs, dtype=float)
+    ref = permutation_test((d,), lambda x: np.mean(x), permutation_type="samples", n_resamples=np.inf,
+                           alternative="two-sided").pvalue
+    assert sign_flip_test(d) == pytest.approx(ref, abs=1e-12)
+
+
+def test_sign_flip_monte_carlo_agrees_with_scipy_and_handles_zeros():
+    rng = np.random.default_rng(3)
+    d = rng.normal(0.08, 0.5, 120)
+    ref = permutation_test((d,), lambda x: np.mean(x), permutation_type="samples", n_resamples=20000,
+                           alternative="two-sided", random_state=1).pvalue
+    p = sign_flip_test(d, n_perm=20000, seed=0)
+    assert abs(p - ref) < 0.01 and 0 < p < 1
+    assert sign_flip_test(np.zeros(50)) == 1.0
+    # zeros do not change the test: they flip to themselves
+    assert sign_flip_test([1, 1, 1, 0, 0, 0]) == sign_flip_test([1, 1, 1]) == pytest.approx(0.25)
 
 
 def test_mcnemar_exact_by_hand():
@@ -89,15 +124,16 @@ def test_mean_std_by_hand():
     assert mean_std([0.42]) == (0.42, None)
 
 
-def test_tokens_to_reach_by_hand():
+def test_reach_point_interpolates_between_evaluations():
     tokens = [0, 100, 250, 400]
     acc = [0.1, 0.3, 0.5, 0.45]
-    assert tokens_to_reach(tokens, acc, 0.45) == 250  # first point with acc >= 0.45
-    assert tokens_to_reach(tokens, acc, 0.3) == 100  # >= counts the equal point
-    assert tokens_to_reach(tokens, acc, 0.0) == 0
-    assert tokens_to_reach(tokens, acc, 0.6) is None
-    assert tokens_to_reach(np.array(tokens), np.array(acc), 0.5) == 250
+    # 0.45 lies 3/4 of the way from 0.3 (at 100) to 0.5 (at 250): 100 + 0.75 * 150 = 212.5
+    assert reach_point(tokens, acc, 0.45) == pytest.approx(212.5)
+    assert reach_point(tokens, acc, 0.3) == pytest.approx(100.0)  # >= counts the equal point
+    assert reach_point(tokens, acc, 0.05) == 0.0  # already there at step 0: the caller says so
+    assert reach_point(tokens, acc, 0.6) is None
+    assert reach_point(np.array(tokens, float), np.array(acc), 0.4) == pytest.approx(175.0)
     with pytest.raises(ValueError):
-        tokens_to_reach([100, 50], [0.1, 0.2], 0.1)
+        reach_point([100, 50], [0.1, 0.2], 0.1)
     with pytest.raises(ValueError):
-        tokens_to_reach([1, 2], [0.1], 0.1)
+        reach_point([1, 2], [0.1], 0.1)

@@ -144,7 +144,7 @@ def test_study_finds_optimum_writes_best_and_resumes(tmp_path, fake, make_sweep)
     path = make_sweep(n_trials=12, sampler="tpe", pruner="none", space={
         "algorithm.params.lam": {"type": "float", "low": 0.0, "high": 1.0},
         "train.problems_per_step": {"type": "int", "low": 2, "high": 8, "step": 2},
-        "algorithm.params.value": {"type": "categorical", "choices": ["mc", "learned"]},
+        "algorithm.params.value": {"type": "categorical", "choices": ["none", "learned"]},
     })
     result = run_sweep(path, seed=0, progress=False)
     out = tmp_path / "runs" / "sw"
@@ -317,11 +317,11 @@ def test_grid_sampler_covers_the_grid_once(tmp_path, fake, make_sweep):
 
     path = make_sweep(n_trials=50, sampler="grid", pruner="none", space={
         "algorithm.params.lam": {"type": "float", "low": 0.1, "high": 0.5, "step": 0.2},
-        "algorithm.params.value": {"type": "categorical", "choices": ["mc", "learned"]}})
+        "algorithm.params.value": {"type": "categorical", "choices": ["none", "learned"]}})
     result = run_sweep(path, progress=False)
     assert result["n_trials"] == 6 and len(fake.calls) == 6
     seen = {(r["params"]["algorithm.params.lam"], r["params"]["algorithm.params.value"]) for r in result["trials"]}
-    assert seen == {(lam, v) for lam in (0.1, 0.3, 0.5) for v in ("mc", "learned")}
+    assert seen == {(lam, v) for lam in (0.1, 0.3, 0.5) for v in ("none", "learned")}
     assert result["best"]["params"]["algorithm.params.lam"] == pytest.approx(0.3)
 
 

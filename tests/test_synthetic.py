@@ -36,25 +36,31 @@ def test_left_to_right_mod_100_by_hand():
     # 7+5=12, 12*3=36, 36-4=32; and 3-7 wraps to 96.
     assert solve(*parse_problem("7+5*3-4"), 100) == [(7, "+", 5, 12), (12, "*", 3, 36), (36, "-", 4, 32)]
     assert solve(*parse_problem("3-7"), 100) == [(3, "-", 7, 96)]
-    p = SyntheticArith(ops="+-*").load("eval")[0]
+    p = SyntheticArith(ops="+-*").load("test")[0]
     assert p.metadata["solution"].endswith(f"#{p.answer}")
 
 
 def test_generation_is_deterministic_and_splits_disjoint():
-    a, b = SyntheticArith(seed=3, n_train=500, n_eval=100), SyntheticArith(seed=3, n_train=500, n_eval=100)
+    kw = dict(seed=3, n_train=500, n_validation=50, n_test=100)
+    a, b = SyntheticArith(**kw), SyntheticArith(**kw)
     assert [p.to_json() for p in a.load("train")] == [p.to_json() for p in b.load("train")]
-    assert [p.to_json() for p in a.load("eval")] == [p.to_json() for p in b.load("eval")]
-    train, evals = a.load("train"), a.load("eval")
-    assert len(train) == 500 and len(evals) == 100
-    assert not {p.prompt for p in train} & {p.prompt for p in evals}
-    assert len({p.prompt for p in train}) == 500 and len({p.id for p in train + evals}) == 600
-    # The eval split does not move when the training split grows; another seed gives other problems.
-    assert [p.prompt for p in SyntheticArith(seed=3, n_train=900, n_eval=100).load("eval")] == [p.prompt for p in evals]
-    assert [p.prompt for p in SyntheticArith(seed=4, n_eval=100).load("eval")] != [p.prompt for p in evals]
+    assert [p.to_json() for p in a.load("test")] == [p.to_json() for p in b.load("test")]
+    train, val, test = a.load("train"), a.load("validation"), a.load("test")
+    assert (len(train), len(val), len(test)) == (500, 50, 100)
+    prompts = [{p.prompt for p in s} for s in (train, val, test)]
+    assert not prompts[0] & prompts[1] and not prompts[0] & prompts[2] and not prompts[1] & prompts[2]
+    assert sum(map(len, prompts)) == 650 and len({p.id for p in train + val + test}) == 650
+    # The order splits are asked for does not matter.
+    c = SyntheticArith(**kw)
+    assert [p.prompt for p in c.load("validation")] == [p.prompt for p in val]
+    # Test does not move when the other splits grow; another seed gives other problems.
+    bigger = SyntheticArith(seed=3, n_train=900, n_validation=80, n_test=100)
+    assert [p.prompt for p in bigger.load("test")] == [p.prompt for p in test]
+    assert [p.prompt for p in SyntheticArith(seed=4, n_test=100).load("test")] != [p.prompt for p in test]
 
 
 def test_options_and_errors():
-    b = SyntheticArith(difficulty=5, max_operand=5, modulus=10, ops="*", n_train=50, n_eval=10)
+    b = SyntheticArith(difficulty=5, max_operand=5, modulus=10, ops="*", n_train=50, n_validation=5, n_test=10)
     p = b.load("train")[0]
     first, ops = parse_problem(p.prompt)
     assert len(ops) == 5 and all(op == "*" and 1 <= x <= 5 for op, x in ops) and 1 <= first <= 5
@@ -65,8 +71,8 @@ def test_options_and_errors():
         SyntheticArith(difficulty=1, n_train=1000)
     with pytest.raises(UserError, match="ops"):
         SyntheticArith(ops="/")
-    with pytest.raises(UserError, match="unknown split"):
-        b.load("test")
+    with pytest.raises(UserError, match="unknown split"):  # v2: train / validation / test only
+        b.load("eval")
     assert registry.benchmarks.get("synthetic-arith") is SyntheticArith
     assert registry.verifiers.get("synthetic") is SyntheticVerifier
 
@@ -178,12 +184,12 @@ def test_registry_benchmark_yaml_files_are_consistent():
 
     import yaml
 
-    from mlmt_bench.models.bootstrap import BootstrapConfig
+    from mlmt_bench.models.shared_base import BaseConfig
 
     files = sorted((Path(__file__).resolve().parents[1] / "registry" / "benchmarks").glob("synthetic-*.yaml"))
     assert len(files) >= 3
     for f in files:
         d = yaml.safe_load(f.read_text())
         assert d["benchmark"]["name"] == "synthetic-arith" and d["description"]
-        SyntheticArith(**d["benchmark"]["options"]).load("eval")
-        assert BootstrapConfig(**d["bootstrap"]).benchmark_options == d["benchmark"]["options"], f.name
+        SyntheticArith(**d["benchmark"]["options"]).load("test")
+        assert BaseConfig(**d["base"]).benchmark_options == d["benchmark"]["options"], f.name

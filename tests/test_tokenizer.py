@@ -20,10 +20,10 @@ def _emitted_texts() -> list[str]:
     """Every kind of text the synthetic benchmark and its prompts emit."""
     texts = [CHARACTERS]
     for ops in ("+-", "+-*"):
-        bench = SyntheticArith(ops=ops, n_train=200, n_eval=20)
+        bench = SyntheticArith(ops=ops, n_train=200, n_validation=20, n_test=20)
         t = bench.templates
         rng = random.Random(0)
-        for p in bench.load("train") + bench.load("eval"):
+        for p in bench.load("train") + bench.load("test"):
             gold = bench.solution(p)
             wrong = bench.inject_errors(gold, rng)
             for attempt in (gold, wrong):

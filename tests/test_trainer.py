@@ -15,6 +15,7 @@ import torch
 import yaml
 
 from mlmt_bench import runner
+from mlmt_bench.algorithms.base import CreditInputs
 from mlmt_bench.rollout.backend import Generation
 from mlmt_bench.rollout.chat import chat_ids
 from mlmt_bench.rollout.episodes import Actors, Program, Sampling, rollout
@@ -85,14 +86,15 @@ def test_trained_ids_are_the_generated_ids(tiny_ckpt, tmp_path):
     spec = make_spec(tmp_path, tiny_ckpt, "mlmt")
     trainer = build_trainer(spec, tmp_path)
     ro = rollout(trainer.algorithm.program(0), trainer.actors, trainer.batch(0), trainer.sampling)
-    from mlmt_bench.trainer import TrainContext
-
-    items, _ = trainer.algorithm.credit(ro, 0, TrainContext(trainer.policies, 0))
+    feats, values, tokens = trainer.value_predictions(ro)
+    assert feats.shape == (len(ro.of_kind("feedback")), 128) and values.shape == (len(ro.of_kind("feedback")),)
+    assert tokens == sum(len(ro.turns[ro.turns[f].children[0]].prompt_ids) for f in ro.of_kind("feedback"))
+    credit = trainer.algorithm.credit(ro, 0, CreditInputs(0.0, values))
     generated = {(tuple(t.prompt_ids), tuple(t.ids)) for t in ro.turns}
     for role in ("solver", "critic"):
-        for it in items[role]:
+        for it in credit.items[role]:
             assert (tuple(it.prompt_ids), tuple(it.ids)) in generated
-    assert items["solver"] and items["critic"]
+    assert credit.items["solver"] and credit.items["critic"]
 
 
 def _weights(policy):
@@ -125,16 +127,24 @@ def test_shared_policy_is_one_model(tiny_ckpt, tmp_path):
     assert len(trainer.optimizers) == 1
 
 
-@pytest.mark.parametrize("tl,th,expected", [
-    (1, 1, [{"solver", "critic"}] * 4),
-    (2, 1, [{"solver"}, {"solver", "critic"}] * 2),
-    (1, 2, [{"solver", "critic"}, {"critic"}] * 2)])
-def test_bilevel_schedule(tiny_ckpt, tmp_path, tl, th, expected):
+S, C, SC = {"solver"}, {"critic"}, {"solver", "critic"}
+
+
+@pytest.mark.parametrize("schedule,tl,th,expected", [
+    ("simultaneous", 1, 1, [SC] * 6),
+    ("simultaneous", 2, 2, [SC] * 6),  # t_L, t_H only shape the alternate schedule
+    ("alternate", 1, 1, [S, C, S, C, S, C]),
+    ("alternate", 2, 2, [S, S, C, C, S, S]),  # (2, 2) is not (1, 1): METHOD.md v2
+    ("alternate", 2, 1, [S, S, C, S, S, C]),
+    ("alternate", 1, 2, [S, C, C, S, C, C])])
+def test_bilevel_schedule(schedule, tl, th, expected):
     from mlmt_bench.algorithms.mlmt import MLMT
     from mlmt_bench.algorithms.params import MLMTParams
 
-    algo = MLMT(MLMTParams(lower_steps=tl, upper_steps=th), total_steps=4)
-    assert [algo.updates(s) for s in range(4)] == expected
+    algo = MLMT(MLMTParams(schedule=schedule, lower_steps=tl, upper_steps=th), total_steps=6)
+    assert [algo.updates(s) for s in range(6)] == expected
+    frozen = MLMT(MLMTParams(schedule=schedule, lower_steps=tl, upper_steps=th, variant="fixed_feedback"), 6)
+    assert [frozen.updates(s) for s in range(6)] == [e & S for e in expected]
 
 
 @pytest.mark.parametrize("variant,source", [("oracle_feedback", "oracle"), ("null_feedback", "null")])
@@ -153,15 +163,14 @@ def test_self_correct_stage_one_trains_turn_one_only_through_kl(tiny_ckpt, tmp_p
     spec = make_spec(tmp_path, tiny_ckpt, "self_correct", {"stage1_frac": 0.5, "beta2": 0.1})
     trainer = build_trainer(spec, tmp_path)
     ro = rollout(trainer.algorithm.program(0), trainer.actors, trainer.batch(0), trainer.sampling)
-    from mlmt_bench.trainer import TrainContext
-
-    items, stats = trainer.algorithm.credit(ro, 0, TrainContext(trainer.policies, 0, frac_done=0.0))
+    credit = trainer.algorithm.credit(ro, 0, CreditInputs(frac_done=0.0))
+    items, stats = credit.items, credit.stats
     assert stats["stage"] == 1.0
     attempt_ids = {tuple(t.ids) for t in ro.turns if t.kind == "attempt"}
     first = [it for it in items["solver"] if tuple(it.ids) in attempt_ids and it.beta == 0.1]
     assert first and all(it.advantage == 0.0 for it in first)
-    items, stats = trainer.algorithm.credit(ro, 0, TrainContext(trainer.policies, 0, frac_done=0.6))
-    assert stats["stage"] == 2.0 and all(it.beta == 0.0 for it in items["solver"])
+    credit = trainer.algorithm.credit(ro, 0, CreditInputs(frac_done=0.6))
+    assert credit.stats["stage"] == 2.0 and all(it.beta == 0.0 for it in credit.items["solver"])
 
 
 def test_eval_metrics_are_logged(tiny_ckpt, tmp_path):
@@ -199,7 +208,7 @@ TESTS = Path(__file__).resolve().parent
 
 
 def _launch(tmp_path, args):
-    env = {**os.environ, "PYTHONPATH": str(TESTS)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)])}  # this checkout, not an installed copy
     return subprocess.Popen([sys.executable, str(TESTS / "launch_cli.py"), "-q", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -242,7 +251,8 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tiny_ckpt, tmp_path):
     assert name_a == name_b == "step-000006"
     assert w_a.keys() == w_b.keys() and all(torch.equal(w_a[k], w_b[k]) for k in w_a)
     strip = lambda recs: [{k: v for k, v in r.items() if k not in ("wall_s", "gen_tok_per_s", "train_tok_per_s",
-                                                                   "peak_mem_mb")} for r in recs]
+                                                                   "peak_mem_mb") and not k.startswith("mem/")}
+                          for r in recs]
     assert strip(m_a) == strip(m_b)  # same records, every step exactly once
     train_steps = [r["step"] for r in m_b if r["kind"] == "train"]
     assert train_steps == [1, 2, 3, 4, 5, 6]
@@ -294,3 +304,18 @@ def test_sequence_logprobs_runs_the_lm_head_only_where_tokens_are_trained(tiny_c
         expected = full[len(it.prompt_ids) - 1:, :].gather(1, torch.tensor(it.ids)[:, None])[:, 0]
         torch.testing.assert_close(logp[b, mask[b]].double(), expected, atol=1e-5, rtol=0)
         assert int(mask[b].sum()) == len(it.ids)
+
+
+def test_micro_batched_run_logs_peak_memory_per_phase(tiny_ckpt, tmp_path):
+    spec = make_spec(tmp_path, tiny_ckpt, "mlmt", {"value": "learned", "beta": 0.1, "epochs": 2},
+                     train={"steps": 1, "problems_per_step": 2, "micro_batch_tokens": 64})
+    trainer = build_trainer(spec, tmp_path)
+    trainer.train()
+    records = trainer.run_dir.metrics()
+    (train,) = [r for r in records if r["kind"] == "train"]
+    assert train["micro_batches/solver"] > 1 and train["micro_batches/critic"] > 1
+    phases = {f"mem/peak_mb/{p}" for p in ("rollout", "logprobs", "update", "value")}
+    assert phases <= set(train) and all(train[k] > 0 for k in phases)
+    assert train["mem/source"] == "cpu_rss" and train["peak_mem_mb"] >= max(train[k] for k in phases) - 0.1
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert len(evals) == 2 and all(r["mem/peak_mb/eval"] > 0 for r in evals)

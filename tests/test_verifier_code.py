@@ -18,7 +18,7 @@ from mlmt_bench.verifiers.code import CodeVerifier, extract_program
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox needs Linux")
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("MLMT_DATA_DIR", "/work/shared/data"))
+DATA = Path(os.environ.get("MLMT_DATA_DIR", REPO / "data"))
 
 ADD = Problem(id="t/add", benchmark="test", prompt="add",
               tests=("assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 4"))

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from mlmt_bench.verifiers.timeout import CallTimeout, RemoteError, WorkerPool
+from mlmt_bench.verifiers.timeout import CallTimeout, WorkerRaised, WorkerPool
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for CPU time")
 
@@ -21,7 +21,7 @@ def pool() -> WorkerPool:
 
 def test_returns_the_value_and_reports_remote_errors(pool: WorkerPool) -> None:
     assert pool.call(pow, (3, 4), 5.0) == 81
-    with pytest.raises(RemoteError, match="ZeroDivisionError"):
+    with pytest.raises(WorkerRaised, match="ZeroDivisionError"):
         pool.call(divmod, (1, 0), 5.0)
     assert pool.call(pow, (2, 10), 5.0) == 1024  # the worker survived the error
 

@@ -1,28 +1,77 @@
-"""What an algorithm is (METHOD.md): an episode program, a credit assignment, an update schedule.
+"""What an algorithm is (METHOD.md): an episode program, a credit assignment, an update schedule,
+and the roles it plays.
 
-Trainers never branch on the algorithm: they ask it for the program of a step, hand it the
-rollout for credit, and update the policies it names with the items it returns.
+The trainer never branches on the algorithm: it builds the policies :meth:`Algorithm.roles`
+names, asks for the program of a step, hands the rollout (and, for an algorithm with a value
+model, the value predictions it computed) to :meth:`Algorithm.credit`, and updates the roles
+:meth:`Algorithm.updates` names with the items credit returns.
+
+Credit is pure: it reads rewards from the rollout (and values from its inputs) and returns
+advantages as train items; it never writes into the rollout and never runs a model.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 import torch
 
 from mlmt_bench.algorithms import core
+from mlmt_bench.algorithms.params import Roles
 from mlmt_bench.algorithms.update import TrainItem
 from mlmt_bench.rollout.episodes import Program, Rollout
 
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from mlmt_bench.algorithms.value import ValueModel
+
+
+@dataclass
+class CreditInputs:
+    """What credit may use besides the rollout: the share of training done, the value model's
+    predictions ``[F]`` for the contexts :meth:`Algorithm.value_contexts` named, and the solver's
+    generation limit (for overlong shaping; 0: unknown)."""
+
+    frac_done: float = 0.0
+    values: torch.Tensor | None = None
+    max_new_tokens: int = 0
+
+
+@dataclass
+class Credit:
+    """What credit assignment returns.
+
+    items:      train items per role (turns with a gradient);
+    sampled:    sequences of each role sampled this step (``constant_norm`` counts them all,
+                zero-advantage ones included);
+    advantages: advantage of every generated turn credit scored, by turn index;
+    rewards:    the reward credit used where it is not the verifier's (the critic's R_H), by turn index;
+    stats:      logged statistics.
+    """
+
+    items: dict[str, list[TrainItem]]
+    sampled: dict[str, int]
+    advantages: dict[int, float] = field(default_factory=dict)
+    rewards: dict[int, float] = field(default_factory=dict)
+    stats: dict[str, float] = field(default_factory=dict)
+
 
 class Algorithm:
-    Params: ClassVar[type]
-    #: roles whose policies this algorithm needs ("solver", and "critic" for mlmt)
-    needs_critic: ClassVar[bool] = False
+    """Base class: subclasses set ``Params`` and implement :meth:`program` and :meth:`credit`."""
+
+    Params: ClassVar[type[BaseModel]]
 
     def __init__(self, params: Any, total_steps: int) -> None:
-        self.p = params
+        self.params = params
         self.total_steps = total_steps
+
+    def roles(self) -> Roles:
+        """Which policies this algorithm needs and what it does with each: its parameters say
+        (``Params.roles()``; one trained solver when they do not)."""
+        roles = getattr(self.params, "roles", None)
+        return roles() if callable(roles) else Roles("trained", "absent", "none")
 
     def program(self, step: int) -> Program:
         raise NotImplementedError
@@ -33,15 +82,51 @@ class Algorithm:
         return Program(attempts=1, feedback=prog.feedback, feedbacks=1, refinements=1)
 
     def updates(self, step: int) -> set[str]:
-        """Roles ("solver", "critic") updated at ``step``."""
-        return {"solver"}
+        """Roles updated at ``step`` (default: every trained role, every step)."""
+        return set(self.roles().trained())
 
-    def credit(self, rollout: Rollout, step: int, ctx: Any) -> tuple[dict[str, list[TrainItem]], dict[str, float]]:
-        """Advantages per turn -> (train items per role, logged stats)."""
+    @property
+    def value_model(self) -> ValueModel | None:
+        """The value model whose predictions credit needs (None: no value model)."""
+        return None
+
+    def value_contexts(self, rollout: Rollout) -> list[list[int]]:
+        """Token-id contexts the value model predicts for (one per value in ``CreditInputs.values``)."""
+        return []
+
+    def value_targets(self, rollout: Rollout) -> tuple[list[int], torch.Tensor]:
+        """(index into :meth:`value_contexts` of each target, targets) the value model is fitted on."""
+        return [], torch.zeros(0)
+
+    def credit(self, rollout: Rollout, step: int, inputs: CreditInputs) -> Credit:
         raise NotImplementedError
 
-    def after_update(self, rollout: Rollout, step: int, ctx: Any) -> dict[str, float]:
-        return {}
+    def informative(self, rollout: Rollout) -> set[int]:
+        """Problems of ``rollout`` whose groups carry a gradient (dynamic sampling keeps sampling
+        until ``problems_per_step`` of them): by default those whose attempts' rewards differ."""
+        by_problem: dict[int, set[float]] = {}
+        for i in rollout.of_kind("attempt"):
+            by_problem.setdefault(rollout.turns[i].problem, set()).add(float(rollout.turns[i].reward))
+        return {p for p, rs in by_problem.items() if len(rs) > 1}
+
+    # loss-variant helpers shared by every algorithm's credit ------------------------------
+    def solver_rewards(self, rollout: Rollout, indices: Sequence[int], inputs: CreditInputs) -> torch.Tensor:
+        """Verifier rewards of solver turns, with DAPO's overlong shaping when the params ask for it."""
+        r = rewards(rollout, indices)
+        buffer = getattr(self.params, "overlong_buffer", 0)
+        if buffer and inputs.max_new_tokens:
+            lengths = torch.tensor([len(rollout.turns[i].ids) for i in indices])
+            r = r + core.overlong_penalty(lengths, inputs.max_new_tokens, buffer, self.params.overlong_penalty)
+        return r
+
+    def items(self, rollout: Rollout, indices: Sequence[int], advantages: torch.Tensor | Sequence[float],
+              beta: float, mode: int = core.POLICY, to_x: bool = False) -> list[TrainItem]:
+        """:func:`train_items`, without the completions cut by the token limit when ``mask_truncated``."""
+        if getattr(self.params, "mask_truncated", False):
+            keep = [k for k, i in enumerate(indices) if rollout.turns[i].finish_reason != "length"]
+            advs = advantages.tolist() if isinstance(advantages, torch.Tensor) else list(advantages)
+            indices, advantages = [indices[k] for k in keep], [advs[k] for k in keep]
+        return train_items(rollout, indices, advantages, beta, mode, to_x)
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -49,31 +134,59 @@ class Algorithm:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
 
-    # shared helpers -----------------------------------------------------------------------
-    def advantages(self, rollout: Rollout, indices: list[int], rewards: torch.Tensor, groups: list[int]) -> dict[str, float]:
-        """Group-relative advantages of ``rewards`` written to the turns at ``indices``."""
-        gid = torch.tensor(groups, dtype=torch.long)
-        adv = core.group_advantages(rewards, gid, scale=self.p.scale)
-        for i, a in zip(indices, adv.tolist()):
-            rollout.turns[i].advantage = a
-        return {"frac_zero_std": core.frac_zero_std(rewards, gid)}
 
-    @staticmethod
-    def items(rollout: Rollout, indices: list[int], beta: float) -> list[TrainItem]:
-        """Train items for turns whose gradient is non-zero (advantage ≠ 0 or a KL term).
+# ------------------------------------------------------------------------------------------
+# Pure helpers every algorithm's credit uses
 
-        Dropping zero-advantage turns saves their forward/backward pass, and it also takes them
-        out of the loss normaliser: as with DAPO's dynamic sampling, a flat group leaves the
-        batch instead of being averaged in as zeros (TRL's ``dapo`` loss keeps them in the
-        denominator, so its effective step is smaller when many groups are flat).
-        """
-        return [TrainItem(rollout.turns[i].prompt_ids, rollout.turns[i].ids, rollout.turns[i].advantage, beta)
-                for i in indices if rollout.turns[i].ids and (rollout.turns[i].advantage != 0.0 or beta > 0)]
 
-    @staticmethod
-    def rewards(rollout: Rollout, indices: list[int]) -> torch.Tensor:
-        return torch.tensor([float(rollout.turns[i].reward) for i in indices], dtype=torch.float64)
+def rewards(rollout: Rollout, indices: Sequence[int]) -> torch.Tensor:
+    """``[N]`` verifier rewards of the turns at ``indices`` (float64)."""
+    return torch.tensor([float(rollout.turns[i].reward) for i in indices], dtype=torch.float64)
 
-    @staticmethod
-    def by_problem(rollout: Rollout, indices: list[int]) -> list[int]:
-        return [rollout.turns[i].problem for i in indices]
+
+def problem_of(rollout: Rollout, indices: Sequence[int]) -> list[int]:
+    """The problem index of each turn: the usual sibling group."""
+    return [rollout.turns[i].problem for i in indices]
+
+
+def group_advantages(values: torch.Tensor, groups: Sequence[int], scale: str) -> tuple[torch.Tensor, float]:
+    """Group-relative advantages ``[N]`` of ``values`` and the share of zero-variance groups."""
+    gid = torch.tensor(list(groups), dtype=torch.long)
+    return core.group_advantages(values, gid, scale=scale), core.frac_zero_std(values, gid)
+
+
+def train_items(rollout: Rollout, indices: Sequence[int], advantages: torch.Tensor | Sequence[float],
+                beta: float, mode: int = core.POLICY, to_x: bool = False) -> list[TrainItem]:
+    """Train items of the turns at ``indices`` with a non-zero gradient (advantage ≠ 0 or a KL term).
+
+    Dropping zero-advantage turns saves their forward/backward pass and takes them out of the
+    token_mean normaliser (as with DAPO's dynamic sampling, a flat group leaves the batch);
+    ``constant_norm`` still counts them, through :attr:`Credit.sampled`.
+
+    ``to_x``: each turn (a refinement) is trained as a response to the problem alone: its context
+    becomes its attempt's prompt x, and its own context (x, z, g) is kept as the teacher's
+    (``TrainItem.teacher_prompt_ids``, for DISTILL).
+    """
+    advs = advantages.tolist() if isinstance(advantages, torch.Tensor) else list(advantages)
+    out = []
+    for i, a in zip(indices, advs):
+        turn = rollout.turns[i]
+        if not turn.ids or (a == 0.0 and beta <= 0):
+            continue
+        prompt = rollout.turns[ancestor(rollout, i, 2)].prompt_ids if to_x else turn.prompt_ids
+        out.append(TrainItem(prompt, turn.ids, a, beta, mode, turn.prompt_ids if to_x else None))
+    return out
+
+
+def by_turn(indices: Sequence[int], values: torch.Tensor) -> dict[int, float]:
+    """``{turn index: value}`` for :attr:`Credit.advantages` / :attr:`Credit.rewards`."""
+    return dict(zip(indices, values.tolist()))
+
+
+def ancestor(rollout: Rollout, index: int, levels: int) -> int:
+    """The turn ``levels`` generations above ``index`` (refine -> feedback -> attempt)."""
+    for _ in range(levels):
+        parent = rollout.turns[index].parent
+        assert parent is not None
+        index = parent
+    return index

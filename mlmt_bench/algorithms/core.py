@@ -169,6 +169,11 @@ def _bool_mask(mask: Tensor) -> Tensor:
     return mask if mask.dtype == torch.bool else mask != 0
 
 
+#: How a row of a train batch is trained: POLICY, SHAPED and SFT in :func:`policy_loss_terms`;
+#: DISTILL rows by :func:`distill_kl` (a KL toward a teacher context's next-token distributions).
+POLICY, SHAPED, SFT, DISTILL = 0, 1, 2, 3
+
+
 def policy_loss_terms(
     logp: Tensor,
     old_logp: Tensor,
@@ -176,22 +181,37 @@ def policy_loss_terms(
     mask: Tensor,
     clip_low: float,
     clip_high: float,
+    *,
+    ratio: Literal["token", "sequence"] = "token",
+    loss: Literal["clip", "cispo"] = "clip",
+    cispo_max: float = 5.0,
+    row_mode: Tensor | None = None,
+    shaping_gamma: float = 0.1,
 ) -> tuple[Tensor, Tensor]:
-    """Per-token PPO/GRPO clipped surrogate loss -min(rho*A, clip(rho, 1-clip_low, 1+clip_high)*A).
+    """Per-token policy loss of each row, by its mode (METHOD.md "Shared pieces", v2 loss variants).
 
     logp:       [B, T] log pi_theta of the sampled tokens (nats), carries the gradient.
     old_logp:   [B, T] log pi_old of the same tokens (nats); treated as a constant.
-    advantages: [B] one advantage per sequence, broadcast over its tokens (constant).
+    advantages: [B] one advantage (or weight) per sequence, broadcast over its tokens (constant).
     mask:       [B, T] 1 on trained tokens, 0 elsewhere.
     clip_low, clip_high: epsilon_low, epsilon_high (unitless); asymmetric clipping is DAPO's
                 "clip-higher".
+    ratio:      "token": rho_t = pi_theta / pi_old per token; "sequence" (GSPO): one
+                length-normalised ratio per sequence, exp(mean_t log rho_t), clipped per sequence.
+    loss:       "clip": -min(rho*A, clip(rho, 1-clip_low, 1+clip_high)*A) (PPO/GRPO);
+                "cispo": -sg[min(rho, cispo_max)] * A * log pi_theta (CISPO: the importance
+                weight is clipped and stop-gradiented, so no token leaves the gradient).
+    row_mode:   [B] long, per row: POLICY (the loss above), SHAPED (an off-policy response:
+                policy shaping -A * pi/(pi + gamma) with pi = exp(logp), no ratio or clip, as
+                Critique-GRPO / LUFFY), SFT (-A * log pi_theta: a weighted log-likelihood term).
+                Default: every row POLICY.
     returns:    (per_token_loss [B, T], 0 outside the mask;
-                 clipped_mask [B, T] bool, True where the clipped branch is strictly the
-                 minimum, i.e. the token gets no gradient: rho < 1-clip_low with A < 0, or
-                 rho > 1+clip_high with A > 0).
+                 clipped_mask [B, T] bool: POLICY rows' tokens whose gradient the clip removed
+                 (clip: rho < 1-clip_low with A < 0, or rho > 1+clip_high with A > 0; cispo:
+                 the weight capped at cispo_max with A > 0)).
 
-    rho = exp(logp - old_logp) is computed only on masked tokens (1 elsewhere), so garbage
-    log-probs on padding can neither overflow nor leak NaN into the gradient.
+    rho is computed only on masked tokens (1 elsewhere), so garbage log-probs on padding can
+    neither overflow nor leak NaN into the gradient.
     """
     if logp.shape != old_logp.shape or logp.shape != mask.shape or logp.dim() != 2:
         raise ValueError(
@@ -200,16 +220,34 @@ def policy_loss_terms(
         )
     if advantages.shape != logp.shape[:1]:
         raise ValueError(f"advantages must be [B]={logp.shape[0]}, got {tuple(advantages.shape)}")
+    if ratio not in ("token", "sequence") or loss not in ("clip", "cispo"):
+        raise ValueError(f"ratio must be token|sequence and loss clip|cispo, got {ratio!r}, {loss!r}")
     m = _bool_mask(mask)
-    log_ratio = torch.where(m, logp - old_logp.detach(), torch.zeros_like(logp))
-    ratio = torch.exp(log_ratio)
+    zeros = torch.zeros_like(logp)
+    log_ratio = torch.where(m, logp - old_logp.detach(), zeros)
+    if ratio == "sequence":
+        mf = m.to(logp.dtype)
+        log_ratio = ((log_ratio * mf).sum(dim=1, keepdim=True) / mf.sum(dim=1, keepdim=True).clamp(min=1.0))
+        log_ratio = log_ratio.expand_as(logp)
+    rho = torch.exp(log_ratio)
     adv = advantages.detach().unsqueeze(1).to(logp.dtype)
-    unclipped = ratio * adv
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
-    per_token = -torch.minimum(unclipped, clipped)
-    per_token = torch.where(m, per_token, torch.zeros_like(per_token))
-    clipped_mask = m & (clipped < unclipped)
-    return per_token, clipped_mask
+    if loss == "clip":
+        unclipped = rho * adv
+        clipped = torch.clamp(rho, 1.0 - clip_low, 1.0 + clip_high) * adv
+        pg = -torch.minimum(unclipped, clipped)
+        was_clipped = clipped < unclipped
+    else:
+        pg = -torch.clamp(rho, max=cispo_max).detach() * adv * logp
+        was_clipped = (rho > cispo_max) & (adv > 0)
+    if row_mode is not None:
+        mode = row_mode.to(logp.device).unsqueeze(1)
+        pi = torch.exp(torch.where(m, logp, zeros))
+        shaped = -adv * pi / (pi + shaping_gamma)
+        sft = -adv * logp
+        pg = torch.where(mode == SHAPED, shaped, torch.where(mode == SFT, sft, pg))
+        was_clipped = was_clipped & (mode == POLICY)
+    per_token = torch.where(m, pg, zeros)
+    return per_token, m & was_clipped
 
 
 def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
@@ -230,7 +268,7 @@ def aggregate(
     per_token: Tensor,
     mask: Tensor,
     mode: AggMode,
-    max_len: int | None = None,
+    norm: float | None = None,
 ) -> Tensor:
     """Reduce a per-token loss [B, T] to a scalar, only over masked tokens.
 
@@ -241,7 +279,9 @@ def aggregate(
       "seq_mean_token_mean" mean over the B sequences of each sequence's token mean
                             (original GRPO); a sequence with no tokens contributes 0 but
                             still counts in B (as in TRL).
-      "constant_norm"       sum / (B * max_len) (Dr.GRPO); max_len defaults to T.
+      "constant_norm"       sum / norm (Dr.GRPO): ``norm`` is a constant of the step, not of the
+                            batch: max_new_tokens × the number of sequences sampled (zero-
+                            advantage ones included; METHOD.md v2). Defaults to B * T.
     returns:   [] scalar tensor.
     """
     if per_token.shape != mask.shape or per_token.dim() != 2:
@@ -258,10 +298,10 @@ def aggregate(
         return (x.sum(dim=1) / mf.sum(dim=1).clamp(min=1.0)).mean()
     if mode == "constant_norm":
         b, t = per_token.shape
-        length = t if max_len is None else max_len
-        if length <= 0:
-            raise ValueError(f"max_len must be positive, got {length}")
-        return x.sum() / (b * length)
+        denom = float(b * t) if norm is None else float(norm)
+        if denom <= 0:
+            raise ValueError(f"norm must be positive, got {denom}")
+        return x.sum() / denom
     raise ValueError(f"unknown aggregation mode {mode!r}; expected one of {AGG_MODES}")
 
 
@@ -284,7 +324,8 @@ def grpo_loss(
     clip_high: float = 0.2,
     beta: float | Tensor = 0.0,
     agg: AggMode = "token_mean",
-    max_len: int | None = None,
+    norm: float | None = None,
+    **variant: object,
 ) -> tuple[Tensor, dict[str, float]]:
     """GRPO loss = aggregate(pg + beta * kl_k3) over the masked tokens.
 
@@ -295,7 +336,8 @@ def grpo_loss(
     clip_low, clip_high: PPO clip epsilons; beta: KL coefficient (unitless), a float or a
                 [B, 1] tensor of per-sequence coefficients (SCoRe's stage I puts the KL on
                 one turn only).
-    agg, max_len: see `aggregate`.
+    agg, norm: see `aggregate`.
+    variant:    ratio, loss, cispo_max, row_mode, shaping_gamma: see `policy_loss_terms`.
     returns:    (loss [] scalar with gradient w.r.t. logp,
                  stats: "clip_frac" share of masked tokens whose clipped branch is active,
                         "kl" token-mean k3 KL (nats; 0.0 when ref_logp is None),
@@ -304,7 +346,7 @@ def grpo_loss(
     has_kl = bool((torch.as_tensor(beta) != 0).any())
     if has_kl and ref_logp is None:
         raise ValueError("beta > 0 needs ref_logp")
-    pg, clipped_mask = policy_loss_terms(logp, old_logp, advantages, mask, clip_low, clip_high)
+    pg, clipped_mask = policy_loss_terms(logp, old_logp, advantages, mask, clip_low, clip_high, **variant)
     per_token = pg
     kl_value = 0.0
     if ref_logp is not None:
@@ -312,7 +354,7 @@ def grpo_loss(
         kl_value = _masked_mean(kl, mask)
         if has_kl:
             per_token = pg + beta * kl
-    loss = aggregate(per_token, mask, agg, max_len=max_len)
+    loss = aggregate(per_token, mask, agg, norm=norm)
     ratio = torch.exp(torch.where(_bool_mask(mask), logp - old_logp, torch.zeros_like(logp)))
     stats = {
         "clip_frac": _masked_mean(clipped_mask.to(torch.float64), mask),
@@ -320,6 +362,22 @@ def grpo_loss(
         "ratio_mean": _masked_mean(ratio, mask),
     }
     return loss, stats
+
+
+def distill_kl(student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
+    """Per-position KL(teacher ‖ student) = sum_v p_t (log p_t − log p_s) over the vocabulary.
+
+    student_logits: [B, T, V], carries the gradient (e.g. the solver given x alone).
+    teacher_logits: [B, T, V], a constant (e.g. the same solver given x, z and feedback g, at the
+                    same positions of the same completion tokens).
+    returns:        [B, T] non-negative KL (nats); mask and aggregate it like any per-token loss.
+    """
+    if student_logits.shape != teacher_logits.shape or student_logits.dim() != 3:
+        raise ValueError(f"need two [B,T,V] logits of one shape; got {tuple(student_logits.shape)}, "
+                         f"{tuple(teacher_logits.shape)}")
+    log_s = torch.log_softmax(student_logits.float(), dim=-1)
+    log_t = torch.log_softmax(teacher_logits.detach().float(), dim=-1)
+    return (log_t.exp() * (log_t - log_s)).sum(dim=-1)
 
 
 # --------------------------------------------------------------------------- logits
@@ -403,6 +461,21 @@ def value_penalty_reward(u_bar: Tensor, value: Tensor, lam: float, group_ids: Te
         raise ValueError(f"shape mismatch {tuple(u_bar.shape)} vs {tuple(value.shape)}")
     v = value.detach()
     return u_bar - lam * (group_max(v, group_ids) - v)
+
+
+def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, penalty: float = 1.0) -> Tensor:
+    """DAPO's soft overlong punishment, added to the reward of each completion.
+
+    lengths: [N] completion lengths (tokens); max_len: the generation limit; buffer: the last
+    ``buffer`` tokens before it, over which the penalty ramps linearly from 0 to ``-penalty``.
+    returns: [N] 0 for length <= max_len - buffer, ((max_len - buffer) - length) / buffer * penalty
+             up to max_len, -penalty beyond (reward units).
+    """
+    if buffer <= 0:
+        return torch.zeros_like(lengths, dtype=torch.float64)
+    free = max_len - buffer
+    ramp = (free - lengths.double()) / buffer * penalty
+    return torch.where(lengths <= free, torch.zeros_like(ramp), torch.clamp(ramp, min=-penalty))
 
 
 def mlmt_turn1_reward(r1: Tensor, r2_mean_per_attempt: Tensor, eta: float = 1.0) -> Tensor:

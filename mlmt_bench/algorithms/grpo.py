@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
-from mlmt_bench.algorithms.base import Algorithm
+from mlmt_bench.algorithms.base import Algorithm, Credit, CreditInputs, by_turn, group_advantages, problem_of
 from mlmt_bench.algorithms.params import GRPOParams
-from mlmt_bench.rollout.episodes import Program
+from mlmt_bench.rollout.episodes import Program, Rollout
 
 
 class GRPO(Algorithm):
     Params = GRPOParams
 
     def program(self, step: int) -> Program:
-        return Program(attempts=self.p.group_size, feedback="none")
+        return Program(attempts=self.params.group_size, feedback="none")
 
-    def credit(self, rollout, step, ctx):
+    def credit(self, rollout: Rollout, step: int, inputs: CreditInputs) -> Credit:
         attempts = rollout.of_kind("attempt")
-        r = self.rewards(rollout, attempts)
-        stats = self.advantages(rollout, attempts, r, self.by_problem(rollout, attempts))
-        stats.update(reward_mean=float(r.mean()), reward_std=float(r.std()) if len(r) > 1 else 0.0, r1=float(r.mean()))
-        return {"solver": self.items(rollout, attempts, self.p.beta)}, stats
+        r = self.solver_rewards(rollout, attempts, inputs)
+        adv, zero = group_advantages(r, problem_of(rollout, attempts), self.params.scale)
+        stats = {"frac_zero_std": zero, "reward_mean": float(r.mean()), "r1": float(r.mean()),
+                 "reward_std": float(r.std()) if len(r) > 1 else 0.0}
+        return Credit({"solver": self.items(rollout, attempts, adv, self.params.beta)},
+                      {"solver": len(attempts)}, by_turn(attempts, adv), stats=stats)

@@ -5,14 +5,14 @@ Credit (METHOD.md "MLMT-RL"):
   r̄2 the mean r2 of the refinements descending from the attempt;
 - solver, turn 3: group-relative advantage of r2 over all refinements of the problem;
 - critic: R_H(g) = ū(g) + λ·sg[V_L(x, z, g)], group-relative among the K feedbacks of the same
-  attempt when K > 1, else among all feedbacks of the problem. ``value: mc`` uses ū as V_L,
-  ``learned`` a value head (algorithms/value.py), ``none`` sets λ = 0. The penalty form
-  ū − λ·(V* − V) gives the same advantages (core.value_penalty_reward; tested).
-Schedule: with P = max(t_L, t_H), the solver updates at steps s with s mod P < t_L and the
-critic at steps with s mod P ≥ P − t_H: t_L solver updates for every t_H critic updates,
-both every step by default (1, 1).
-Variants: fixed_feedback (critic frozen), shared_policy (one model plays both roles),
-oracle_feedback (rule-based critic that sees the gold; synthetic only), null_feedback (g = g∅).
+  attempt when K > 1, else among all feedbacks of the problem. ``value: learned`` takes V_L
+  from a value model (algorithms/value.py) whose predictions the trainer computes and passes
+  in; ``none`` sets λ = 0. The penalty form ū − λ·(V* − V) gives the same advantages
+  (core.value_penalty_reward; tested).
+Schedule: ``simultaneous`` updates both policies every step; ``alternate`` runs blocks of t_L
+solver-only steps then t_H critic-only steps, so (2, 2) and (1, 1) are different schedules.
+Variants: the table ``params.MLMT_VARIANTS`` (who is trained, frozen, shared or absent, and the
+feedback source).
 """
 
 from __future__ import annotations
@@ -20,110 +20,110 @@ from __future__ import annotations
 import torch
 
 from mlmt_bench.algorithms import core
-from mlmt_bench.algorithms.base import Algorithm
+from mlmt_bench.algorithms.base import Algorithm, Credit, CreditInputs, ancestor, by_turn, group_advantages, \
+    problem_of, rewards
 from mlmt_bench.algorithms.params import MLMTParams
-from mlmt_bench.algorithms.value import ValueHead
-from mlmt_bench.rollout.episodes import Program
-
-_SOURCE = {"full": "critic", "fixed_feedback": "critic", "shared_policy": "critic",
-           "oracle_feedback": "oracle", "null_feedback": "null"}
+from mlmt_bench.algorithms.value import ValueModel
+from mlmt_bench.rollout.episodes import Program, Rollout
 
 
 class MLMT(Algorithm):
     Params = MLMTParams
 
-    def __init__(self, params, total_steps):
+    def __init__(self, params: MLMTParams, total_steps: int) -> None:
         super().__init__(params, total_steps)
-        self.value_head: ValueHead | None = None
-        self._pending_value_state = None
+        self._value = (ValueModel(params.value_lr, params.value_hidden, params.value_fit_steps, params.value_batch,
+                                  params.value_buffer) if self._uses_value() else None)
 
-    @property
-    def trains_critic(self) -> bool:
-        return self.p.variant in ("full", "shared_policy")
+    def _uses_value(self) -> bool:
+        return self.params.value == "learned" and self.roles().critic in ("trained", "shared")
 
     def program(self, step: int) -> Program:
-        return Program(attempts=self.p.group_size, feedback=_SOURCE[self.p.variant],
-                       feedbacks=self.p.feedbacks, refinements=self.p.refinements)
+        return Program(attempts=self.params.group_size, feedback=self.roles().feedback,
+                       feedbacks=self.params.feedbacks, refinements=self.params.refinements)
 
     def updates(self, step: int) -> set[str]:
-        period = max(self.p.lower_steps, self.p.upper_steps)
-        roles = set()
-        if step % period < self.p.lower_steps:
-            roles.add("solver")
-        if self.trains_critic and step % period >= period - self.p.upper_steps:
-            roles.add("critic")
-        return roles
+        trained = set(self.roles().trained())
+        if self.params.schedule == "simultaneous":
+            return trained
+        t_l, t_h = self.params.lower_steps, self.params.upper_steps
+        return trained & ({"solver"} if step % (t_l + t_h) < t_l else {"critic"})
 
-    def credit(self, rollout, step, ctx):
-        turns = rollout.turns
-        attempts, feedbacks, refines = (rollout.of_kind(k) for k in ("attempt", "feedback", "refine"))
-        r1 = self.rewards(rollout, attempts)
-        r2 = self.rewards(rollout, refines)
-        # refinement -> its feedback -> its attempt, as positions in the attempts / feedbacks lists
-        a_pos = {ti: n for n, ti in enumerate(attempts)}
-        f_pos = {ti: n for n, ti in enumerate(feedbacks)}
-        fb_of_refine = torch.tensor([f_pos[turns[i].parent] for i in refines])
-        att_of_refine = torch.tensor([a_pos[turns[turns[i].parent].parent] for i in refines])
-        r2_per_attempt = core.mean_by_parent(r2, att_of_refine, len(attempts))
-        u_bar = core.mean_by_parent(r2, fb_of_refine, len(feedbacks))
+    # value model ------------------------------------------------------------------------------
+    @property
+    def value_model(self) -> ValueModel | None:
+        return self._value
 
-        stats = {"r1": float(r1.mean()), "r2": float(r2.mean()), "reward_mean": float(r2.mean()),
-                 "reward_std": float(r2.std()) if len(r2) > 1 else 0.0}
-        shaped1 = core.mlmt_turn1_reward(r1, r2_per_attempt, self.p.eta)
-        s1 = self.advantages(rollout, attempts, shaped1, self.by_problem(rollout, attempts))
-        s3 = self.advantages(rollout, refines, r2, self.by_problem(rollout, refines))
-        stats.update(frac_zero_std_t1=s1["frac_zero_std"], frac_zero_std=s3["frac_zero_std"])
-        items = {"solver": self.items(rollout, attempts, self.p.beta) + self.items(rollout, refines, self.p.beta)}
+    def value_contexts(self, rollout: Rollout) -> list[list[int]]:
+        """The solver's context (x, z, g) of each feedback's refinements."""
+        return [rollout.turns[rollout.turns[f].children[0]].prompt_ids for f in rollout.of_kind("feedback")]
 
-        if self.trains_critic:
-            value = self._value(rollout, feedbacks, u_bar, ctx)
-            lam = 0.0 if self.p.value == "none" else self.p.lam
-            r_h = core.higher_level_reward(u_bar, value, lam)
-            groups = ([turns[i].parent for i in feedbacks] if self.p.feedbacks > 1
-                      else self.by_problem(rollout, feedbacks))
-            sh = self.advantages(rollout, feedbacks, r_h, groups)
-            for i, r in zip(feedbacks, r_h.tolist()):
-                turns[i].reward = r
-            stats.update(critic_reward=float(r_h.mean()), frac_zero_std_critic=sh["frac_zero_std"],
-                         value_mean=float(value.mean()))
-            items["critic"] = self.items(rollout, feedbacks, self.p.beta)
-        return items, stats
-
-    def _value(self, rollout, feedbacks, u_bar, ctx) -> torch.Tensor:
-        if self.p.value == "mc":
-            return u_bar
-        if self.p.value == "none":
-            return torch.zeros_like(u_bar)
-        feats = self._features(rollout, feedbacks, ctx)
-        return self._head(feats.shape[1], ctx).predict(feats)
-
-    def _features(self, rollout, feedbacks, ctx) -> torch.Tensor:
-        # the context of a feedback's refinements: (x, z, g) as the solver sees it
-        contexts = [rollout.turns[rollout.turns[i].children[0]].prompt_ids for i in feedbacks]
-        solver = ctx.policies["solver"]
-        return ValueHead.features(solver.model, solver.tokenizer.pad_token_id, contexts)
-
-    def _head(self, hidden: int, ctx) -> ValueHead:
-        if self.value_head is None:
-            self.value_head = ValueHead(hidden, self.p.value_lr, seed=ctx.seed)
-            if self._pending_value_state is not None:
-                self.value_head.load_state_dict(self._pending_value_state)
-        return self.value_head
-
-    def after_update(self, rollout, step, ctx):
-        if not (self.trains_critic and self.p.value == "learned"):
-            return {}
+    def value_targets(self, rollout: Rollout) -> tuple[list[int], torch.Tensor]:
+        f_pos = {f: n for n, f in enumerate(rollout.of_kind("feedback"))}
         refines = rollout.of_kind("refine")
-        feats = ValueHead.features(ctx.policies["solver"].model, ctx.policies["solver"].tokenizer.pad_token_id,
-                                   [rollout.turns[i].prompt_ids for i in refines])
-        loss = self._head(feats.shape[1], ctx).fit(feats, self.rewards(rollout, refines))
-        return {"value_loss": loss}
+        return [f_pos[rollout.turns[r].parent] for r in refines], rewards(rollout, refines)
 
-    def state_dict(self):
-        if self.value_head is not None:
-            return {"value_head": self.value_head.state_dict()}
-        return {"value_head": self._pending_value_state} if self._pending_value_state else {}
+    # credit -----------------------------------------------------------------------------------
+    def credit(self, rollout: Rollout, step: int, inputs: CreditInputs) -> Credit:
+        p = self.params
+        attempts, feedbacks, refines = (rollout.of_kind(k) for k in ("attempt", "feedback", "refine"))
+        r1, r2 = self.solver_rewards(rollout, attempts, inputs), self.solver_rewards(rollout, refines, inputs)
+        a_pos = {t: n for n, t in enumerate(attempts)}
+        r2_per_attempt = core.mean_by_parent(r2, torch.tensor([a_pos[ancestor(rollout, i, 2)] for i in refines]),
+                                             len(attempts))
+        u_bar = feedback_means(rollout, r2)
 
-    def load_state_dict(self, state):
-        self._pending_value_state = state.get("value_head")
-        self.value_head = None
+        adv1, zero1 = group_advantages(core.mlmt_turn1_reward(r1, r2_per_attempt, p.eta),
+                                       problem_of(rollout, attempts), p.scale)
+        adv3, zero3 = group_advantages(r2, problem_of(rollout, refines), p.scale)
+        items = {"solver": self.items(rollout, attempts, adv1, p.beta) + self.items(rollout, refines, adv3, p.beta)}
+        sampled = {"solver": len(attempts) + len(refines)}
+        credit = Credit(items, sampled, {**by_turn(attempts, adv1), **by_turn(refines, adv3)})
+        stats = {"r1": float(r1.mean()), "r2": float(r2.mean()), "reward_mean": float(r2.mean()),
+                 "reward_std": float(r2.std()) if len(r2) > 1 else 0.0,
+                 "frac_zero_std_t1": zero1, "frac_zero_std": zero3}
+
+        if self.roles().critic in ("trained", "shared"):
+            if self._value is not None and inputs.values is None:
+                raise ValueError("value: learned needs the value model's predictions in CreditInputs.values")
+            lam = p.lam if self._value is not None else 0.0
+            stats.update(critic_credit(self, rollout, u_bar, inputs.values, lam, credit))
+        credit.stats = stats
+        return credit
+
+    def state_dict(self) -> dict:
+        return {"value_model": self._value.state_dict()} if self._value is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self._value is not None:
+            self._value.load_state_dict(state.get("value_model") or {})
+
+
+def feedback_means(rollout: Rollout, r2: torch.Tensor) -> torch.Tensor:
+    """ū(g): ``[F]`` mean reward of each feedback's refinements (``r2`` [R], in refinement order)."""
+    f_pos = {t: n for n, t in enumerate(rollout.of_kind("feedback"))}
+    parents = torch.tensor([f_pos[ancestor(rollout, i, 1)] for i in rollout.of_kind("refine")])
+    return core.mean_by_parent(r2, parents, len(f_pos))
+
+
+def critic_credit(algo: Algorithm, rollout: Rollout, u_bar: torch.Tensor, values: torch.Tensor | None, lam: float,
+                  credit: Credit) -> dict[str, float]:
+    """The higher level's credit, added to ``credit`` (METHOD.md "Higher level"): R_H(g) = ū(g) +
+    λ·sg[V_L(x, z, g)], group-relative among the K feedbacks of an attempt when K > 1, else among
+    the feedbacks of the problem. ``u_bar`` [F] is each feedback's mean r2, ``values`` [F] the
+    value model's predictions (None when λ = 0). Returns the logged stats."""
+    p = algo.params
+    feedbacks = rollout.of_kind("feedback")
+    value = values if values is not None else torch.zeros_like(u_bar)
+    r_h = core.higher_level_reward(u_bar, value.to(u_bar), lam)
+    feedbacks_per_attempt = getattr(p, "feedbacks", 1)
+    groups = [rollout.turns[f].parent for f in feedbacks] if feedbacks_per_attempt > 1 else problem_of(rollout, feedbacks)
+    adv_h, zero_h = group_advantages(r_h, groups, p.scale)
+    credit.items["critic"] = algo.items(rollout, feedbacks, adv_h, p.beta)
+    credit.sampled["critic"] = len(feedbacks)
+    credit.advantages.update(by_turn(feedbacks, adv_h))
+    credit.rewards.update(by_turn(feedbacks, r_h))
+    stats = {"critic_reward": float(r_h.mean()), "frac_zero_std_critic": zero_h}
+    if values is not None:
+        stats["value_mean"] = float(value.mean())
+    return stats

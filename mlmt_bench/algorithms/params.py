@@ -1,17 +1,63 @@
-"""Parameters of each built-in algorithm (light module: pydantic only, no torch).
+"""Parameters of each built-in algorithm, and the roles each one plays (light module: pydantic only).
 
-Every **(decision)** of METHOD.md is a field here, so an ablation can flip it.
+Every **(decision)** of METHOD.md is a field here, so an ablation can flip it. The MLMT variants
+live in one table, :data:`MLMT_VARIANTS`: what each does with the two roles and where the
+feedback comes from. A new variant is a row here (and, if its episode differs, a line in
+``mlmt.py``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from mlmt_bench.rollout.episodes import FeedbackSource
+
+#: What an algorithm does with a role's policy: ``trained`` (built and updated), ``frozen``
+#: (built, never updated), ``shared`` (the solver's weights play it: one model, both prompts),
+#: ``absent`` (no model: the role is not in the episode, or a rule plays it).
+RoleMode = Literal["trained", "frozen", "shared", "absent"]
+
+
+@dataclass(frozen=True)
+class Roles:
+    """The policies an algorithm needs. ``feedback``: who writes the second turn."""
+
+    solver: RoleMode = "trained"
+    critic: RoleMode = "absent"
+    feedback: FeedbackSource = "none"
+
+    def mode(self, role: str) -> RoleMode:
+        return getattr(self, role)
+
+    def built(self) -> list[str]:
+        """Roles whose policy is loaded from a spec (trained or frozen)."""
+        return [r for r in ("solver", "critic") if self.mode(r) in ("trained", "frozen")]
+
+    def trained(self) -> list[str]:
+        return [r for r in ("solver", "critic") if self.mode(r) == "trained" or
+                (self.mode(r) == "shared" and self.solver == "trained")]
+
+
+#: variant -> roles (METHOD.md, "Variants of mlmt").
+MLMT_VARIANTS: dict[str, Roles] = {
+    "full": Roles("trained", "trained", "critic"),
+    "fixed_feedback": Roles("trained", "frozen", "critic"),        # the paper's fixed critic
+    "shared_policy": Roles("trained", "shared", "critic"),         # one model plays both roles
+    "oracle_feedback": Roles("trained", "absent", "oracle"),       # a rule that sees y*: an upper bound
+    "null_feedback": Roles("trained", "absent", "null"),           # g = g∅
+    "critic_only": Roles("frozen", "trained", "critic"),           # CTRL-style: only the critic learns
+}
 
 
 class _Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    def roles(self) -> Roles:
+        """The policies the algorithm with these parameters needs (default: one trained solver)."""
+        return Roles("trained", "absent", "none")
 
 
 class LossParams(_Params):
@@ -20,20 +66,40 @@ class LossParams(_Params):
     clip_low: float = Field(0.2, ge=0.0, le=1.0, description="ε_low: ratio clipped below at 1 − ε_low")
     clip_high: float = Field(0.2, ge=0.0, description="ε_high: ratio clipped above at 1 + ε_high")
     beta: float = Field(0.0, ge=0.0, description="KL(π_θ‖π_ref) coefficient (k3 estimator); 0 = no reference model")
-    loss_agg: Literal["token_mean", "seq_mean_token_mean", "constant_norm"] = "token_mean"
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "constant_norm"] = Field(
+        "token_mean", description="token_mean (DAPO), seq_mean_token_mean (GRPO), constant_norm (Dr.GRPO: the sum over "
+                                  "completion tokens / (max_new_tokens × sequences sampled))")
     scale: Literal["std", "none"] = Field("std", description="divide advantages by the group std (none = Dr.GRPO)")
     epochs: int = Field(1, ge=1, description="optimisation passes over each rollout batch")
+    ratio: Literal["token", "sequence"] = Field(
+        "token", description="importance ratio per token, or one length-normalised ratio per sequence (GSPO)")
+    loss: Literal["clip", "cispo"] = Field(
+        "clip", description="clip: PPO's clipped surrogate; cispo: the clipped, stop-gradiented weight times "
+                            "the REINFORCE term of every token")
+    cispo_max: float = Field(5.0, gt=0.0, description="CISPO's cap on the importance weight (ε_max)")
+    overlong_buffer: int = Field(0, ge=0, description="DAPO overlong shaping: a penalty ramping from 0 to "
+                                                      "-overlong_penalty over the last N tokens before the limit (0: off)")
+    overlong_penalty: float = Field(1.0, ge=0.0, description="the overlong penalty at the token limit")
+    mask_truncated: bool = Field(False, description="drop completions cut by the token limit from the loss "
+                                                    "(DAPO's overlong filtering); they still count in the group's statistics")
 
 
 class GRPOParams(LossParams):
     group_size: int = Field(8, ge=2, description="G: samples per problem")
+    dynamic_sampling: bool = Field(False, description="DAPO: sample more problems until the step holds "
+                                                      "problems_per_step groups with non-zero reward variance "
+                                                      "(the extra tokens count in every budget)")
+    dynamic_sampling_rounds: int = Field(3, ge=1, description="at most this many extra rollouts per step")
 
 
 class SelfCorrectParams(LossParams):
     group_size: int = Field(8, ge=2, description="G: first attempts per problem")
     alpha: float = Field(10.0, ge=0.0, description="(decision) stage-II progress bonus r2 + α(r2 − r1)")
     beta2: float = Field(0.1, ge=0.0, description="(decision) stage-I KL on the first turn")
-    stage1_frac: float = Field(0.3, ge=0.0, le=1.0, description="(decision) share of steps in stage I")
+    stage1_frac: float = Field(0.3, ge=0.0, le=1.0, description="(decision) share of training in stage I")
+
+    def roles(self) -> Roles:
+        return Roles("trained", "absent", "null")
 
 
 class MLMTParams(LossParams):
@@ -42,11 +108,40 @@ class MLMTParams(LossParams):
     refinements: int = Field(1, ge=1, description="M: refinements per feedback")
     eta: float = Field(1.0, ge=0.0, description="(decision) turn-1 reward r1 + η·r2")
     lam: float = Field(0.5, ge=0.0, description="λ: weight of the lower-level value in R_H")
-    value: Literal["learned", "mc", "none"] = Field("mc", description="V_L estimator (none sets λ = 0)")
-    value_lr: float = Field(1e-3, gt=0.0, description="learning rate of the learned value head")
-    lower_steps: int = Field(1, ge=1, description="t_L: solver updates per cycle")
-    upper_steps: int = Field(1, ge=1, description="t_H: critic updates per cycle")
-    variant: Literal["full", "fixed_feedback", "shared_policy", "oracle_feedback", "null_feedback"] = "full"
+    value: Literal["learned", "none"] = Field("learned", description="V_L: a learned value model, or none (λ = 0)")
+    value_lr: float = Field(1e-3, gt=0.0, description="Adam learning rate of the value model")
+    value_hidden: int = Field(64, ge=1, description="hidden width of the value model's MLP")
+    value_fit_steps: int = Field(32, ge=1, description="Adam steps on the value model per training step")
+    value_batch: int = Field(64, ge=1, description="minibatch of the value model's fitting")
+    value_buffer: int = Field(2048, ge=1, description="recent refinements the value model fits on (a replay buffer)")
+    schedule: Literal["simultaneous", "alternate"] = Field(
+        "simultaneous", description="simultaneous: both policies update every step; alternate: t_L solver-only steps, "
+                                    "then t_H critic-only steps")
+    lower_steps: int = Field(1, ge=1, description="t_L: solver-only steps per block (schedule: alternate)")
+    upper_steps: int = Field(1, ge=1, description="t_H: critic-only steps per block (schedule: alternate)")
+    variant: str = Field("full", description=f"one of {', '.join(MLMT_VARIANTS)} (METHOD.md)")
+
+    @field_validator("value", mode="before")
+    @classmethod
+    def _no_mc(cls, v: object) -> object:
+        if v == "mc":
+            raise ValueError("'mc' was removed in METHOD.md v2: a Monte-Carlo value equal to ū only rescales ū and "
+                             "gives the advantages of 'none' (docs/METHOD.md, MLMT-RL); use learned or none")
+        return v
+
+    @field_validator("variant")
+    @classmethod
+    def _known_variant(cls, v: str) -> str:
+        if v not in MLMT_VARIANTS:
+            import difflib
+
+            close = difflib.get_close_matches(v, list(MLMT_VARIANTS), n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"unknown variant {v!r}{hint} (known: {', '.join(MLMT_VARIANTS)})")
+        return v
+
+    def roles(self) -> Roles:
+        return MLMT_VARIANTS[self.variant]
 
 
 PARAMS: dict[str, type[BaseModel]] = {

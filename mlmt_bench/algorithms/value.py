@@ -1,60 +1,104 @@
 """The lower-level value function V_L(x, z, g) ≈ E[R(ŷ) | x, z, g] (``value: learned``).
 
-A linear head on the solver's last hidden state at the final token of the refinement
-context (x, z, g). The solver's features are read without gradient (stop-gradient: the head
-is trained only by its own MSE loss on r2, and never moves the solver).
+A small MLP on the solver's last hidden state at the final token of the refinement context
+(x, z, g). The trainer computes those features (a forward pass of the current solver, without
+gradient) and hands them here: the value model never runs the solver and never moves it
+(stop-gradient: it is trained only by its own MSE loss on r2).
+
+So that it is good enough to matter (METHOD.md v2), every training step it is fitted for
+``fit_steps`` Adam steps on minibatches drawn from a replay buffer of the most recent
+``buffer`` refinements, and before it sees a step's fresh refinements it is scored on them:
+``value/explained_variance`` = 1 − Var(r2 − V) / Var(r2), its out-of-sample skill.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 
-class ValueHead:
-    def __init__(self, hidden_size: int, lr: float, seed: int = 0) -> None:
-        gen = torch.Generator().manual_seed(seed)
-        self.linear = torch.nn.Linear(hidden_size, 1)
-        with torch.no_grad():
-            self.linear.weight.copy_(torch.randn(1, hidden_size, generator=gen) * 0.01)
-            self.linear.bias.fill_(0.5)
-        self.opt = torch.optim.Adam(self.linear.parameters(), lr=lr)
+class ValueModel:
+    """``predict(features [F, H]) -> [F]`` in [0, 1]; ``fit(features [N, H], targets [N])``."""
 
-    @staticmethod
-    @torch.no_grad()
-    def features(model: Any, pad_id: int, contexts: Sequence[list[int]]) -> torch.Tensor:
-        """``[F, H]`` last-layer hidden state at the last token of each context."""
-        length = max(len(c) for c in contexts)
-        ids = torch.full((len(contexts), length), pad_id, dtype=torch.long)
-        att = torch.zeros_like(ids)
-        for i, c in enumerate(contexts):
-            ids[i, :len(c)] = torch.tensor(c)
-            att[i, :len(c)] = 1
-        device = next(model.parameters()).device
-        out = model(input_ids=ids.to(device), attention_mask=att.to(device), output_hidden_states=True)
-        last = torch.tensor([len(c) - 1 for c in contexts], device=device)
-        h = out.hidden_states[-1]
-        return h[torch.arange(len(contexts), device=device), last].float().cpu()
+    def __init__(self, lr: float, hidden: int = 64, fit_steps: int = 32, batch: int = 64, buffer: int = 2048,
+                 seed: int = 0) -> None:
+        self.lr, self.hidden, self.fit_steps, self.batch, self.capacity = lr, hidden, fit_steps, batch, buffer
+        self.seed = seed
+        self.net: torch.nn.Sequential | None = None  # built on the first features (their width is H)
+        self.opt: torch.optim.Optimizer | None = None
+        self.gen = torch.Generator().manual_seed(seed)
+        self.feats = torch.zeros(0)
+        self.targets = torch.zeros(0)
+        self._pending: dict[str, Any] | None = None
+
+    def _build(self, width: int) -> None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            self.net = torch.nn.Sequential(torch.nn.LayerNorm(width), torch.nn.Linear(width, self.hidden),
+                                           torch.nn.Tanh(), torch.nn.Linear(self.hidden, 1))
+        self.opt = torch.optim.Adam(self.net.parameters(), lr=self.lr)
+        if self._pending is not None:
+            self._restore(self._pending)
+            self._pending = None
+
+    def _ensure(self, feats: torch.Tensor) -> torch.nn.Sequential:
+        if self.net is None:
+            self._build(feats.shape[1])
+        assert self.net is not None
+        return self.net
 
     @torch.no_grad()
     def predict(self, feats: torch.Tensor) -> torch.Tensor:
-        """``[F]`` value estimates, clamped to the reward range [0, 1]."""
-        return self.linear(feats).squeeze(-1).clamp(0.0, 1.0).double()
+        """``[F]`` value estimates (float64), a sigmoid: in [0, 1] like the rewards."""
+        return torch.sigmoid(self._ensure(feats)(feats.float()).squeeze(-1)).double()
 
-    def fit(self, feats: torch.Tensor, targets: torch.Tensor, steps: int = 4) -> float:
-        """A few Adam steps of MSE on ``targets [F]``; returns the final loss."""
+    def fit(self, feats: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
+        """Score on the fresh ``(feats, targets)``, add them to the buffer, then ``fit_steps`` Adam
+        steps of MSE on minibatches of the buffer. Returns the logged stats."""
+        net = self._ensure(feats)
+        targets = targets.float()
+        stats = {"value/explained_variance": explained_variance(self.predict(feats).float(), targets),
+                 "value/mse_before": float(((self.predict(feats).float() - targets) ** 2).mean())}
+        self.feats = torch.cat([self.feats.reshape(-1, feats.shape[1]), feats.float()])[-self.capacity:]
+        self.targets = torch.cat([self.targets, targets])[-self.capacity:]
+        assert self.opt is not None
         loss = torch.tensor(0.0)
-        for _ in range(steps):
+        for _ in range(self.fit_steps):
+            idx = torch.randint(0, len(self.targets), (min(self.batch, len(self.targets)),), generator=self.gen)
+            loss = torch.nn.functional.mse_loss(torch.sigmoid(net(self.feats[idx]).squeeze(-1)), self.targets[idx])
             self.opt.zero_grad()
-            loss = torch.nn.functional.mse_loss(self.linear(feats).squeeze(-1), targets.float())
             loss.backward()
             self.opt.step()
-        return float(loss)
+        stats["value/loss"] = float(loss.detach())
+        return stats
 
     def state_dict(self) -> dict[str, Any]:
-        return {"linear": self.linear.state_dict(), "opt": self.opt.state_dict()}
+        if self.net is None:
+            return self._pending or {}
+        assert self.opt is not None
+        return {"net": self.net.state_dict(), "opt": self.opt.state_dict(), "gen": self.gen.get_state(),
+                "feats": self.feats.clone(), "targets": self.targets.clone()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.linear.load_state_dict(state["linear"])
+        if not state:
+            return
+        if self.net is None:
+            self._pending = state  # restored once the features' width is known
+        else:
+            self._restore(state)
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        assert self.net is not None and self.opt is not None
+        self.net.load_state_dict(state["net"])
         self.opt.load_state_dict(state["opt"])
+        self.gen.set_state(state["gen"])
+        self.feats, self.targets = state["feats"].clone(), state["targets"].clone()
+
+
+def explained_variance(pred: torch.Tensor, targets: torch.Tensor) -> float | None:
+    """1 − Var(targets − pred) / Var(targets) (population variances); None when the targets are constant."""
+    var = float(targets.double().var(unbiased=False))
+    if var == 0.0:
+        return None
+    return 1.0 - float((targets.double() - pred.double()).var(unbiased=False)) / var

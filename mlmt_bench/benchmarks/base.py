@@ -17,7 +17,7 @@ class Benchmark:
 
     name: ClassVar[str] = ""
     default_verifier: ClassVar[str] = ""
-    splits: ClassVar[tuple[str, ...]] = ("train", "eval")
+    splits: ClassVar[tuple[str, ...]] = ("train", "validation", "test")
     templates: ClassVar[PromptTemplates] = PromptTemplates()
 
     def __init__(self, path: str | None = None, seed: int = 0, **options: Any) -> None:

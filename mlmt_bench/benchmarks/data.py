@@ -6,8 +6,9 @@ hub). It looks, in this order, in:
 
 1. the benchmark's ``path`` option: a data file, or a directory holding one;
 2. the directory named by ``$MLMT_BENCH_DATA``;
-3. the data shipped with the repository (:func:`shipped_dirs`): ``<repo>/../shared/data``,
-   ``<repo>/tests/data``, ``<repo>/data`` and ``mlmt_bench/data``;
+3. the data shipped with the project (:func:`shipped_dirs`): ``<repo>/data`` in a source
+   checkout, ``<prefix>/share/mlmt-bench/data`` for a wheel install, and last
+   ``<repo>/../shared/data`` (one more place, never needed);
 4. the Hugging Face hub, through ``datasets.load_dataset`` with the upstream dataset names
    (skipped when ``HF_HUB_OFFLINE=1`` or ``HF_DATASETS_OFFLINE=1``).
 
@@ -17,7 +18,8 @@ names every place searched, on one line.
 
 Readers accept plain or gzip-compressed files (detected by content) in three formats:
 JSON Lines (``.jsonl``), a JSON array of objects (``.json``) and CSV with a header row
-(``.csv``; fields may contain newlines). A corrupt or truncated file gives a one-line
+(``.csv``; fields may contain newlines), and a CSV member of a (password-protected) zip
+archive, read in memory (GPQA as its authors distribute it). A corrupt or truncated file gives a one-line
 ``UserError`` naming the file and the line. Rows are never echoed in messages (GPQA asks
 that its questions not be published).
 """
@@ -46,12 +48,13 @@ _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def shipped_dirs() -> list[Path]:
-    """Directories searched after ``$MLMT_BENCH_DATA``: the data that comes with the repo."""
+    """Directories searched after ``$MLMT_BENCH_DATA``: the data that comes with the project."""
+    import sys
+
     return [
-        (_REPO_ROOT / ".." / "shared" / "data").resolve(),
-        _REPO_ROOT / "tests" / "data",
         _REPO_ROOT / "data",
-        Path(__file__).resolve().parents[1] / "data",
+        Path(sys.prefix) / "share" / "mlmt-bench" / "data",
+        (_REPO_ROOT / ".." / "shared" / "data").resolve(),
     ]
 
 
@@ -72,6 +75,15 @@ class HubSource:
 
 
 @dataclass(frozen=True)
+class ZipMember:
+    """A CSV inside a zip archive: ``archive`` (file name), ``member`` (path inside), ``password``."""
+
+    archive: str
+    member: str
+    password: bytes | None = None
+
+
+@dataclass(frozen=True)
 class DataSpec:
     """One dataset: its local file name(s), the columns every row must have, the hub copy."""
 
@@ -80,9 +92,11 @@ class DataSpec:
     required: tuple[str, ...]
     hub: HubSource | None = None
     extra_names: tuple[str, ...] = field(default=())  # other accepted names in a directory
+    zip_member: ZipMember | None = None  # the archive is tried after the plain files
 
     def candidates(self) -> tuple[str, ...]:
-        return self.filenames + self.extra_names
+        archive = (self.zip_member.archive,) if self.zip_member else ()
+        return self.filenames + self.extra_names + archive
 
 
 # ---------------------------------------------------------------------------------------
@@ -197,10 +211,31 @@ def _array_element_line(text: str, index: int) -> int:
 
 
 def read_csv(path: Path, required: Sequence[str] = ()) -> list[dict[str, Any]]:
+    return _read_csv_stream(path, lambda: _open_text(path), required)
+
+
+def read_zip_csv(path: Path, member: ZipMember, required: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Rows of a CSV member of a zip archive, decrypted and decompressed in memory only."""
+    import zipfile
+
+    origin = Path(f"{path}!{member.member}")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            raw = archive.read(member.member, pwd=member.password)
+    except KeyError:
+        raise UserError(f"{path}: archive has no member {member.member!r}") from None
+    except (zipfile.BadZipFile, RuntimeError, OSError, zlib.error, EOFError) as exc:
+        raise UserError(f"{path}: corrupt or unreadable zip archive ({_first_line(exc)})") from None
+    return _read_csv_stream(origin, lambda: io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8", newline=""),
+                            required)
+
+
+def _read_csv_stream(path: Path, open_text: Callable[[], Any], required: Sequence[str]) -> list[dict[str, Any]]:
+    """CSV rows with a header; ``path`` names the source in messages."""
     rows: list[dict[str, Any]] = []
     line = 1
     try:
-        with _open_text(path) as f:
+        with open_text() as f:
             reader = csv.reader(f)
             try:
                 header = next(reader)
@@ -232,22 +267,24 @@ def read_csv(path: Path, required: Sequence[str] = ()) -> list[dict[str, Any]]:
 
 _READERS = {"jsonl": read_jsonl, "json": read_json_array, "csv": read_csv}
 
-_cache: dict[tuple[str, int, int, tuple[str, ...]], list[dict[str, Any]]] = {}
+_cache: dict[tuple[str, int, int, tuple[str, ...], str], list[dict[str, Any]]] = {}
 _cache_lock = threading.Lock()
 
 
-def read_records(path: Path, required: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """Rows of a local data file (cached per path, size and mtime; treat as read-only)."""
+def read_records(path: Path, required: Sequence[str] = (), member: ZipMember | None = None) -> list[dict[str, Any]]:
+    """Rows of a local data file, or of ``member`` when ``path`` is its zip archive (cached per
+    path, size, mtime and member; treat as read-only)."""
     path = Path(path)
     try:
         st = path.stat()
     except OSError as exc:
         raise UserError(f"{path}: cannot read data file ({exc.strerror or exc})") from None
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, tuple(required))
+    in_zip = member is not None and path.name == member.archive
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, tuple(required), member.member if in_zip else "")
     with _cache_lock:
         if key in _cache:
             return _cache[key]
-    rows = _READERS[_format_of(path)](path, required)
+    rows = read_zip_csv(path, member, required) if in_zip else _READERS[_format_of(path)](path, required)
     with _cache_lock:
         _cache[key] = rows
     return rows
@@ -311,11 +348,11 @@ def load_records(spec: DataSpec, path: str | os.PathLike[str] | None = None) -> 
     if path is not None and str(path) != "":
         p = Path(path).expanduser()
         if p.is_file():
-            return Found(read_records(p, spec.required), str(p))
+            return Found(read_records(p, spec.required, spec.zip_member), str(p))
         if p.is_dir():
             f = _find_in_dir(p, spec)
             if f is not None:
-                return Found(read_records(f, spec.required), str(f))
+                return Found(read_records(f, spec.required, spec.zip_member), str(f))
             raise UserError(f"benchmark {spec.benchmark}: {want} not found in path {p}")
         raise UserError(f"benchmark {spec.benchmark}: path {p} does not exist")
     searched: list[str] = []
@@ -325,7 +362,7 @@ def load_records(spec: DataSpec, path: str | os.PathLike[str] | None = None) -> 
         d = Path(env).expanduser()
         f = _find_in_dir(d, spec) if d.is_dir() else None
         if f is not None:
-            return Found(read_records(f, spec.required), str(f))
+            return Found(read_records(f, spec.required, spec.zip_member), str(f))
         searched.append(f"${ENV_VAR}={d}" + ("" if d.is_dir() else " (not a directory)"))
     else:
         searched.append(f"${ENV_VAR} (not set)")
@@ -333,7 +370,7 @@ def load_records(spec: DataSpec, path: str | os.PathLike[str] | None = None) -> 
     for d in shipped_dirs():
         f = _find_in_dir(d, spec) if d.is_dir() else None
         if f is not None:
-            return Found(read_records(f, spec.required), str(f))
+            return Found(read_records(f, spec.required, spec.zip_member), str(f))
         searched.append(str(d))
     # 4. Hugging Face hub
     hub = spec.hub
@@ -375,30 +412,46 @@ def stable_hash(*parts: Any) -> int:
     return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
 
 
-def seeded_split(ids: Iterable[str], seed: int, eval_fraction: float, salt: str) -> tuple[set[str], set[str]]:
-    """Split ``ids`` into (train, eval) sets for a seed: an id goes to eval when
-    ``stable_hash(salt, seed, id) / 2**64 < eval_fraction``.
+SPLITS: tuple[str, ...] = ("train", "validation", "test")
 
-    Each id's side depends only on (salt, seed, id), not on the other ids, so the split of an
-    item never changes when a file gains or loses rows, and GPQA diamond/main/extended (which
-    share record ids and the salt "gpqa") put a shared question on the same side. The eval
-    share is therefore close to, not exactly, ``eval_fraction``.
+
+def seeded_split(ids: Iterable[str], seed: int, validation_fraction: float, test_fraction: float,
+                 salt: str) -> dict[str, set[str]]:
+    """Partition ``ids`` into disjoint ``train`` / ``validation`` / ``test`` sets for a seed.
+
+    With ``u = stable_hash(salt, seed, id) / 2**64`` uniform in [0, 1): ``test`` when
+    ``u < test_fraction``, ``validation`` when ``u < test_fraction + validation_fraction``,
+    else ``train``. Each id's side depends only on (salt, seed, id), not on the other ids, so
+    an item never changes split when a file gains or loses rows, and GPQA diamond/main/extended
+    (which share record ids and the salt "gpqa") put a shared question on the same side. The
+    shares are therefore close to, not exactly, the fractions.
     """
-    train: set[str] = set()
-    held: set[str] = set()
+    out: dict[str, set[str]] = {split: set() for split in SPLITS}
     for i in ids:
-        (held if stable_hash(salt, seed, i) < eval_fraction * 2.0**64 else train).add(i)
-    return train, held
+        u = stable_hash(salt, seed, i) / 2.0**64
+        out["test" if u < test_fraction else "validation" if u < test_fraction + validation_fraction
+            else "train"].add(i)
+    return out
 
 
-def check_fraction(benchmark: str, value: Any) -> float:
-    try:
-        f = float(value)
-    except (TypeError, ValueError):
-        raise UserError(f"benchmark {benchmark}: eval_fraction must be a number in (0, 1), got {value!r}") from None
-    if not 0.0 < f < 1.0:
-        raise UserError(f"benchmark {benchmark}: eval_fraction must be in (0, 1), got {value!r}")
-    return f
+def check_fractions(benchmark: str, validation_fraction: Any, test_fraction: Any) -> tuple[float, float]:
+    """``(validation, test)`` fractions as floats: each in [0, 1), test > 0, and a train share left."""
+    values = []
+    for name, value in (("validation_fraction", validation_fraction), ("test_fraction", test_fraction)):
+        if isinstance(value, bool):
+            value = None
+        try:
+            f = float(value)
+        except (TypeError, ValueError):
+            raise UserError(f"benchmark {benchmark}: {name} must be a number in [0, 1), got {value!r}") from None
+        if not 0.0 <= f < 1.0:
+            raise UserError(f"benchmark {benchmark}: {name} must be in [0, 1), got {value!r}")
+        values.append(f)
+    val, test = values
+    if test <= 0.0 or val + test >= 1.0:
+        raise UserError(f"benchmark {benchmark}: need test_fraction > 0 and validation_fraction + test_fraction < 1 "
+                        f"(the rest is train), got {val:g} + {test:g}")
+    return val, test
 
 
 # ---------------------------------------------------------------------------------------
@@ -409,23 +462,24 @@ def check_fraction(benchmark: str, value: Any) -> float:
 class HeldOutSplitBenchmark(Benchmark):
     """A benchmark whose upstream release is a single test set.
 
-    Splits: ``test`` = every problem (what papers report), ``train`` / ``eval`` = a seeded
-    partition of the same problems (:func:`seeded_split`, ``eval_fraction`` of them in
-    ``eval``, default 0.5). Problems keep the file's order within every split.
+    Splits (METHOD.md v2: disjoint): a seeded partition of the problems (:func:`seeded_split`)
+    into ``train``, ``validation`` (``validation_fraction``, default 0.1) and ``test``
+    (``test_fraction``, default 0.5). Problems keep the file's order within every split. Sweeps
+    and checks read ``validation``; reports read ``test``.
 
     Subclasses set ``data_spec``, ``split_salt`` and implement ``make_problem(row, index)``.
     """
 
-    splits = ("train", "eval", "test")
+    splits = SPLITS
     data_spec: DataSpec
     split_salt: str = ""
 
-    def __init__(self, path: str | None = None, seed: int = 0, eval_fraction: float = 0.5,
-                 **options: Any) -> None:
+    def __init__(self, path: str | None = None, seed: int = 0, validation_fraction: float = 0.1,
+                 test_fraction: float = 0.5, **options: Any) -> None:
         super().__init__(path=path, seed=seed, **options)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise UserError(f"benchmark {self.name}: seed must be an integer, got {seed!r}")
-        self.eval_fraction = check_fraction(self.name, eval_fraction)
+        self.validation_fraction, self.test_fraction = check_fractions(self.name, validation_fraction, test_fraction)
         self._problems: list[Problem] | None = None
         self.origin: str | None = None
 
@@ -448,9 +502,6 @@ class HeldOutSplitBenchmark(Benchmark):
     def load(self, split: str) -> list[Problem]:
         self.check_split(split)
         problems = self.all_problems()
-        if split == "test":
-            return list(problems)
-        train, held = seeded_split([p.id for p in problems], self.seed, self.eval_fraction,
-                                   self.split_salt or self.name)
-        keep = held if split == "eval" else train
+        keep = seeded_split([p.id for p in problems], self.seed, self.validation_fraction, self.test_fraction,
+                            self.split_salt or self.name)[split]
         return [p for p in problems if p.id in keep]

@@ -1,7 +1,8 @@
 """GPQA: graduate-level science multiple choice (diamond 198, main 448, extended 546).
 
-Data: ``gpqa_<set>.csv.gz`` (the official CSVs, gzip-compressed on purpose: GPQA's authors
-ask that the questions not be posted in plain text), or ``gpqa_<set>.csv``, or the hub
+Data: the official password-protected ``gpqa_dataset.zip`` (shipped in ``data/``; the member
+``dataset/gpqa_<set>.csv`` is read in memory, never unpacked to disk: GPQA's authors ask that
+the questions not be posted in plain text), or a ``gpqa_<set>.csv(.gz)`` file, or the hub
 dataset ``Idavidrein/gpqa`` (gated; config ``gpqa_<set>``, split ``train``). Columns used:
 ``Question``, ``Correct Answer``, ``Incorrect Answer 1..3``, ``Record ID``, ``Subdomain``,
 ``High-level domain``. Fields are stripped of surrounding whitespace.
@@ -14,8 +15,9 @@ holds the options in displayed order and ``metadata["order"]`` their source (0 =
 answer, 1-3 = incorrect answer 1-3). ``metadata["duplicate_options"]`` marks the few rows
 where two options are equal after stripping.
 
-Problem ids are the ``Record ID``. Splits: ``test`` (all), seeded ``train``/``eval`` with
-the salt "gpqa", so a question lies on the same side in every set.
+Problem ids are the ``Record ID``. Splits: seeded, disjoint ``train`` / ``validation`` /
+``test`` with the salt "gpqa" (:class:`HeldOutSplitBenchmark`), so a question lies in the same
+split in every set.
 
 Never log question text: nothing here puts a question or option into a message.
 """
@@ -25,11 +27,13 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from mlmt_bench.benchmarks.data import DataSpec, HeldOutSplitBenchmark, HubSource, stable_hash
+from mlmt_bench.benchmarks.data import DataSpec, HeldOutSplitBenchmark, HubSource, ZipMember, stable_hash
 from mlmt_bench.errors import UserError
 from mlmt_bench.types import Problem, PromptTemplates
 
 LETTERS = "ABCD"
+#: Published in the idavidrein/gpqa README so that programs can read the archive.
+GPQA_ZIP_PASSWORD = b"deserted-untie-orchid"
 
 CHOICE_TEMPLATES = PromptTemplates(
     attempt=(
@@ -63,6 +67,7 @@ def _spec(which: str) -> DataSpec:
         benchmark=f"gpqa-{which}",
         filenames=(f"gpqa_{which}.csv.gz",),
         extra_names=(f"gpqa_{which}.csv",),
+        zip_member=ZipMember("gpqa_dataset.zip", f"dataset/gpqa_{which}.csv", GPQA_ZIP_PASSWORD),
         required=_COLUMNS,
         hub=HubSource("Idavidrein/gpqa", f"gpqa_{which}", ("train",), convert=_hub_row),
     )
@@ -113,21 +118,21 @@ class _GPQA(HeldOutSplitBenchmark):
 
 
 class GPQADiamond(_GPQA):
-    """``GPQADiamond(path=None, seed=0, eval_fraction=0.5)``: 198 questions."""
+    """``GPQADiamond(path=None, seed=0, validation_fraction=0.1, test_fraction=0.5)``: 198 questions."""
 
     name = "gpqa-diamond"
     data_spec = _spec("diamond")
 
 
 class GPQAMain(_GPQA):
-    """``GPQAMain(path=None, seed=0, eval_fraction=0.5)``: 448 questions."""
+    """``GPQAMain(path=None, seed=0, validation_fraction=0.1, test_fraction=0.5)``: 448 questions."""
 
     name = "gpqa-main"
     data_spec = _spec("main")
 
 
 class GPQAExtended(_GPQA):
-    """``GPQAExtended(path=None, seed=0, eval_fraction=0.5)``: 546 questions."""
+    """``GPQAExtended(path=None, seed=0, validation_fraction=0.1, test_fraction=0.5)``: 546 questions."""
 
     name = "gpqa-extended"
     data_spec = _spec("extended")

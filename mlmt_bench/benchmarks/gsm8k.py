@@ -3,7 +3,7 @@
 Rows: ``question, answer`` (file ``gsm8k_test.jsonl`` or hub ``openai/gsm8k``, config
 ``main``, split ``test``). The gold answer is the number after ``####`` in ``answer``, with
 thousands separators removed; the worked solution goes to ``metadata["solution"]``. Problem
-ids are ``gsm8k/<0-based line>``. Splits: ``test`` (all), seeded ``train``/``eval``.
+ids are ``gsm8k/<0-based line>``. Splits: seeded, disjoint ``train`` / ``validation`` / ``test``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def gsm8k_gold(answer: str) -> str | None:
 
 
 class GSM8K(HeldOutSplitBenchmark):
-    """``GSM8K(path=None, seed=0, eval_fraction=0.5)``; splits train / eval / test."""
+    """``GSM8K(path=None, seed=0, validation_fraction=0.1, test_fraction=0.5)``; splits train / validation / test."""
 
     name = "gsm8k"
     default_verifier = "math"

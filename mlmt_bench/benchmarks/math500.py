@@ -3,7 +3,7 @@
 Rows: ``problem, solution, answer, subject, level, unique_id`` (file ``math500_test.jsonl``
 or hub ``HuggingFaceH4/MATH-500``, split ``test``). Problem ids are the ``unique_id``
 (e.g. ``test/precalculus/807.json``); the gold answer is ``answer`` (LaTeX, no ``\\boxed``).
-Splits: ``test`` (all 500), seeded ``train``/``eval`` (see :class:`HeldOutSplitBenchmark`).
+Splits: seeded, disjoint ``train`` / ``validation`` / ``test`` (see :class:`HeldOutSplitBenchmark`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ MATH500_DATA = DataSpec(
 
 
 class Math500(HeldOutSplitBenchmark):
-    """``Math500(path=None, seed=0, eval_fraction=0.5)``; splits train / eval / test."""
+    """``Math500(path=None, seed=0, validation_fraction=0.1, test_fraction=0.5)``; splits train / validation / test."""
 
     name = "math500"
     default_verifier = "math"

@@ -8,9 +8,8 @@ code, test_list, test_imports, source_file``.
 Splits follow the upstream README, by task id, for both variants:
 ``prompt`` 1-10, ``test`` 11-510, ``validation`` 511-600, ``train`` 601-974. The full set
 has 10 / 500 / 90 / 374 tasks; the sanitized set (ids 2-809) has 7 / 257 / 43 / 120, which
-are exactly the four splits of the hub's ``sanitized`` config. ``eval`` is an alias of
-``test`` (the split papers report), so trainers that ask for ``train``/``eval`` get the
-standard protocol.
+are exactly the four splits of the hub's ``sanitized`` config. They are disjoint, as METHOD.md
+v2 asks (sweeps read ``validation``, reports read ``test``, the split papers report).
 
 Each :class:`~mlmt_bench.types.Problem` has:
 
@@ -112,7 +111,7 @@ def _str_list(v: Any, what: str, origin: str, index: int) -> list[str]:
 
 class _MBPPBase(Benchmark):
     default_verifier = "code"
-    splits = ("prompt", "train", "validation", "test", "eval")
+    splits = ("prompt", "train", "validation", "test")
     templates = CODE_TEMPLATES
     data_spec: ClassVar[DataSpec]
     id_prefix: ClassVar[str]
@@ -179,8 +178,7 @@ class _MBPPBase(Benchmark):
 
     def load(self, split: str) -> list[Problem]:
         self.check_split(split)
-        want = "test" if split == "eval" else split
-        return [p for p in self.all_problems() if p.metadata["split"] == want]
+        return [p for p in self.all_problems() if p.metadata["split"] == split]
 
 
 def _hub_full(row: dict[str, Any]) -> dict[str, Any]:
@@ -213,8 +211,7 @@ MBPP_SANITIZED_DATA = DataSpec(
 
 class MBPP(_MBPPBase):
     """``MBPP(path=None, seed=0, shown_tests=1)``; splits prompt / train / validation / test
-    (10 / 374 / 90 / 500) and ``eval`` = ``test``. ``seed`` is accepted and unused (the
-    split is fixed by task id)."""
+    (10 / 374 / 90 / 500). ``seed`` is accepted and unused (the split is fixed by task id)."""
 
     name = "mbpp"
     data_spec = MBPP_DATA
@@ -232,7 +229,7 @@ class MBPP(_MBPPBase):
 
 class MBPPSanitized(_MBPPBase):
     """``MBPPSanitized(path=None, seed=0, shown_tests=1)``; the same id-range splits
-    (7 / 120 / 43 / 257 tasks) and ``eval`` = ``test``."""
+    (7 / 120 / 43 / 257 tasks)."""
 
     name = "mbpp-sanitized"
     data_spec = MBPP_SANITIZED_DATA

@@ -329,19 +329,20 @@ class SyntheticArith(Benchmark):
 
     Options: ``difficulty`` (steps per problem, default 3), ``max_operand`` (default 9),
     ``modulus`` (default 100), ``ops`` (operators used, default ``"+-"``), ``n_train``
-    (default 20000) and ``n_eval`` (default 500). Both splits are generated from ``seed``;
-    the eval split depends only on the seed and the problem options (not on ``n_train``),
-    and no expression appears in both splits.
+    (default 20000), ``n_validation`` (default 500) and ``n_test`` (default 500). The three
+    splits are generated from ``seed`` and are disjoint (no expression appears in two); ``test``
+    depends only on the seed and the problem options, ``validation`` also on ``n_test``, and
+    neither on ``n_train``.
     """
 
     name: ClassVar[str] = "synthetic-arith"
     default_verifier: ClassVar[str] = "synthetic"
-    splits: ClassVar[tuple[str, ...]] = ("train", "eval")
+    splits: ClassVar[tuple[str, ...]] = ("train", "validation", "test")
     templates: ClassVar[PromptTemplates] = TEMPLATES
 
     def __init__(self, path: str | None = None, seed: int = 0, difficulty: int = 3, max_operand: int = 9,
-                 modulus: int = 100, ops: str = DEFAULT_OPS, n_train: int = 20000, n_eval: int = 500,
-                 **options: Any) -> None:
+                 modulus: int = 100, ops: str = DEFAULT_OPS, n_train: int = 20000, n_validation: int = 500,
+                 n_test: int = 500, **options: Any) -> None:
         super().__init__(path=path, seed=seed, **options)
         if path is not None:
             raise UserError("benchmark synthetic-arith: generated locally, it takes no path")
@@ -355,13 +356,14 @@ class SyntheticArith(Benchmark):
         self.max_operand = int(max_operand)
         self.modulus = int(modulus)
         self.ops = "".join(dict.fromkeys(ops))
-        self.n_train = int(n_train)
-        self.n_eval = int(n_eval)
+        self.sizes = {"test": int(n_test), "validation": int(n_validation), "train": int(n_train)}
+        if min(self.sizes.values()) < 0:
+            raise UserError(f"benchmark synthetic-arith: split sizes must be >= 0, got {self.sizes}")
         space = self.max_operand ** (self.difficulty + 1) * len(self.ops) ** self.difficulty
-        if self.n_train + self.n_eval > space // 2:
-            raise UserError(f"benchmark synthetic-arith: {self.n_train + self.n_eval} problems asked but only "
+        if sum(self.sizes.values()) > space // 2:
+            raise UserError(f"benchmark synthetic-arith: {sum(self.sizes.values())} problems asked but only "
                             f"{space} distinct expressions exist at difficulty {self.difficulty}; "
-                            "lower n_train/n_eval or raise difficulty/max_operand")
+                            "lower n_train/n_validation/n_test or raise difficulty/max_operand")
         self._cache: dict[str, list[Problem]] = {}
 
     # -- problems
@@ -400,11 +402,13 @@ class SyntheticArith(Benchmark):
 
     def load(self, split: str) -> list[Problem]:
         self.check_split(split)
-        if split not in self._cache:
-            eval_problems = self._cache.get("eval") or self._generate("eval", self.n_eval, set())
-            self._cache["eval"] = eval_problems
-            if split == "train":
-                self._cache["train"] = self._generate("train", self.n_train, {p.prompt for p in eval_problems})
+        taken: set[str] = set()
+        for name in ("test", "validation", "train"):  # generation order: each excludes the ones before
+            if name not in self._cache:
+                self._cache[name] = self._generate(name, self.sizes[name], taken)
+            if name == split:
+                break
+            taken |= {p.prompt for p in self._cache[name]}
         return list(self._cache[split])
 
     # -- the pieces the bootstrap and the oracle ablation use

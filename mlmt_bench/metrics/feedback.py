@@ -66,44 +66,19 @@ def feedback_sensitivity(
 
 # --------------------------------------------------------------------------- leakage
 
-_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_LATEX_NOISE = re.compile(r"\\left|\\right|\\[!,;: ]|\$")
-
-
-def _unwrap_boxed(text: str) -> str:
-    """Replace every \\boxed{X} (balanced braces) by X."""
-    out = []
-    pos = 0
-    while (m := _BOXED.search(text, pos)) is not None:
-        out.append(text[pos : m.start()])
-        depth, i = 1, m.end()
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        inner_end = i - 1 if depth == 0 else i
-        out.append(text[m.end() : inner_end])
-        pos = i
-    out.append(text[pos:])
-    return "".join(out)
-
-
 def normalize_math_text(text: str) -> str:
-    """Light LaTeX normalisation shared by gold answers and feedback.
+    """A feedback or gold text as the math verifier normalises answers
+    (:func:`mlmt_bench.verifiers.math.normalize_answer`, spaces kept as single spaces), with every
+    ``\\boxed{...}`` / ``\\fbox{...}`` unwrapped: one normaliser for verdicts and for leakage."""
+    from mlmt_bench.verifiers.math import normalize_answer, unwrap_commands
 
-    Unwraps \\boxed{...}/\\fbox{...}, drops `$`, \\left, \\right and LaTeX spacing commands
-    (\\! \\, \\; \\: "\\ "), maps \\dfrac/\\tfrac to \\frac, collapses whitespace runs to one
-    space and strips the ends.
-    """
-    s = _unwrap_boxed(text)
-    s = _LATEX_NOISE.sub("", s)
-    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    return re.sub(r"\s+", " ", s).strip()
+    return normalize_answer(unwrap_commands(text, ("boxed", "fbox")), strip_spaces=False)
 
 
 def normalize_math_answer(gold: str) -> str:
-    """Gold math answer as a whitespace-free string: `normalize_math_text`, no spaces, no
-    trailing period. E.g. "$\\boxed{\\dfrac{1}{2}}$" -> "\\frac{1}{2}", " 42. " -> "42"."""
-    return re.sub(r"\s+", "", normalize_math_text(gold)).rstrip(".")
+    """Gold math answer as the verifier normalises it, with no spaces. E.g.
+    "$\\boxed{\\dfrac{1}{2}}$" -> "\\frac{1}{2}", " 42. " -> "42"."""
+    return re.sub(r"\s+", "", normalize_math_text(gold))
 
 
 # Characters that, next to a candidate match, make it part of a larger expression:

@@ -1,7 +1,15 @@
-"""Statistics for comparing methods on the same problems (METHOD.md "Metrics").
+"""Statistics for comparing methods on the same problems (METHOD.md v2, "Statistics: the problem
+is the unit").
 
-Numpy only and seeded: the same inputs and seed give the same intervals on every
-machine. Values are per-problem scores (e.g. 0/1 correctness) unless said otherwise.
+Seeds repeat the same problems, so per-problem outcomes of different seeds are not independent
+samples. Every interval and test here resamples or permutes *problems*: a method's per-problem
+score is its mean over seeds (:func:`per_problem_means`), the 95% CI is a bootstrap over problems
+(a problem keeps all its seeds: :func:`cluster_bootstrap_ci`), a paired comparison is the
+per-problem difference of seed-averaged correctness with a sign-flip permutation test over
+problems (:func:`sign_flip_test`), and McNemar is exact and per seed, never pooled over seeds.
+"Tokens (or FLOPs) to reach" is per seed, interpolated (:func:`reach_point`).
+
+Numpy only and seeded: the same inputs and seed give the same intervals on every machine.
 """
 
 from __future__ import annotations
@@ -52,24 +60,6 @@ def bootstrap_ci(
     return float(x.mean()), float(lo), float(hi)
 
 
-def paired_bootstrap_diff(
-    a: Sequence[float] | np.ndarray,
-    b: Sequence[float] | np.ndarray,
-    n_boot: int = 2000,
-    alpha: float = 0.05,
-    seed: int = 0,
-) -> tuple[float, float, float]:
-    """Bootstrap CI of mean(a - b) where a[i], b[i] are two methods' scores on problem i.
-
-    Resampling problems (pairs kept together) is the same as bootstrapping the per-problem
-    differences, which is what this does. returns: (mean diff, lo, hi).
-    """
-    x, y = _as_1d(a, "a"), _as_1d(b, "b")
-    if x.shape != y.shape:
-        raise ValueError(f"a and b differ in length: {x.size} vs {y.size}")
-    return bootstrap_ci(x - y, n_boot=n_boot, alpha=alpha, seed=seed)
-
-
 def _as_bool(values, name: str) -> np.ndarray:
     arr = np.asarray(values)
     if arr.ndim != 1:
@@ -116,23 +106,85 @@ def mean_std(values: Sequence[float] | np.ndarray) -> tuple[float, float | None]
     return float(x.mean()), float(x.std(ddof=1))
 
 
-def tokens_to_reach(
-    curve_tokens: Sequence[int] | np.ndarray,
-    curve_acc: Sequence[float] | np.ndarray,
-    target: float,
-) -> int | None:
-    """First generated-token count at which an eval curve reaches accuracy >= target.
+def per_problem_means(rows: Sequence[dict[str, float]]) -> dict[str, float]:
+    """``{problem: mean over seeds}`` from one ``{problem: score}`` mapping per seed; a problem
+    missing from some seeds is averaged over the seeds that have it."""
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for row in rows:
+        for pid, v in row.items():
+            sums[pid] = sums.get(pid, 0.0) + float(v)
+            counts[pid] = counts.get(pid, 0) + 1
+    return {pid: sums[pid] / counts[pid] for pid in sums}
 
-    curve_tokens: [K] cumulative generated tokens at each evaluation, non-decreasing.
-    curve_acc:    [K] accuracy at each evaluation.
-    returns: curve_tokens[k] for the first k with curve_acc[k] >= target (no
-             interpolation between points), or None if the curve never reaches it.
+
+def cluster_bootstrap_ci(rows: Sequence[dict[str, float]], n_boot: int = 2000, alpha: float = 0.05,
+                         seed: int = 0) -> tuple[float, float, float]:
+    """95% CI of a method's accuracy by a bootstrap that resamples problems, each keeping all its seeds.
+
+    rows: one ``{problem id: score}`` per seed (the same problems repeated). Resampling clusters
+    of equal size (one per problem, every seed's outcome inside) gives the same resampled mean as
+    resampling the per-problem seed means, which is what is computed.
+    returns: (mean over seeds and problems, lo, hi).
     """
-    if len(curve_tokens) != len(curve_acc):
-        raise ValueError(f"{len(curve_tokens)} token counts but {len(curve_acc)} accuracies")
-    if any(b < a for a, b in zip(curve_tokens, curve_tokens[1:])):
-        raise ValueError("curve_tokens must be non-decreasing (sort the curve by tokens)")
-    for tokens, acc in zip(curve_tokens, curve_acc):
-        if acc >= target:
-            return int(tokens)
+    return bootstrap_ci(list(per_problem_means(rows).values()), n_boot=n_boot, alpha=alpha, seed=seed)
+
+
+def paired_problem_diff(a_rows: Sequence[dict[str, float]], b_rows: Sequence[dict[str, float]]) -> np.ndarray:
+    """``[N]`` per-problem differences of seed-averaged scores, a − b, over the problems both have."""
+    a, b = per_problem_means(a_rows), per_problem_means(b_rows)
+    common = sorted(set(a) & set(b))
+    return np.array([a[p] - b[p] for p in common], dtype=float)
+
+
+def sign_flip_test(diffs: Sequence[float] | np.ndarray, n_perm: int = 20000, seed: int = 0,
+                   exact_up_to: int = 16) -> float:
+    """Two-sided p-value of a paired permutation (sign-flip) test of mean(diffs) = 0.
+
+    Under the null the two methods are exchangeable on each problem, so each difference is as
+    likely to carry either sign. With ``m`` non-zero differences (zeros flip to themselves), all
+    ``2**m`` sign patterns are enumerated when ``m <= exact_up_to``; otherwise ``n_perm`` random
+    ones are drawn and the p-value is ``(1 + #{|mean*| >= |mean|}) / (1 + n_perm)``.
+    returns: p in (0, 1]; 1.0 when every difference is 0.
+    """
+    d = _as_1d(diffs, "diffs")
+    nz = d[d != 0.0]
+    if nz.size == 0:
+        return 1.0
+    observed = abs(d.sum())
+    tol = 1e-12 * max(1.0, observed)
+    if nz.size <= exact_up_to:
+        signs = ((np.arange(2 ** nz.size)[:, None] >> np.arange(nz.size)) & 1) * 2 - 1
+        stats = np.abs(signs @ nz)
+        return float(np.mean(stats >= observed - tol))
+    rng = np.random.default_rng(seed)
+    hits = 0
+    rows = max(1, _MAX_BOOT_CHUNK // nz.size)
+    for start in range(0, n_perm, rows):
+        k = min(rows, n_perm - start)
+        signs = rng.integers(0, 2, size=(k, nz.size)) * 2 - 1
+        hits += int((np.abs(signs @ nz) >= observed - tol).sum())
+    return (1 + hits) / (1 + n_perm)
+
+
+def reach_point(curve_x: Sequence[float] | np.ndarray, curve_y: Sequence[float] | np.ndarray,
+                target: float) -> float | None:
+    """Where an eval curve first reaches ``target``, linearly interpolated between evaluations.
+
+    curve_x: [K] cumulative generated tokens (or FLOPs) at each evaluation, non-decreasing.
+    curve_y: [K] accuracy at each evaluation.
+    returns: ``curve_x[0]`` if the first evaluation is already at the target (the caller reports
+    "at step 0", never "0 tokens"); else the interpolated x between the last evaluation below
+    the target and the first at or above it; None if the curve never reaches it.
+    """
+    if len(curve_x) != len(curve_y):
+        raise ValueError(f"{len(curve_x)} x values but {len(curve_y)} accuracies")
+    if any(b < a for a, b in zip(curve_x, curve_x[1:])):
+        raise ValueError("curve_x must be non-decreasing (sort the curve)")
+    for k, (x, y) in enumerate(zip(curve_x, curve_y)):
+        if y >= target:
+            if k == 0:
+                return float(x)
+            x0, y0 = float(curve_x[k - 1]), float(curve_y[k - 1])
+            return x0 + (target - y0) / (float(y) - y0) * (float(x) - x0)
     return None

@@ -1,28 +1,30 @@
 """Policies: a causal LM + its tokenizer, optionally wrapped with a LoRA adapter (peft).
 
 ``model: hf``   loads any HF causal LM by hub name or local directory (``policies.X.path``).
-``model: tiny`` loads a tiny model the warm start built (``mlmt-bench bootstrap``), or ``path``.
+``model: tiny`` loads the shared base (``mlmt-bench base``; models/shared_base.py), or ``path``.
 Both return the same :class:`Policy`; nothing downstream knows which one it got.
 """
 
 from __future__ import annotations
 
-import copy
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from mlmt_bench.errors import UserError
+from mlmt_bench.models.hf_quiet import quiet_transformers
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
 class Policy:
-    """role: "solver" or "critic". ``n_params`` counts the parameters that run (for FLOPs)."""
+    """role: "solver" or "critic". ``n_params`` counts the parameters that run (for FLOPs).
+    ``init_path``/``dtype``: where the initial weights were loaded from, so that π_ref is exactly
+    the initial policy for the whole run, a resumed one included (METHOD.md v2)."""
 
     role: str
     model: Any
@@ -30,10 +32,10 @@ class Policy:
     trainable: bool
     lr: float
     n_params: int
+    init_path: str
+    dtype: str = "float32"
     is_lora: bool = False
-    ref_model: Any = None  # frozen copy for KL when full fine-tuning; None with LoRA (adapter off)
-    shared_with: str | None = None  # "solver" when one set of weights plays both roles
-    extra: dict[str, Any] = field(default_factory=dict)
+    ref_model: Any = None  # the initial weights, for KL when full fine-tuning; None with LoRA (adapter off)
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
@@ -49,8 +51,12 @@ class Policy:
             return self.ref_model(**inputs).logits
 
     def ensure_reference(self) -> None:
+        """Load π_ref (full fine-tuning) from the initial weights at ``init_path``: never a copy of
+        the current model, which after ``--resume`` would be the checkpoint's."""
         if not self.is_lora and self.ref_model is None:
-            self.ref_model = copy.deepcopy(self.model).eval()
+            first = next(self.model.parameters())
+            ref, _ = _load(self.init_path, self.dtype, None if first.device.type == "cpu" else str(first.device))
+            self.ref_model = ref.to(first.dtype).eval()
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
 
@@ -75,8 +81,9 @@ class Policy:
     def save(self, directory: Path) -> None:
         """HF-format directory (a peft adapter directory with LoRA) + the tokenizer."""
         directory.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(directory)
-        self.tokenizer.save_pretrained(directory)
+        with quiet_transformers():
+            self.model.save_pretrained(directory)
+            self.tokenizer.save_pretrained(directory)
 
 
 def _load(path: str, dtype: str, device: str | None) -> tuple[Any, Any]:
@@ -86,8 +93,9 @@ def _load(path: str, dtype: str, device: str | None) -> tuple[Any, Any]:
     if not local.exists() and (os.environ.get("HF_HUB_OFFLINE") == "1" or path.startswith((".", "/", "~"))):
         raise UserError(f"model {path!r}: no such directory (and the hub is offline)")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(local) if local.exists() else path)
-        model = AutoModelForCausalLM.from_pretrained(str(local) if local.exists() else path, dtype=_DTYPES[dtype])
+        with quiet_transformers():
+            tokenizer = AutoTokenizer.from_pretrained(str(local) if local.exists() else path)
+            model = AutoModelForCausalLM.from_pretrained(str(local) if local.exists() else path, dtype=_DTYPES[dtype])
     except OSError as exc:
         raise UserError(f"model {path!r}: cannot load ({str(exc).splitlines()[0]})") from None
     if tokenizer.pad_token_id is None:
@@ -95,6 +103,19 @@ def _load(path: str, dtype: str, device: str | None) -> tuple[Any, Any]:
     if device:
         model.to(device)
     return model, tokenizer
+
+
+def _enable_checkpointing(model: Any) -> None:
+    """Activation (gradient) checkpointing of every decoder layer, non-reentrant: it works with
+    frozen inputs (LoRA) and under no_grad. transformers applies it in training mode only, so
+    generation (in eval mode) keeps its KV cache."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers ≥ 5.x; the old name warns
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    elif getattr(model, "supports_gradient_checkpointing", False):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        raise UserError(f"gradient_checkpointing: {type(model).__name__} does not support it")
 
 
 def _wrap_lora(model: Any, lora: Any) -> Any:
@@ -109,6 +130,8 @@ def build_policy(role: str, spec: Any, path: str, device: str | None = None) -> 
     """A :class:`Policy` from a ``PolicySpec`` and the resolved checkpoint ``path``."""
     model, tokenizer = _load(path, spec.dtype, device)
     n_params = sum(p.numel() for p in model.parameters())
+    if spec.gradient_checkpointing:
+        _enable_checkpointing(model)
     is_lora = False
     if spec.lora is not None:
         model = _wrap_lora(model, spec.lora)
@@ -118,19 +141,18 @@ def build_policy(role: str, spec: Any, path: str, device: str | None = None) -> 
             p.requires_grad_(False)
     model.train()
     return Policy(role=role, model=model, tokenizer=tokenizer, trainable=spec.trainable, lr=spec.lr,
-                  n_params=n_params, is_lora=is_lora)
+                  n_params=n_params, init_path=path, dtype=spec.dtype, is_lora=is_lora)
 
 
-def load_hf_policy(role: str, spec: Any, bootstrap_dirs: dict[str, Path] | None = None,
-                   device: str | None = None) -> Policy:
+def load_hf_policy(role: str, spec: Any, base_dir: Path | None = None, device: str | None = None) -> Policy:
     if not spec.path:
         raise UserError(f"policies.{role}.path: model 'hf' needs a hub name or directory")
     return build_policy(role, spec, spec.path, device)
 
 
-def load_tiny_policy(role: str, spec: Any, bootstrap_dirs: dict[str, Path] | None = None,
-                     device: str | None = None) -> Policy:
-    path = spec.path or (bootstrap_dirs or {}).get(role)
+def load_tiny_policy(role: str, spec: Any, base_dir: Path | None = None, device: str | None = None) -> Policy:
+    """The tiny model at ``path``, or else the shared base every role starts from."""
+    path = spec.path or base_dir
     if path is None:
-        raise UserError(f"policies.{role}: model 'tiny' needs `path` or a `bootstrap:` section in the spec")
+        raise UserError(f"policies.{role}: model 'tiny' needs `path` or a `base:` section in the spec")
     return build_policy(role, spec, str(path), device)

@@ -1,24 +1,26 @@
-"""Compare arms (GRPO, self-correction, MLMT-RL, ablations) from their run directories.
+"""Compare arms (GRPO, self-correction, MLMT-RL, ablations) from their run directories, with the
+statistics of METHOD.md v2: the problem is the unit.
 
-Input: run directories as described in docs/run-directory.md (``metrics.jsonl`` with ``eval``
-and ``final`` records, ``eval_problems.jsonl`` with per-problem correctness at each eval step,
-``manifest.json``). Output, written atomically into an output directory:
+Output, written atomically into an output directory:
 
-- ``comparison.md``: final metrics per arm (mean ± std over seeds, 95% bootstrap CIs over
-  problems pooled across seeds, tokens to reach the baseline's final acc@t2) and a paired
-  exact McNemar test of every arm against the baseline (METHOD.md "Metrics").
+- ``comparison.md``: per arm, final metrics (mean ± std over seeds), accuracy with a 95% CI by a
+  bootstrap over problems (each keeping all its seeds), the arm's starting point (step 0) and its
+  gain over it, tokens and FLOPs to reach the baseline's final accuracy (per seed, interpolated;
+  median and count of seeds that reached it); against the baseline, the per-problem difference of
+  seed-averaged correctness with its CI and a sign-flip permutation test over problems, and an
+  exact McNemar test per seed.
 - ``acc_vs_tokens.png``: eval acc@t2 against generated tokens and against FLOPs.
 
-Statistics come from :mod:`mlmt_bench.metrics.stats`; nothing is recomputed here.
+Runs that differ in benchmark, split or evaluation protocol are never mixed in one table.
+Statistics come from :mod:`mlmt_bench.metrics.stats`; run directories are read by
+:mod:`mlmt_bench.report.runs`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
-from collections import defaultdict
-from dataclasses import dataclass, field
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -27,22 +29,23 @@ import numpy as np
 from mlmt_bench.errors import UserError
 from mlmt_bench.metrics.stats import (
     bootstrap_ci,
+    cluster_bootstrap_ci,
     mcnemar_exact,
     mean_std,
-    paired_bootstrap_diff,
-    tokens_to_reach,
+    paired_problem_diff,
+    reach_point,
+    sign_flip_test,
 )
-from mlmt_bench.tracking import atomic_write_text, read_jsonl_lines
-
-# A run directory is ``<name>-<YYYYmmddTHHMMSSZ>`` with ``-<i>`` when two started the same second.
-_STAMP_RE = re.compile(r"-\d{8}T\d{6}Z(?:-\d+)?$")
+from mlmt_bench.report.runs import RunRecord, acc_t2, group_runs, is_num, load_run, strip_stamp
+from mlmt_bench.tracking import atomic_write_text
 
 # Metrics of the final record shown in the table: (key, label, format kind).
 #   pct: a fraction shown as a percentage; pp: a signed difference of fractions, in points;
 #   nat: nats per token; num: a plain number; tok: a token count; flops: scientific.
 _TABLE_METRICS: list[tuple[str, str, str]] = [
     ("acc@t1", "acc@t1", "pct"),
-    ("acc@t2", "acc@t2", "pct"),
+    ("acc@t2", "acc@t2 (refine-all)", "pct"),
+    ("acc@t2_null", "acc@t2 after g∅ (same attempts)", "pct"),
     ("delta", "delta (t2 − t1)", "pp"),
     ("i->c", "i→c", "pct"),
     ("c->i", "c→i", "pct"),
@@ -54,150 +57,15 @@ _TABLE_METRICS: list[tuple[str, str, str]] = [
     ("leakage_rate", "leakage_rate", "pct"),
     ("feedback_tokens", "feedback_tokens (mean per feedback)", "num"),
     ("gen_tokens", "generated tokens (training, at the end)", "tok"),
-    ("flops", "FLOPs (approx., at the end)", "flops"),
+    ("flops", "FLOPs (training, at the end)", "flops"),
 ]
-_CI_METRICS = ("acc@t1", "acc@t2")  # bootstrapped over (seed, problem) units
+#: accuracies with a CI by the cluster bootstrap: (metric, per-problem turn)
+_CI_METRICS = (("acc@t1", "t1"), ("acc@t2", "t2"), ("acc@t2_null", "t2_null"))
+_ALPHA = 0.05
 DASH = "–"
-# tokens_to_reach compares acc >= target; the target is a mean of seed accuracies, so a seed
-# that got exactly that accuracy may sit one ulp below it. Forgive float rounding only.
+# reach_point compares acc >= target; the target is a mean of seed accuracies, so a seed that got
+# exactly that accuracy may sit one ulp below it. Forgive float rounding only.
 _TARGET_EPS = 1e-9
-
-
-@dataclass
-class RunResult:
-    """What a comparison needs from one run directory.
-
-    final:    the ``final`` record of metrics.jsonl (or the last ``eval`` record when the run has
-              none, e.g. it was interrupted; ``has_final`` says which).
-    curve:    ``eval`` records, one per step (the last one logged wins), sorted by step.
-    problems: per-problem correctness at the final eval step, ``{problem_id: {"t1", "t2",
-              "t2_null"}}``; empty when the run wrote no eval_problems.jsonl.
-    """
-
-    path: Path
-    name: str
-    arm: str
-    seed: int | None
-    status: str | None
-    manifest: dict[str, Any]
-    final: dict[str, Any]
-    has_final: bool
-    curve: list[dict[str, Any]]
-    final_step: int | None
-    problems: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    def curve_xy(self, x_key: str, y_key: str = "acc@t2") -> tuple[list[float], list[float]]:
-        """Points (x, y) of the eval curve where both are recorded."""
-        xs, ys = [], []
-        for rec in self.curve:
-            x, y = rec.get(x_key), _acc_t2(rec) if y_key == "acc@t2" else rec.get(y_key)
-            if _is_num(x) and _is_num(y):
-                xs.append(float(x))
-                ys.append(float(y))
-        return xs, ys
-
-
-def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _acc_t2(rec: dict[str, Any]) -> Any:
-    """acc@t2 of a record; single-turn runs (GRPO) have acc@t2 = acc@t1 (run-directory.md)."""
-    for key in ("acc@t2", "acc@t1", "acc"):
-        if _is_num(rec.get(key)):
-            return rec[key]
-    return None
-
-
-def strip_stamp(name: str) -> str:
-    """``grpo-20250101T120000Z`` (or ``...Z-1``) -> ``grpo``."""
-    return _STAMP_RE.sub("", name)
-
-
-def _read_records(path: Path) -> list[tuple[int, dict[str, Any]]]:
-    """(line number, record) of a JSONL file, as tracking.read_jsonl_lines parses it (a torn
-    last line is ignored, any other bad line is a file:line UserError); each record must be an
-    object."""
-    out = read_jsonl_lines(path)
-    for lineno, rec in out:
-        if not isinstance(rec, dict):
-            raise UserError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
-    return out
-
-
-def load_run(path: Path | str) -> RunResult:
-    """Read one run directory; a :class:`UserError` (one line) if it cannot be compared."""
-    path = Path(path)
-    if not path.is_dir():
-        raise UserError(f"{path}: not a directory")
-    metrics_path = path / "metrics.jsonl"
-    manifest_path = path / "manifest.json"
-    if not metrics_path.is_file() and not manifest_path.is_file():
-        raise UserError(f"{path}: not a run directory (no manifest.json / metrics.jsonl)")
-    manifest: dict[str, Any] = {}
-    if manifest_path.is_file():
-        try:
-            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise UserError(f"{manifest_path}: unreadable ({exc})".replace("\n", " ")) from None
-        if not isinstance(manifest, dict):
-            raise UserError(f"{manifest_path}: expected a JSON object")
-    if not metrics_path.is_file():
-        raise UserError(f"{path}: no metrics.jsonl (the run wrote no metrics yet)")
-
-    records = _read_records(metrics_path)
-    by_step: dict[int, dict[str, Any]] = {}
-    final: dict[str, Any] | None = None
-    for _, rec in records:
-        kind = rec.get("kind")
-        if kind == "eval":
-            step = rec.get("step")
-            by_step[int(step) if _is_num(step) else len(by_step)] = rec  # last logged per step wins
-        elif kind == "final":
-            final = rec
-    if not by_step and final is None:
-        raise UserError(f"{metrics_path}: no eval records (the run has not been evaluated yet)")
-    curve = [by_step[s] for s in sorted(by_step)]
-    has_final = final is not None
-    if final is None:
-        final = curve[-1]
-
-    final_step = final.get("step") if _is_num(final.get("step")) else None
-    problems_step, problems = _final_problems(path / "eval_problems.jsonl", final_step)
-    if problems_step is not None:
-        final_step = problems_step
-
-    name = str(manifest.get("name") or strip_stamp(path.name))
-    arm = str(manifest.get("arm") or strip_stamp(name))
-    seed = manifest.get("seed")
-    return RunResult(
-        path=path, name=name, arm=arm,
-        seed=int(seed) if _is_num(seed) else None,
-        status=manifest.get("status"), manifest=manifest,
-        final=final, has_final=has_final, curve=curve,
-        final_step=int(final_step) if final_step is not None else None,
-        problems=problems,
-    )
-
-
-def _final_problems(path: Path, final_step: Any) -> tuple[int | None, dict[str, dict[str, Any]]]:
-    """(step, per-problem correctness at that step): the final record's step when it has rows,
-    else the last evaluated step. A resumed run may repeat a step: the last line wins."""
-    if not path.is_file():
-        return None, {}
-    rows = _read_records(path)
-    by_step: dict[int, dict[str, dict[str, Any]]] = defaultdict(dict)
-    for lineno, row in rows:
-        step, pid = row.get("step"), row.get("problem_id")
-        if not _is_num(step) or pid is None or "t1" not in row:
-            raise UserError(f"{path}:{lineno}: record lacks step / problem_id / t1")
-        t1 = bool(row["t1"])
-        t2 = bool(row["t2"]) if row.get("t2") is not None else t1
-        by_step[int(step)][str(pid)] = {"t1": t1, "t2": t2, "t2_null": row.get("t2_null")}
-    if not by_step:
-        return None, {}
-    step = int(final_step) if _is_num(final_step) and int(final_step) in by_step else max(by_step)
-    return step, dict(by_step[step])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -280,85 +148,100 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
 # the comparison
 
 
-def _summarise_arm(results: list[RunResult]) -> dict[str, Any]:
+def _summarise_arm(results: list[RunRecord]) -> dict[str, Any]:
     metrics: dict[str, Any] = {}
     for key, _, _ in _TABLE_METRICS:
-        vals = [r.final.get(key) if key != "acc@t2" else _acc_t2(r.final) for r in results]
-        vals = [float(v) for v in vals if _is_num(v)]
+        vals = [r.final.get(key) if key != "acc@t2" else acc_t2(r.final) for r in results]
+        vals = [float(v) for v in vals if is_num(v)]
         if vals:
             mean, std = mean_std(vals)
             metrics[key] = {"mean": mean, "std": std, "n": len(vals), "per_seed": vals}
     cis: dict[str, Any] = {}
-    for key in _CI_METRICS:
-        turn = "t1" if key == "acc@t1" else "t2"
-        units = [float(p[turn]) for r in results for p in r.problems.values()]
-        if units:
-            mean, lo, hi = bootstrap_ci(units)
-            cis[key] = {"mean": mean, "lo": lo, "hi": hi, "n_units": len(units)}
-    return {
-        "runs": [str(r.path) for r in results],
-        "seeds": [r.seed for r in results],
-        "metrics": metrics,
-        "ci": cis,
-    }
+    for key, turn in _CI_METRICS:
+        rows = [o for o in (r.outcomes(turn) for r in results) if o]
+        if rows:
+            mean, lo, hi = cluster_bootstrap_ci(rows)
+            cis[key] = {"mean": mean, "lo": lo, "hi": hi, "n_problems": len(set().union(*rows)),
+                        "n_seeds": len(rows)}
+    start = {}
+    for key, turn in _CI_METRICS:
+        vals = [float(np.mean(list(o.values()))) for o in (r.outcomes(turn, at="first") for r in results) if o]
+        if vals:
+            start[key] = float(np.mean(vals))
+    return {"runs": [str(r.path) for r in results], "seeds": [r.seed for r in results], "metrics": metrics,
+            "ci": cis, "start": start, "gain": _gain(results)}
 
 
-def _tokens_to_reach(results: list[RunResult], target: float) -> dict[str, Any]:
-    per_seed: list[int | None] = []
+def _gain(results: list[RunRecord]) -> dict[str, Any] | None:
+    """Final acc@t2 − the arm's own step-0 acc@t2: per seed (mean ± std), and per problem
+    (seed-averaged) with a bootstrap CI over problems and a sign-flip test."""
+    pairs = [(r.outcomes("t2"), r.outcomes("t2", at="first")) for r in results]
+    pairs = [(f, s) for f, s in pairs if f and s]
+    if not pairs:
+        return None
+    per_seed = [float(np.mean(list(f.values())) - np.mean(list(s.values()))) for f, s in pairs]
+    mean, std = mean_std(per_seed)
+    d = paired_problem_diff([f for f, _ in pairs], [s for _, s in pairs])
+    _, lo, hi = bootstrap_ci(d)
+    return {"mean": mean, "std": std, "lo": lo, "hi": hi, "p_value": sign_flip_test(d), "per_seed": per_seed}
+
+
+def _reach(results: list[RunRecord], target: float, x_key: str) -> dict[str, Any]:
+    """Per seed: where the eval curve first reaches ``target`` (interpolated), or "at step 0"."""
+    per_seed: list[float | None] = []
+    at_start = 0
     for r in results:
-        xs, ys = r.curve_xy("gen_tokens")
-        if any(b < a for a, b in zip(xs, xs[1:])):  # not monotone in steps: order by tokens
-            xs, ys = (list(t) for t in zip(*sorted(zip(xs, ys)))) if xs else ([], [])
-        per_seed.append(tokens_to_reach(xs, ys, target - _TARGET_EPS) if xs else None)
-    reached = [t for t in per_seed if t is not None]
-    return {
-        "target": target,
-        "per_seed": per_seed,
-        "reached": len(reached),
-        "n": len(per_seed),
-        "mean": float(np.mean(reached)) if reached else None,
-    }
+        xs, ys = r.curve_xy(x_key)
+        if not xs:
+            per_seed.append(None)
+            continue
+        if ys[0] >= target - _TARGET_EPS:
+            at_start += 1
+        order = sorted(range(len(xs)), key=lambda i: (xs[i], i))  # by cost, should a resume reorder it
+        per_seed.append(reach_point([xs[i] for i in order], [ys[i] for i in order], target - _TARGET_EPS))
+    reached = [x for x in per_seed if x is not None]
+    return {"target": target, "per_seed": per_seed, "reached": len(reached), "n": len(per_seed),
+            "at_start": at_start, "median": float(statistics.median(reached)) if reached else None}
 
 
-def _fmt_reach(tr: dict[str, Any] | None) -> str:
-    if tr is None:
-        return DASH
-    if tr["mean"] is None:
-        return "not reached"
-    text = _fmt_count(tr["mean"])
-    if tr["reached"] < tr["n"]:
-        text += f" (reached by {tr['reached']}/{tr['n']} seeds; mean over those)"
-    return text
-
-
-def _paired(arm_runs: list[RunResult], base_runs: list[RunResult]) -> dict[str, Any]:
-    """Pool (seed, problem) pairs with the same seed and problem id in both arms."""
-    base_by_seed: dict[int, list[RunResult]] = defaultdict(list)
-    for r in base_runs:
-        if r.seed is not None:
-            base_by_seed[r.seed].append(r)
-    arm_by_seed: dict[int, list[RunResult]] = defaultdict(list)
-    for r in arm_runs:
-        if r.seed is not None:
-            arm_by_seed[r.seed].append(r)
-    a_correct: list[bool] = []
-    b_correct: list[bool] = []
-    seeds: list[int] = []
-    for seed in sorted(set(arm_by_seed) & set(base_by_seed)):
-        for ra, rb in zip(arm_by_seed[seed], base_by_seed[seed]):
-            common = sorted(set(ra.problems) & set(rb.problems))
-            if not common:
-                continue
-            seeds.append(seed)
-            a_correct += [ra.problems[p]["t2"] for p in common]
-            b_correct += [rb.problems[p]["t2"] for p in common]
-    out: dict[str, Any] = {"seeds": seeds, "n_pairs": len(a_correct)}
-    if not a_correct:
+def _paired(arm_runs: list[RunRecord], base_runs: list[RunRecord]) -> dict[str, Any]:
+    """Arm − baseline on the problems both evaluated: per-problem difference of seed-averaged
+    final acc@t2, its bootstrap CI over problems and sign-flip p-value; McNemar per seed."""
+    a_rows = [o for o in (r.outcomes() for r in arm_runs) if o]
+    b_rows = [o for o in (r.outcomes() for r in base_runs) if o]
+    out: dict[str, Any] = {"n_problems": 0, "mcnemar": {}}
+    if not a_rows or not b_rows:
         return out
-    out.update(mcnemar_exact(a_correct, b_correct))
-    diff, lo, hi = paired_bootstrap_diff(np.asarray(a_correct, float), np.asarray(b_correct, float))
-    out.update({"diff": diff, "lo": lo, "hi": hi})
+    d = paired_problem_diff(a_rows, b_rows)
+    if d.size == 0:
+        return out
+    diff, lo, hi = bootstrap_ci(d)
+    out.update(n_problems=int(d.size), diff=diff, lo=lo, hi=hi, p_value=sign_flip_test(d))
+    base_by_seed = {r.seed: r for r in base_runs if r.seed is not None}
+    for r in arm_runs:
+        b = base_by_seed.get(r.seed)
+        if b is None:
+            continue
+        common = sorted(set(r.problems) & set(b.problems))
+        if common:
+            out["mcnemar"][r.seed] = mcnemar_exact([r.problems[p]["t2"] for p in common],
+                                                   [b.problems[p]["t2"] for p in common])
     return out
+
+
+def check_one_protocol(loaded: dict[str, list[RunRecord]]) -> dict[str, Any]:
+    """The protocol all runs share; a UserError if they differ (never one table for two protocols)."""
+    seen: dict[str, list[str]] = {}
+    for results in loaded.values():
+        for r in results:
+            seen.setdefault(json.dumps(r.protocol, sort_keys=True), []).append(str(r.path))
+    if len(seen) > 1:
+        protocols = [json.loads(k) for k in seen]
+        differ = sorted({k for p in protocols for k in p if len({json.dumps(q.get(k)) for q in protocols}) > 1})
+        examples = "; ".join(f"{k}: " + " vs ".join(sorted({json.dumps(q.get(k)) for q in protocols}))
+                             for k in differ[:3])
+        raise UserError(f"the runs differ in their protocol ({examples}); report them separately")
+    return json.loads(next(iter(seen))) if seen else {}
 
 
 def build_comparison(
@@ -371,14 +254,18 @@ def build_comparison(
     """Compare arms and write ``comparison.md`` and ``acc_vs_tokens.png`` into ``out_dir``.
 
     runs: arm name -> its run directories (one per seed).
-    baseline: the arm the others are tested against (McNemar, tokens to reach its final
+    baseline: the arm the others are tested against (paired tests, tokens/FLOPs to reach its final
         acc@t2); None, or an arm not in ``runs`` (said so in the report), skips those parts.
-    returns: {"title", "baseline", "target_acc@t2", "notes", "files",
+    returns: {"title", "baseline", "protocol", "target_acc@t2", "notes", "files",
               "arms": {arm: {"runs", "seeds", "metrics": {key: {"mean", "std", "n", "per_seed"}},
-                            "ci": {"acc@t1"|"acc@t2": {"mean", "lo", "hi", "n_units"}},
-                            "tokens_to_reach": {...} or None}},
-              "paired": {arm: {"seeds", "n_pairs", "b", "c", "p_value", "diff", "lo", "hi"}}}
-    (accuracies as fractions; b = arm right & baseline wrong, c = arm wrong & baseline right).
+                            "ci": {"acc@t1"|"acc@t2"|"acc@t2_null": {"mean", "lo", "hi", "n_problems",
+                                   "n_seeds"}},
+                            "start": {key: step-0 mean}, "gain": {"mean", "std", "lo", "hi", "p_value"},
+                            "reach": {"gen_tokens"|"flops": {"per_seed", "reached", "n", "at_start",
+                                      "median"}} or None}},
+              "paired": {arm: {"n_problems", "diff", "lo", "hi", "p_value", "mcnemar": {seed: {b, c,
+                         p_value}}}}}
+    (accuracies as fractions; McNemar b = arm right & baseline wrong, c = arm wrong & baseline right).
     """
     if not runs or not any(runs.values()):
         raise UserError("nothing to compare: no run directories given")
@@ -387,6 +274,7 @@ def build_comparison(
         raise UserError(f"arm {empty[0]!r} has no run directories")
     out_dir = Path(out_dir)
     loaded = {arm: [load_run(p) for p in paths] for arm, paths in runs.items()}
+    protocol = check_one_protocol(loaded)
 
     notes: list[str] = []
     for arm, results in loaded.items():
@@ -395,8 +283,7 @@ def build_comparison(
                 notes.append(f"`{r.path}` ({arm}) has no final record (status: {r.status or 'unknown'}); "
                              f"its last eval (step {r.final.get('step', '?')}) is used.")
             if not r.problems:
-                notes.append(f"`{r.path}` ({arm}) has no eval_problems.jsonl: "
-                             "no per-problem CI or paired test for it.")
+                notes.append(f"`{r.path}` ({arm}) has no eval_problems.jsonl: no per-problem CI or paired test for it.")
         seeds = [r.seed for r in results]
         if len(set(seeds)) < len(seeds):
             notes.append(f"arm {arm} has several runs with the same seed ({seeds}).")
@@ -406,8 +293,8 @@ def build_comparison(
                      "no paired tests or tokens-to-reach.")
         baseline = None
 
-    summary: dict[str, Any] = {"title": title, "baseline": baseline, "arms": {}, "paired": {},
-                               "notes": notes}
+    summary: dict[str, Any] = {"title": title, "baseline": baseline, "protocol": protocol, "arms": {},
+                               "paired": {}, "notes": notes}
     for arm, results in loaded.items():
         summary["arms"][arm] = _summarise_arm(results)
 
@@ -417,8 +304,8 @@ def build_comparison(
         target = base_acc["mean"] if base_acc else None
     summary["target_acc@t2"] = target
     for arm, results in loaded.items():
-        summary["arms"][arm]["tokens_to_reach"] = (
-            _tokens_to_reach(results, target) if target is not None else None)
+        summary["arms"][arm]["reach"] = ({x: _reach(results, target, x) for x in ("gen_tokens", "flops")}
+                                         if target is not None else None)
         if baseline is not None and arm != baseline:
             summary["paired"][arm] = _paired(results, loaded[baseline])
 
@@ -433,57 +320,86 @@ def build_comparison(
     return summary
 
 
+def _fmt_reach(tr: dict[str, Any] | None, kind: str) -> str:
+    if tr is None:
+        return DASH
+    if tr["at_start"] == tr["n"]:
+        return "at step 0"
+    if tr["median"] is None:
+        return f"not reached (0/{tr['n']})"
+    value = _fmt_count(tr["median"]) if kind == "tok" else f"{tr['median']:.2e}"
+    extra = f", {tr['at_start']} at step 0" if tr["at_start"] else ""
+    return f"{value} ({tr['reached']}/{tr['n']} seeds{extra})"
+
+
+def _fmt_gain(g: dict[str, Any] | None) -> str:
+    if not g:
+        return DASH
+    return (f"{100 * g['mean']:+.1f} pp [{100 * g['lo']:+.1f}, {100 * g['hi']:+.1f}], "
+            f"p = {_fmt_p(g['p_value'])}{_mark(g['p_value'])}")
+
+
+def _mark(p: float | None) -> str:
+    return " *" if p is not None and p < _ALPHA else ""
+
+
 def render_markdown(summary: dict[str, Any]) -> str:
     """The comparison.md text of a :func:`build_comparison` summary."""
     arms = list(summary["arms"])
     baseline = summary["baseline"]
     lines = [f"# {summary['title'] or 'Comparison'}", ""]
     n_seeds = ", ".join(f"{a}: {len(summary['arms'][a]['runs'])}" for a in arms)
+    proto = ", ".join(f"{k} = {json.dumps(v)}" for k, v in summary.get("protocol", {}).items())
     lines += [
-        "Final evaluation of each run (refine-all protocol unless labelled otherwise). "
-        "`mean ± std` is over seeds (sample std); `95% CI` is a percentile bootstrap "
-        "(2000 resamples, seed 0) over problems, pooling every (seed, problem) pair of the arm. "
-        f"Seeds per arm: {n_seeds}.",
+        "Final evaluation of each run, refine-all protocol unless labelled otherwise "
+        f"({proto or 'protocol not recorded'}). Statistics treat the problem as the unit (METHOD.md v2): "
+        "`mean ± std` is over seeds (sample std; each seed has its own base, so it includes initialisation); "
+        "the 95% CI resamples problems, each keeping all its seeds (2000 resamples, seed 0); a gain or a "
+        "difference is the per-problem difference of seed-averaged correctness, with a sign-flip permutation "
+        f"test over problems (* marks p < {_ALPHA}). Seeds per arm: {n_seeds}.",
         "",
     ]
     header = ["metric"] + arms
     rows: list[list[str]] = []
     for key, label, kind in _TABLE_METRICS:
+        if not any(key in summary["arms"][a]["metrics"] for a in arms):
+            continue
         rows.append([label] + [_fmt_mean_std(summary["arms"][a]["metrics"].get(key), kind) for a in arms])
-        if key in _CI_METRICS:
-            rows.append([f"{label} 95% CI (problems)"] +
-                        [_fmt_ci(summary["arms"][a]["ci"].get(key)) for a in arms])
+        if key in dict(_CI_METRICS):
+            rows.append([f"{label}: 95% CI (problems)"] + [_fmt_ci(summary["arms"][a]["ci"].get(key)) for a in arms])
+            rows.append([f"{label} at step 0"] + [_fmt(summary["arms"][a]["start"].get(key), "pct") for a in arms])
+    rows.append(["gain in acc@t2 over its own step 0 (95% CI, p)"] + [_fmt_gain(summary["arms"][a]["gain"]) for a in arms])
     if baseline is not None:
         target = summary["target_acc@t2"]
-        label = (f"tokens to reach {baseline}'s final acc@t2 ({_fmt(target, 'pct')})"
-                 if target is not None else f"tokens to reach {baseline}'s final acc@t2")
-        rows.append([label] + [_fmt_reach(summary["arms"][a]["tokens_to_reach"]) for a in arms])
-    rows.append(["(seed, problem) units in the CIs"] +
-                [_fmt_units(summary["arms"][a]) for a in arms])
+        for x_key, what, kind in (("gen_tokens", "tokens", "tok"), ("flops", "FLOPs", "flops")):
+            rows.append([f"{what} to reach {baseline}'s final acc@t2 ({_fmt(target, 'pct')}): median over seeds"] +
+                        [_fmt_reach((summary["arms"][a]["reach"] or {}).get(x_key), kind) for a in arms])
+    rows.append(["problems × seeds in the CIs"] + [_fmt_units(summary["arms"][a]) for a in arms])
     lines += ["## Final metrics", "", _md_table(header, rows), ""]
 
     if baseline is not None:
         lines += [
-            f"## Paired test against {baseline}",
+            f"## Against {baseline}",
             "",
-            f"Exact McNemar test on final per-problem acc@t2 correctness, pairing the same seed "
-            f"and problem id and pooling the pairs over seeds. b = the arm right and {baseline} "
-            f"wrong, c = the arm wrong and {baseline} right. Difference = arm − {baseline} with a "
-            "paired bootstrap 95% CI over the pairs.",
+            f"Difference = arm − {baseline} in final acc@t2, per problem (each arm's correctness averaged over its "
+            "seeds), with a bootstrap 95% CI over problems and a two-sided sign-flip permutation p-value over "
+            f"problems. McNemar: exact, per seed (the arm's seed-s run against {baseline}'s; b = arm right and "
+            f"{baseline} wrong, c = the reverse), never pooled over seeds.",
             "",
         ]
         prow: list[list[str]] = []
         for arm, p in summary["paired"].items():
-            if not p.get("n_pairs"):
-                prow.append([arm, DASH, "0", DASH, DASH, DASH, "no pairs (no common seeds / problems)"])
+            if not p.get("n_problems"):
+                prow.append([arm, "0", DASH, DASH, "no common problems"])
                 continue
-            prow.append([
-                arm, ", ".join(str(s) for s in p["seeds"]), str(p["n_pairs"]), str(p["b"]), str(p["c"]),
-                _fmt_p(p["p_value"]),
-                f"{100 * p['diff']:+.1f} pp [{100 * p['lo']:+.1f}, {100 * p['hi']:+.1f}]",
-            ])
+            mc = "; ".join(f"s{seed}: {m['b']}/{m['c']}, p = {_fmt_p(m['p_value'])}"
+                           for seed, m in sorted(p["mcnemar"].items()))
+            prow.append([arm, str(p["n_problems"]),
+                         f"{100 * p['diff']:+.1f} pp [{100 * p['lo']:+.1f}, {100 * p['hi']:+.1f}]",
+                         _fmt_p(p["p_value"]) + _mark(p["p_value"]), mc or DASH])
         if prow:
-            lines += [_md_table(["arm", "seeds", "pairs", "b", "c", "p-value", "difference (95% CI)"], prow), ""]
+            lines += [_md_table(["arm", "problems", "difference (95% CI)", "sign-flip p", "McNemar b/c per seed"],
+                                prow), ""]
         else:
             lines += ["(no other arm)", ""]
 
@@ -498,52 +414,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
 
 def _fmt_units(arm: dict[str, Any]) -> str:
     ci = arm["ci"].get("acc@t2")
-    return str(ci["n_units"]) if ci else DASH
-
-
-# ---------------------------------------------------------------------------------------------
-# grouping run directories into arms
-
-
-def _experiment_arms(exp_dir: Path) -> dict[str, list[Path]]:
-    path = exp_dir / "experiment.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UserError(f"{path}: unreadable ({exc})".replace("\n", " ")) from None
-    arms = data.get("arms") if isinstance(data, dict) else None
-    if not isinstance(arms, dict) or not arms:
-        raise UserError(f"{path}: no 'arms' mapping of arm -> run directories")
-    out: dict[str, list[Path]] = {}
-    for arm, entries in arms.items():
-        if isinstance(entries, (str, dict)):
-            entries = [entries]
-        if not isinstance(entries, list):
-            raise UserError(f"{path}: arms.{arm} must be a list of run directories")
-        dirs = []
-        for e in entries:
-            p = e.get("run_dir") or e.get("path") if isinstance(e, dict) else e
-            if not isinstance(p, str):
-                raise UserError(f"{path}: arms.{arm}: cannot read a run directory from {e!r}")
-            run = Path(p)
-            if not run.is_absolute() and not run.exists() and (exp_dir / run).exists():
-                run = exp_dir / run  # relative to the experiment directory
-            dirs.append(run)
-        out[str(arm)] = dirs
-    return out
-
-
-def group_runs(paths: list[Path]) -> dict[str, list[Path]]:
-    """Arms of run / experiment directories: an experiment dir (holding experiment.json) gives
-    its arms; a run dir goes to its manifest's ``arm`` (else its name without the timestamp)."""
-    arms: dict[str, list[Path]] = {}
-    for p in map(Path, paths):
-        if (p / "experiment.json").is_file():
-            for arm, dirs in _experiment_arms(p).items():
-                arms.setdefault(arm, []).extend(dirs)
-        else:
-            arms.setdefault(load_run(p).arm, []).append(p)
-    return arms
+    return f"{ci['n_problems']} × {ci['n_seeds']}" if ci else DASH
 
 
 def report_from_dirs(

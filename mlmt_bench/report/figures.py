@@ -11,13 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from mlmt_bench.report.runs import acc_t2, is_num
 from mlmt_bench.tracking import atomic_write_bytes
 
 if TYPE_CHECKING:
-    from mlmt_bench.report.compare import RunResult
+    from mlmt_bench.report.runs import RunRecord
 
 
-def aggregate_curves(results: list["RunResult"], x_key: str) -> dict[str, np.ndarray]:
+def aggregate_curves(results: list["RunRecord"], x_key: str) -> dict[str, np.ndarray]:
     """Mean over seeds at matching eval points, with the min–max band.
 
     Intermediate evals match by step; every run's last eval counts as one shared "final" point,
@@ -46,16 +47,14 @@ def aggregate_curves(results: list["RunResult"], x_key: str) -> dict[str, np.nda
 
 
 def _point(rec: dict[str, Any], x_key: str) -> tuple[float | None, float | None]:
-    from mlmt_bench.report.compare import _acc_t2, _is_num
-
-    x, y = rec.get(x_key), _acc_t2(rec)
-    if _is_num(x) and _is_num(y):
+    x, y = rec.get(x_key), acc_t2(rec)
+    if is_num(x) and is_num(y):
         return float(x), float(y)
     return None, None
 
 
 def plot_acc_vs_tokens(
-    runs: dict[str, list["RunResult"]],
+    runs: dict[str, list["RunRecord"]],
     path: Path,
     *,
     target: float | None = None,

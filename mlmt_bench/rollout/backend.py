@@ -1,9 +1,9 @@
-"""What every generation backend returns."""
+"""The contract every generation backend meets, and what it returns."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 
 @dataclass
@@ -22,3 +22,25 @@ class Generation:
     logprobs: list[float]
     finish_reason: Literal["stop", "length"]
     text: str
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A generation engine (``hf``, ``vllm``, a plugin's), built from the spec's ``backend.options``.
+
+    Construction rejects an unknown option with a one-line ``UserError`` naming the known ones.
+    ``generate`` samples a continuation of each tokenised prompt (token-in/token-out: prompts are
+    ids, nothing is re-tokenised) with the model's current weights; ``sync_weights`` is called
+    after every optimiser step of ``model`` (an engine holding its own copy reloads it);
+    ``close`` releases engines and files at the end of a run (the runner always calls it).
+    """
+
+    name: str
+
+    def generate(self, model: Any, tokenizer: Any, prompts: list[list[int]], *, max_new_tokens: int,
+                 temperature: float = 0.0, top_p: float = 1.0, stop: list[str] | None = None,
+                 seed: int | None = None) -> list[Generation]: ...
+
+    def sync_weights(self, model: Any) -> None: ...
+
+    def close(self) -> None: ...

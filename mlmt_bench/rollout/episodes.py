@@ -8,12 +8,17 @@ its parent, holding the exact ids that were generated (token-in/token-out).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol, Sequence
 
 from mlmt_bench.rollout.chat import chat_ids, close_turn, continuation_ids
 from mlmt_bench.types import Problem, PromptTemplates, Verdict
+
+if TYPE_CHECKING:
+    from mlmt_bench.rollout.backend import Backend
+    from mlmt_bench.verifiers.base import Verifier
 
 TurnKind = Literal["attempt", "feedback", "refine"]
 FeedbackSource = Literal["none", "null", "critic", "oracle"]
@@ -49,10 +54,14 @@ class TurnSample:
 
 @dataclass
 class Rollout:
+    """``gen_tokens`` / ``prompt_tokens``: tokens generated, and prompt tokens read (as prefill), by
+    each model role ("solver", "critic") over all its sequences; rule-written feedback counts nothing."""
+
     problems: list[Problem]
     turns: list[TurnSample]
-    gen_tokens: dict[str, int]  # tokens generated per policy ("solver", "critic")
+    gen_tokens: dict[str, int]
     seconds: float
+    prompt_tokens: dict[str, int] = field(default_factory=dict)
 
     def of_kind(self, kind: TurnKind) -> list[int]:
         return [i for i, t in enumerate(self.turns) if t.kind == kind]
@@ -68,15 +77,22 @@ class Program:
     refinements: int = 1
 
 
+class Actor(Protocol):
+    """What an episode needs of a policy: a causal LM and its tokenizer (a Policy is one)."""
+
+    model: Any
+    tokenizer: Any
+
+
 @dataclass
 class Actors:
     """What a program needs to run. ``critic`` may be None for the none / null / oracle sources."""
 
-    solver: Any  # Policy
-    critic: Any | None
-    backend: Any
+    solver: Actor
+    critic: Actor | None
+    backend: Backend
     templates: PromptTemplates
-    verifier: Any
+    verifier: Verifier
     oracle: Callable[[Problem, str], str] | None = None
 
 
@@ -87,6 +103,17 @@ class Sampling:
     max_new_tokens: int
     feedback_max_new_tokens: int
     stop: list[str] | None = None
+
+
+def merge_rollouts(a: Rollout, b: Rollout) -> Rollout:
+    """One rollout holding ``a``'s problems and turns, then ``b``'s (indices shifted)."""
+    shift, offset = len(a.turns), len(a.problems)
+    moved = [dataclasses.replace(t, problem=t.problem + offset,
+                                 parent=None if t.parent is None else t.parent + shift,
+                                 children=[c + shift for c in t.children]) for t in b.turns]
+    tokens = {k: a.gen_tokens.get(k, 0) + b.gen_tokens.get(k, 0) for k in {*a.gen_tokens, *b.gen_tokens}}
+    prompts = {k: a.prompt_tokens.get(k, 0) + b.prompt_tokens.get(k, 0) for k in {*a.prompt_tokens, *b.prompt_tokens}}
+    return Rollout(a.problems + b.problems, a.turns + moved, tokens, a.seconds + b.seconds, prompts)
 
 
 def _generate(actor: Any, prompts: list[list[int]], sampling: Sampling, max_new: int, backend: Any) -> list[Any]:
@@ -114,6 +141,7 @@ def rollout(program: Program, actors: Actors, problems: Sequence[Problem], sampl
     solver, critic, tpl = actors.solver, actors.critic, actors.templates
     turns: list[TurnSample] = []
     gen_tokens = {"solver": 0, "critic": 0}
+    prompt_tokens = {"solver": 0, "critic": 0}
 
     # Turn 1: G attempts per problem.
     a_prompts, a_owner = [], []
@@ -128,8 +156,9 @@ def rollout(program: Program, actors: Actors, problems: Sequence[Problem], sampl
         turns.append(TurnSample("attempt", "solver", pi, None, prompt, g.ids, g.logprobs, g.text,
                                 g.finish_reason, v.reward, v))
         gen_tokens["solver"] += len(g.ids)
+        prompt_tokens["solver"] += len(prompt)
     if program.feedback == "none":
-        return Rollout(list(problems), turns, gen_tokens, time.perf_counter() - start)
+        return Rollout(list(problems), turns, gen_tokens, time.perf_counter() - start, prompt_tokens)
     attempts = list(range(len(turns)))
 
     # Turn 2: K feedbacks per attempt.
@@ -147,6 +176,7 @@ def rollout(program: Program, actors: Actors, problems: Sequence[Problem], sampl
             fb_prompts.append(p), fb_texts.append(g.text), fb_ids.append(g.ids), fb_lp.append(g.logprobs)
             fb_finish.append(g.finish_reason)
             gen_tokens["critic"] += len(g.ids)
+            prompt_tokens["critic"] += len(p)
     else:
         for ai in attempts:
             t = turns[ai]
@@ -177,4 +207,5 @@ def rollout(program: Program, actors: Actors, problems: Sequence[Problem], sampl
                                 g.finish_reason, v.reward, v))
         turns[fi].children.append(len(turns) - 1)
         gen_tokens["solver"] += len(g.ids)
-    return Rollout(list(problems), turns, gen_tokens, time.perf_counter() - start)
+        prompt_tokens["solver"] += len(prompt)
+    return Rollout(list(problems), turns, gen_tokens, time.perf_counter() - start, prompt_tokens)

@@ -91,6 +91,9 @@ class HFBackend:
             self.decoders[id(model)] = dec
         return dec
 
+    def close(self) -> None:
+        """Nothing to release: the backend holds no engine of its own."""
+
     @torch.no_grad()
     def generate(
         self,

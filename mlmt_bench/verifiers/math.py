@@ -35,7 +35,7 @@ from mlmt_bench.types import Problem, Verdict
 from mlmt_bench.verifiers.base import Verifier
 from mlmt_bench.verifiers.timeout import (
     CallTimeout,
-    RemoteError,
+    WorkerRaised,
     WorkerCrashed,
     call_inline,
     shared_pool,
@@ -160,7 +160,7 @@ _UNIT_TAIL_RE = re.compile(r"(?<=[\d}\s.])\s+(?:" + _UNITS + r")(?:\^\{?[23]\}?)
 _TEXT_CMDS = ("text", "textbf", "textit", "textrm", "mbox", "mathrm", "mathbf", "mathit", "operatorname")
 
 
-def _unwrap_commands(s: str, names: Sequence[str]) -> str:
+def unwrap_commands(s: str, names: Sequence[str]) -> str:
     """``\\text{abc}`` -> `` abc`` (a space, so "5\\text{cm}" keeps its unit apart)."""
     pat = re.compile(r"\\(?:" + "|".join(names) + r")\s*\{")
     while True:
@@ -185,7 +185,7 @@ def normalize_answer(s: str, *, strip_spaces: bool = True) -> str:
     s = s.replace("\x00", "\\\\").replace("~", " ")
     s = re.sub(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|°|\\degree", "", s)
     s = s.replace("\\%", "").replace("%", "")
-    s = _unwrap_commands(s, _TEXT_CMDS)
+    s = unwrap_commands(s, _TEXT_CMDS)
     prev = None
     while prev != s:
         prev = s
@@ -395,7 +395,7 @@ class MathVerifier(Verifier):
             equal = self._check(gold, pred)
         except CallTimeout:
             return Verdict(0.0, False, pred, "timeout", f"equivalence check exceeded {self.timeout:g} s")
-        except (WorkerCrashed, RemoteError) as exc:
+        except (WorkerCrashed, WorkerRaised) as exc:
             return Verdict(0.0, False, pred, "crash", str(exc)[:300])
         if equal:
             return Verdict(1.0, True, pred, "ok", "math-verify equivalent")

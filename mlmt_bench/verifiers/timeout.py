@@ -56,7 +56,7 @@ class WorkerCrashed(Exception):
     """The worker process died (segfault, killed for memory) before it answered."""
 
 
-class RemoteError(Exception):
+class WorkerRaised(Exception):
     """The function raised in the worker; the message is ``"ExcType: message"``."""
 
 
@@ -231,7 +231,7 @@ class WorkerPool:
     """Up to ``max_workers`` worker processes that run calls with a hard deadline.
 
     ``call(fn, args, timeout)`` returns ``fn(*args)`` or raises :class:`CallTimeout`,
-    :class:`WorkerCrashed` or :class:`RemoteError`. ``fn`` must be a module-level function
+    :class:`WorkerCrashed` or :class:`WorkerRaised`. ``fn`` must be a module-level function
     (it is pickled by reference) and ``args``/the result must be picklable.
     """
 
@@ -321,7 +321,7 @@ class WorkerPool:
         finally:
             self._release(w, ok)
         if not success:
-            raise RemoteError(value)
+            raise WorkerRaised(value)
         return value
 
     def _wait_while_starved(self, w: _Worker, timeout: float, cpu_at_send: float | None, sent_at: float) -> bool:
@@ -362,7 +362,7 @@ def call_inline(fn: Callable[..., Any], args: tuple[Any, ...], timeout: float | 
         try:
             return fn(*args)
         except Exception as exc:
-            raise RemoteError(f"{type(exc).__name__}: {exc}"[:500]) from exc
+            raise WorkerRaised(f"{type(exc).__name__}: {exc}"[:500]) from exc
 
     def on_alarm(signum: int, frame: Any) -> None:
         raise CallTimeout(f"no answer within {timeout:g} s")
@@ -375,7 +375,7 @@ def call_inline(fn: Callable[..., Any], args: tuple[Any, ...], timeout: float | 
     except CallTimeout:
         raise
     except Exception as exc:
-        raise RemoteError(f"{type(exc).__name__}: {exc}"[:500]) from exc
+        raise WorkerRaised(f"{type(exc).__name__}: {exc}"[:500]) from exc
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old_handler)

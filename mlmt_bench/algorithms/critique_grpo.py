@@ -1,0 +1,57 @@
+"""Critique-GRPO (`critique_grpo`, arXiv 2506.03106; METHOD.md v2, "Further arms").
+
+G attempts z ~ π(·|x); each gets feedback from a *fixed* source (``critique_source: critic``, the
+frozen base critic, or ``oracle``, the rule-based critic that sees y* — an upper bound); the
+solver refines, ŷ ~ π(·|x, z, g). The refinements then join the problem's group as off-policy
+responses *to x alone* (``refinements_in_group``: the correct ones, or all), advantages are
+group-relative over the mixed group, and the off-policy tokens are trained with policy shaping
+π/(π + γ) instead of the clipped ratio (their behaviour policy saw a different context). One
+policy is trained; it answers in one turn at test time (acc@t1), and its refine-protocol
+accuracy with the same feedback source is reported beside it (acc@t2).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from mlmt_bench.algorithms import core
+from mlmt_bench.algorithms.base import Algorithm, Credit, CreditInputs, by_turn, group_advantages, problem_of
+from mlmt_bench.algorithms.params import GRPOParams, Roles
+from mlmt_bench.rollout.episodes import Program, Rollout
+
+
+class CritiqueGRPOParams(GRPOParams):
+    critique_source: Literal["critic", "oracle"] = Field(
+        "critic", description="the fixed feedback: the frozen base critic, or the oracle (an upper bound)")
+    refinements_in_group: Literal["correct", "all"] = Field(
+        "correct", description="refinements added to the group as responses to x: the correct ones, or all")
+    shaping_gamma: float = Field(0.1, gt=0.0, description="policy shaping of the off-policy tokens: π / (π + γ)")
+
+    def roles(self) -> Roles:
+        return Roles("trained", "frozen" if self.critique_source == "critic" else "absent", self.critique_source)
+
+
+class CritiqueGRPO(Algorithm):
+    Params = CritiqueGRPOParams
+
+    def program(self, step: int) -> Program:
+        return Program(attempts=self.params.group_size, feedback=self.params.critique_source)
+
+    def credit(self, rollout: Rollout, step: int, inputs: CreditInputs) -> Credit:
+        p = self.params
+        attempts, refines = rollout.of_kind("attempt"), rollout.of_kind("refine")
+        r1, r2 = self.solver_rewards(rollout, attempts, inputs), self.solver_rewards(rollout, refines, inputs)
+        joined = [i for i, r in zip(refines, r2.tolist()) if p.refinements_in_group == "all" or r == 1.0]
+        r_joined = r2[[refines.index(i) for i in joined]] if joined else torch.zeros(0, dtype=r2.dtype)
+        adv, zero = group_advantages(torch.cat([r1, r_joined]), problem_of(rollout, attempts + joined), p.scale)
+        adv1, adv_off = adv[:len(attempts)], adv[len(attempts):]
+        off = self.items(rollout, joined, adv_off, p.beta, core.SHAPED, to_x=True)  # responses to x alone
+        stats = {"r1": float(r1.mean()), "r2": float(r2.mean()) if len(r2) else 0.0, "reward_mean": float(r1.mean()),
+                 "reward_std": float(r1.std()) if len(r1) > 1 else 0.0, "frac_zero_std": zero,
+                 "off_policy_share": len(joined) / max(1, len(attempts) + len(joined))}
+        return Credit({"solver": self.items(rollout, attempts, adv1, p.beta) + off},
+                      {"solver": len(attempts) + len(joined)},
+                      {**by_turn(attempts, adv1), **by_turn(joined, adv_off)}, stats=stats)

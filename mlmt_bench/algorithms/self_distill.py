@@ -1,0 +1,69 @@
+"""Self-distillation from feedback (`self_distill`: RLTF-SD, arXiv 2602.02482; SDPO, arXiv
+2601.20802; METHOD.md v2, "Further arms").
+
+GRPO on the G attempts z ~ π(·|x), plus δ · a distillation term that moves the unconditioned
+solver π(·|x) toward what the feedback-conditioned solver π(·|x, z, g) produced:
+
+- ``distill: sft``: the log-likelihood of refinements as responses to x (``distill_on``: the
+  correct ones, or all);
+- ``distill: kl``: a token-level KL(π(·|x, z, g, ŷ<t) ‖ π(·|x, ŷ<t)) on the refinements' tokens,
+  the feedback-conditioned distribution as a fixed teacher.
+
+The term has its own normaliser (a token mean over its tokens), so δ weighs it against the
+GRPO loss. Feedback comes from ``critique_source``: the frozen base ``critic``, the ``oracle``
+(an upper bound), or ``mlmt``: a critic trained as MLMT-RL's higher level on ū (λ = 0).
+Evaluation: acc@t1 is the distilled one-turn skill, acc@t2 the refine protocol.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from mlmt_bench.algorithms import core
+from mlmt_bench.algorithms.base import Algorithm, Credit, CreditInputs, by_turn, group_advantages, problem_of
+from mlmt_bench.algorithms.mlmt import critic_credit, feedback_means
+from mlmt_bench.algorithms.params import GRPOParams, Roles
+from mlmt_bench.rollout.episodes import Program, Rollout
+
+_CRITIC_MODE = {"critic": "frozen", "oracle": "absent", "mlmt": "trained"}
+
+
+class SelfDistillParams(GRPOParams):
+    critique_source: Literal["critic", "oracle", "mlmt"] = Field(
+        "critic", description="the feedback: the frozen base critic, the oracle (an upper bound), or a critic "
+                              "trained as MLMT-RL's higher level")
+    distill: Literal["sft", "kl"] = Field("sft", description="log-likelihood of refinements as responses to x, or a "
+                                                             "token-level KL toward the feedback-conditioned solver")
+    distill_on: Literal["correct", "all"] = Field("correct", description="which refinements are distilled")
+    delta: float = Field(0.1, ge=0.0, description="δ: weight of the distillation term")
+
+    def roles(self) -> Roles:
+        return Roles("trained", _CRITIC_MODE[self.critique_source],
+                     "oracle" if self.critique_source == "oracle" else "critic")
+
+
+class SelfDistill(Algorithm):
+    Params = SelfDistillParams
+
+    def program(self, step: int) -> Program:
+        return Program(attempts=self.params.group_size, feedback=self.roles().feedback)
+
+    def credit(self, rollout: Rollout, step: int, inputs: CreditInputs) -> Credit:
+        p = self.params
+        attempts, refines = rollout.of_kind("attempt"), rollout.of_kind("refine")
+        r1, r2 = self.solver_rewards(rollout, attempts, inputs), self.solver_rewards(rollout, refines, inputs)
+        adv, zero = group_advantages(r1, problem_of(rollout, attempts), p.scale)
+        distilled = [i for i, r in zip(refines, r2.tolist()) if p.distill_on == "all" or r == 1.0]
+        mode = core.SFT if p.distill == "sft" else core.DISTILL
+        aux = self.items(rollout, distilled, [p.delta] * len(distilled), 0.0, mode, to_x=True)
+        credit = Credit({"solver": self.items(rollout, attempts, adv, p.beta) + aux}, {"solver": len(attempts)},
+                        by_turn(attempts, adv))
+        credit.stats = {"r1": float(r1.mean()), "r2": float(r2.mean()), "reward_mean": float(r1.mean()),
+                        "reward_std": float(r1.std()) if len(r1) > 1 else 0.0, "frac_zero_std": zero,
+                        "distilled": float(len(distilled))}
+        if p.critique_source == "mlmt":
+            credit.stats.update(critic_credit(self, rollout, feedback_means(rollout, r2), None, 0.0, credit))
+        return credit

@@ -1,0 +1,241 @@
+"""Loading run directories for reports: one :class:`RunRecord` per run, and arms from experiment
+directories (docs/run-directory.md describes the files).
+
+``metrics.jsonl`` gives the eval curve and the ``final`` record, ``eval_problems.jsonl`` the
+per-problem correctness at every evaluation (step 0 included), ``manifest.json`` the arm and seed,
+``spec.resolved.yaml`` the protocol (benchmark, split, evaluation settings) a report must not mix.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlmt_bench.errors import UserError
+from mlmt_bench.tracking import read_jsonl_lines
+
+# A run directory is ``<name>-<YYYYmmddTHHMMSSZ>`` with ``-<i>`` when two started the same second.
+_STAMP_RE = re.compile(r"-\d{8}T\d{6}Z(?:-\d+)?$")
+
+@dataclass
+class RunRecord:
+    """What a comparison needs from one run directory.
+
+    final:    the ``final`` record of metrics.jsonl (or the last ``eval`` record when the run has
+              none, e.g. it was interrupted; ``has_final`` says which).
+    curve:    ``eval`` records, one per step (the last one logged wins), sorted by step.
+    problems: per-problem correctness at the final eval step, ``{problem_id: {"t1", "t2",
+              "t2_null"}}``; empty when the run wrote no eval_problems.jsonl.
+    first:    the same at the first evaluation (step 0: the arm's starting point).
+    protocol: what a report must not mix: benchmark and options, evaluated split, evaluation
+              settings (from spec.resolved.yaml; empty when the run has none).
+    """
+
+    path: Path
+    name: str
+    arm: str
+    seed: int | None
+    status: str | None
+    manifest: dict[str, Any]
+    final: dict[str, Any]
+    has_final: bool
+    curve: list[dict[str, Any]]
+    final_step: int | None
+    problems: dict[str, dict[str, Any]] = field(default_factory=dict)
+    first: dict[str, dict[str, Any]] = field(default_factory=dict)
+    protocol: dict[str, Any] = field(default_factory=dict)
+
+    def outcomes(self, turn: str = "t2", at: str = "final") -> dict[str, float]:
+        """``{problem id: 0/1}`` of ``turn`` ("t1", "t2", "t2_null") at the final or first evaluation."""
+        rows = self.problems if at == "final" else self.first
+        return {pid: float(r[turn]) for pid, r in rows.items() if r.get(turn) is not None}
+
+    def curve_xy(self, x_key: str, y_key: str = "acc@t2") -> tuple[list[float], list[float]]:
+        """Points (x, y) of the eval curve where both are recorded."""
+        xs, ys = [], []
+        for rec in self.curve:
+            x, y = rec.get(x_key), acc_t2(rec) if y_key == "acc@t2" else rec.get(y_key)
+            if is_num(x) and is_num(y):
+                xs.append(float(x))
+                ys.append(float(y))
+        return xs, ys
+
+
+def is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def acc_t2(rec: dict[str, Any]) -> Any:
+    """acc@t2 of a record; single-turn runs (GRPO) have acc@t2 = acc@t1 (run-directory.md)."""
+    for key in ("acc@t2", "acc@t1", "acc"):
+        if is_num(rec.get(key)):
+            return rec[key]
+    return None
+
+
+def strip_stamp(name: str) -> str:
+    """``grpo-20250101T120000Z`` (or ``...Z-1``) -> ``grpo``."""
+    return _STAMP_RE.sub("", name)
+
+
+def _read_records(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, record) of a JSONL file, as tracking.read_jsonl_lines parses it (a torn
+    last line is ignored, any other bad line is a file:line UserError); each record must be an
+    object."""
+    out = read_jsonl_lines(path)
+    for lineno, rec in out:
+        if not isinstance(rec, dict):
+            raise UserError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
+    return out
+
+
+def load_run(path: Path | str) -> RunRecord:
+    """Read one run directory; a :class:`UserError` (one line) if it cannot be compared."""
+    path = Path(path)
+    if not path.is_dir():
+        raise UserError(f"{path}: not a directory")
+    metrics_path = path / "metrics.jsonl"
+    manifest_path = path / "manifest.json"
+    if not metrics_path.is_file() and not manifest_path.is_file():
+        raise UserError(f"{path}: not a run directory (no manifest.json / metrics.jsonl)")
+    manifest: dict[str, Any] = {}
+    if manifest_path.is_file():
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UserError(f"{manifest_path}: unreadable ({exc})".replace("\n", " ")) from None
+        if not isinstance(manifest, dict):
+            raise UserError(f"{manifest_path}: expected a JSON object")
+    if not metrics_path.is_file():
+        raise UserError(f"{path}: no metrics.jsonl (the run wrote no metrics yet)")
+
+    records = _read_records(metrics_path)
+    by_step: dict[int, dict[str, Any]] = {}
+    final: dict[str, Any] | None = None
+    for _, rec in records:
+        kind = rec.get("kind")
+        if kind == "eval":
+            step = rec.get("step")
+            by_step[int(step) if is_num(step) else len(by_step)] = rec  # last logged per step wins
+        elif kind == "final":
+            final = rec
+    if not by_step and final is None:
+        raise UserError(f"{metrics_path}: no eval records (the run has not been evaluated yet)")
+    curve = [by_step[s] for s in sorted(by_step)]
+    has_final = final is not None
+    if final is None:
+        final = curve[-1]
+
+    final_step = final.get("step") if is_num(final.get("step")) else None
+    by_step = _problems_by_step(path / "eval_problems.jsonl")
+    problems: dict[str, dict[str, Any]] = {}
+    first: dict[str, dict[str, Any]] = {}
+    if by_step:
+        final_step = int(final_step) if is_num(final_step) and int(final_step) in by_step else max(by_step)
+        problems, first = by_step[final_step], by_step[min(by_step)]
+
+    name = str(manifest.get("name") or strip_stamp(path.name))
+    arm = str(manifest.get("arm") or strip_stamp(name))
+    seed = manifest.get("seed")
+    return RunRecord(
+        path=path, name=name, arm=arm,
+        seed=int(seed) if is_num(seed) else None,
+        status=manifest.get("status"), manifest=manifest,
+        final=final, has_final=has_final, curve=curve,
+        final_step=int(final_step) if final_step is not None else None,
+        problems=problems, first=first, protocol=_protocol(path / "spec.resolved.yaml"),
+    )
+
+
+def _problems_by_step(path: Path) -> dict[int, dict[str, dict[str, Any]]]:
+    """Per-problem correctness at every evaluated step; a resumed run may repeat a step: the
+    last line wins."""
+    if not path.is_file():
+        return {}
+    by_step: dict[int, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for lineno, row in _read_records(path):
+        step, pid = row.get("step"), row.get("problem_id")
+        if not is_num(step) or pid is None or "t1" not in row:
+            raise UserError(f"{path}:{lineno}: record lacks step / problem_id / t1")
+        t1 = bool(row["t1"])
+        t2 = bool(row["t2"]) if row.get("t2") is not None else t1
+        null = row.get("t2_null")
+        by_step[int(step)][str(pid)] = {"t1": t1, "t2": t2, "t2_null": None if null is None else bool(null)}
+    return dict(by_step)
+
+
+#: Fields of a run spec that define what its numbers mean: runs that differ in one are never
+#: compared in one table.
+PROTOCOL_FIELDS = (("benchmark", "name"), ("benchmark", "options"), ("benchmark", "eval_split"),
+                   ("benchmark", "eval_limit"), ("eval", "limit"), ("eval", "temperature"))
+
+
+def _protocol(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    import yaml
+
+    try:
+        spec = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise UserError(f"{path}: unreadable ({str(exc).splitlines()[0]})") from None
+    if not isinstance(spec, dict):
+        return {}
+    out = {}
+    for section, key in PROTOCOL_FIELDS:
+        part = spec.get(section)
+        if isinstance(part, dict) and key in part:
+            out[f"{section}.{key}"] = part[key]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# grouping run directories into arms
+
+
+def _experiment_arms(exp_dir: Path) -> dict[str, list[Path]]:
+    path = exp_dir / "experiment.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path}: unreadable ({exc})".replace("\n", " ")) from None
+    arms = data.get("arms") if isinstance(data, dict) else None
+    if not isinstance(arms, dict) or not arms:
+        raise UserError(f"{path}: no 'arms' mapping of arm -> run directories")
+    out: dict[str, list[Path]] = {}
+    for arm, entries in arms.items():
+        if isinstance(entries, (str, dict)):
+            entries = [entries]
+        if not isinstance(entries, list):
+            raise UserError(f"{path}: arms.{arm} must be a list of run directories")
+        dirs = []
+        for e in entries:
+            p = e.get("run_dir") or e.get("path") if isinstance(e, dict) else e
+            if not isinstance(p, str):
+                raise UserError(f"{path}: arms.{arm}: cannot read a run directory from {e!r}")
+            run = Path(p)
+            if not run.is_absolute() and not run.exists() and (exp_dir / run).exists():
+                run = exp_dir / run  # relative to the experiment directory
+            dirs.append(run)
+        out[str(arm)] = dirs
+    return out
+
+
+def group_runs(paths: list[Path]) -> dict[str, list[Path]]:
+    """Arms of run / experiment directories: an experiment dir (holding experiment.json) gives
+    its arms; a run dir goes to its manifest's ``arm`` (else its name without the timestamp)."""
+    arms: dict[str, list[Path]] = {}
+    for p in map(Path, paths):
+        if (p / "experiment.json").is_file():
+            for arm, dirs in _experiment_arms(p).items():
+                arms.setdefault(arm, []).extend(dirs)
+        else:
+            arms.setdefault(load_run(p).arm, []).append(p)
+    return arms
+
+

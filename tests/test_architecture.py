@@ -1,0 +1,88 @@
+"""The package's import graph has no cycle (each arrow of docs/architecture.md points one way)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "mlmt_bench"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for f in PACKAGE.rglob("*.py"):
+        name = ".".join(f.relative_to(PACKAGE.parent).with_suffix("").parts)
+        out[name.removesuffix(".__init__")] = f
+    return out
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """Every mlmt_bench module ``path`` imports, at module level or inside functions (a lazy import
+    is still a dependency), except under ``if TYPE_CHECKING:``."""
+    found: set[str] = set()
+
+    class Visitor(ast.NodeVisitor):
+        def visit_If(self, node: ast.If) -> None:
+            test = node.test
+            if getattr(test, "id", None) == "TYPE_CHECKING" or getattr(test, "attr", None) == "TYPE_CHECKING":
+                for child in node.orelse:
+                    self.visit(child)
+                return
+            self.generic_visit(node)
+
+        def visit_Import(self, node: ast.Import) -> None:
+            found.update(a.name for a in node.names)
+
+        def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+            if node.module and node.level == 0:
+                for a in node.names:
+                    full = f"{node.module}.{a.name}"
+                    found.add(full if full in modules else node.module)
+
+    Visitor().visit(ast.parse(path.read_text(encoding="utf-8")))
+    return {m for m in found if m in modules and m != "mlmt_bench"}
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Cycles met by a depth-first search (empty exactly when the graph is acyclic)."""
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, path)
+        path.pop()
+        state[node] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [])
+    return cycles
+
+
+def test_import_graph_has_no_cycle():
+    modules = _modules()
+    graph = {m: _imports(p, modules) for m, p in modules.items()}
+    assert len(graph) > 40 and "mlmt_bench.evaluate" in graph["mlmt_bench.trainer"]  # the scan sees the package
+    cycles = find_cycles(graph)
+    assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_check_finds_a_cycle_when_there_is_one(tmp_path, monkeypatch):
+    """Two modules that import each other (one lazily, inside a function) are reported."""
+    pkg = tmp_path / "mlmt_bench"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from mlmt_bench import b\n")
+    (pkg / "b.py").write_text("def f():\n    import mlmt_bench.a\n")
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from mlmt_bench import a\n")
+    monkeypatch.setitem(globals(), "PACKAGE", pkg)
+    modules = _modules()
+    graph = {m: _imports(p, modules) for m, p in modules.items()}
+    assert graph["mlmt_bench.c"] == set()  # annotations only: not a dependency
+    assert find_cycles(graph) == [["mlmt_bench.a", "mlmt_bench.b", "mlmt_bench.a"]]
