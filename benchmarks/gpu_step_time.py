@@ -16,8 +16,8 @@ subprocess (fresh GPU memory statistics):
    log-prob difference.
 3. **The mlmt memory case**: ``algorithm: mlmt`` with two 308M policies (the critic with LoRA r 16 on
    all linear layers), 16 problems × G 8 × K 2, 128 forced tokens per turn, dense reward: seconds
-   per step, peak GPU memory overall and per phase (rollout, update), and ``mlmt-bench plan``'s
-   estimate for the same spec beside it.
+   per step, peak GPU memory overall and per phase (the trainer's ``mem/peak_mb/<phase>``), and
+   ``mlmt-bench plan``'s estimate for the same spec beside it.
 
 ``--smoke`` runs everything at toy size (tiny-0.5m, float32, 2 problems × G 2 × 8 tokens, one
 warm-up and one measured step) so that a CPU machine can check the script end to end
@@ -99,8 +99,7 @@ def memory_spec(args: argparse.Namespace, work: Path) -> Any:
                                                                       "target_modules": "all-linear"}}},
         "backend": {"name": "hf", "temperature": 1.0, "max_new_tokens": args.max_new_tokens,
                     "options": {"decode": args.decode}},
-        "algorithm": {"name": "mlmt", "params": {"group_size": args.group_size, "feedbacks": args.memory_feedbacks,
-                                                 "value": "mc", "beta": 0.0}},
+        "algorithm": {"name": "mlmt", "params": {"group_size": args.group_size, "feedbacks": args.memory_feedbacks}},
         "train": {"steps": total, "problems_per_step": args.memory_problems, "checkpoint_every": 0,
                   "deterministic": False, "threads": args.threads},
         "eval": {"every": 0, "limit": 1, "feedback_metrics": False, "samples": 0, "protocols": ["refine_all"]},
@@ -110,9 +109,6 @@ def memory_spec(args: argparse.Namespace, work: Path) -> Any:
 
 def run_memory(args: argparse.Namespace) -> dict[str, Any]:
     """The mlmt case: step time, peak GPU memory overall and per phase, and plan's estimate."""
-    import torch
-
-    import mlmt_bench.trainer as trainer_mod
     from mlmt_bench.plan import load_table, plan_run, resolve_device
     from mlmt_bench.runner import build, configure_torch, make_trainer
     from mlmt_bench.spec import dump_yaml
@@ -129,30 +125,7 @@ def run_memory(args: argparse.Namespace) -> dict[str, Any]:
         comp.policies[role].model.generation_config.min_new_tokens = args.max_new_tokens
     run_dir = RunDir.create(spec.output_dir, spec.name, dump_yaml(spec), spec.seed)
     trainer = make_trainer(spec, comp, run_dir)
-
-    cuda = torch.cuda.is_available()
-    phase_peaks: dict[str, list[float]] = {"rollout": [], "update": []}
-
-    def measured(phase: str, fn):
-        def wrapper(*a, **k):
-            if cuda:
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-            try:
-                return fn(*a, **k)
-            finally:
-                if cuda:
-                    torch.cuda.synchronize()
-                    phase_peaks[phase].append(torch.cuda.max_memory_allocated() / 2 ** 20)
-        return wrapper
-
-    orig_rollout = trainer_mod.rollout
-    trainer_mod.rollout = measured("rollout", orig_rollout)
-    trainer.update = measured("update", trainer.update)
-    try:
-        trainer.train(None)
-    finally:
-        trainer_mod.rollout = orig_rollout
+    trainer.train(None)
     run_dir.finish("completed")
     recs = sorted((r for r in run_dir.metrics() if r["kind"] == "train"), key=lambda r: r["step"])
     total = args.warmup + args.steps
@@ -163,11 +136,13 @@ def run_memory(args: argparse.Namespace) -> dict[str, Any]:
         "reward": "dense", "step_s": step_s, "gen_tokens_per_step": [recs[i]["gen_tokens"] - recs[i - 1]["gen_tokens"]
                                                                       for i in range(args.warmup, total)],
         "peak_gpu_mb": gst._peak_gpu_mb(), "peak_rss_mb": gst._peak_rss_mb(),
-        # per-phase peaks are reset at each phase start, so they exclude what the other phase left behind only
-        # when the allocator freed it
-        "phase_peak_gpu_mb": {k: max(v) if v else None for k, v in phase_peaks.items()},
+        # the trainer's own per-phase peaks (mlmt_bench/memory.py: CUDA allocated, or CPU RSS), max over steps
+        "memory_source": recs[-1].get("mem/source"),
+        "phase_peak_mb": {k.rsplit("/", 1)[1]: max(r[k] for r in recs if k in r)
+                          for k in sorted({k for r in recs for k in r if k.startswith("mem/peak_mb/")})},
         "plan_estimate_mb": {"peak": planned["peak"] / 2 ** 20, "always_held": planned["persistent"] / 2 ** 20,
                              "generation_phase": planned["generation_phase"] / 2 ** 20,
+                             "logprobs_phase": planned["logprobs_phase"] / 2 ** 20,
                              "training_phase": planned["training_phase"] / 2 ** 20},
     }
     shutil.rmtree(work, ignore_errors=True)

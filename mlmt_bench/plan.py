@@ -10,8 +10,9 @@ Reported, per GPU (a process under data parallelism gets ``problems_per_step / g
 - parameters per policy, and the trainable ones (LoRA adapters counted from the wrapped layers);
 - per training step, as **upper bounds** (every turn runs to its ``max_new_tokens``): sequences,
   prefill / generated / trained / extra-forward tokens and FLOPs by METHOD.md v2
-  (:mod:`mlmt_bench.metrics.cost`: prompts as prefill, whole trained sequences, every extra forward
-  pass: reference log-probs when β > 0, old log-probs when epochs > 1, the learned value's features);
+  (:mod:`mlmt_bench.metrics.cost`, as the trainer counts them: prompts as prefill, whole trained
+  sequences every epoch, every extra forward pass once: reference log-probs when β > 0, old
+  log-probs when epochs > 1, the learned value's features, self_distill's KL teacher);
 - the same for the whole run (``train.steps``, or fewer if the token budget ends it first at these
   lengths) and its evaluations;
 - estimated peak memory: weights, LoRA adapters, gradients and AdamW states (in the parameters'
@@ -19,10 +20,12 @@ Reported, per GPU (a process under data parallelism gets ``problems_per_step / g
   with β > 0), the generation engine (vLLM: ``gpu_memory_utilization`` × device memory per model;
   hf static decode: its KV-cache budget; hf generate: the KV cache of the largest call), and the
   larger of the generation phase (prefill activations, KV of plain generate) and the training
-  phase (activations of the largest micro-batch, the float32 log-softmax over the vocabulary of
-  the trained positions, the reference forward's logits), plus a fixed runtime overhead. Not
-  included: allocator fragmentation, the learned value's hidden-state features, vLLM's own
-  compile workspace, other processes. Treat it as ±30 %.
+  phase (activations of the largest micro-batch as ``train.micro_batch_tokens`` and
+  ``grad_accum`` split the update, checkpointed with ``gradient_checkpointing``, and the float32
+  log-softmax over the vocabulary of the trained positions) and the log-prob phase before it
+  (π_ref / π_old logits), plus a fixed runtime overhead. Not included: allocator
+  fragmentation, the learned value's feature pass, vLLM's own compile workspace, DAPO dynamic
+  sampling's extra rounds, other processes. Treat it as ±30 %.
 - estimated time from measured tokens/s (``mlmt_bench/data/throughput.yaml``, keyed by device and
   model; the nearest model size on the device is scaled by parameter count).
 
@@ -197,22 +200,28 @@ class Work:
 
 
 def _policies(spec: Any, algorithm: Any) -> dict[str, Policy]:
+    """The policies the algorithm builds (its roles: trained, frozen, shared with the solver), with
+    whether each is updated at some step of the run."""
     from mlmt_bench.models.configs import policy_shape
 
-    p = spec.policies
-    solver_shape = policy_shape("solver", p.solver, spec.bootstrap)
-    steps = max(1, spec.train.steps)
-    updates = [algorithm.updates(s) for s in range(min(steps, 1000))]
-    out = {"solver": Policy("solver", p.solver, solver_shape, solver_shape.lora_params(p.solver.lora),
-                            p.solver.trainable and any("solver" in u for u in updates))}
-    variant = getattr(algorithm.p, "variant", None)
-    trains_critic = p.solver.trainable and any("critic" in u for u in updates)
-    if spec.algorithm.name == "mlmt" and variant == "shared_policy":
-        out["critic"] = Policy("critic", p.solver, solver_shape, out["solver"].lora_params, trains_critic, shared=True)
-    elif spec.algorithm.name == "mlmt" and variant in ("full", "fixed_feedback") and p.critic is not None:
-        shape = policy_shape("critic", p.critic, spec.bootstrap)
-        out["critic"] = Policy("critic", p.critic, shape, shape.lora_params(p.critic.lora),
-                               variant == "full" and p.critic.trainable and any("critic" in u for u in updates))
+    roles = algorithm.roles()
+    updated = set().union(*(algorithm.updates(s) for s in range(min(max(1, spec.train.steps), 1000))))
+    out: dict[str, Policy] = {}
+    for role in ("solver", "critic"):
+        mode = roles.mode(role)
+        if mode == "absent":
+            continue
+        if mode == "shared":
+            solver = out["solver"]
+            out[role] = Policy(role, solver.spec, solver.shape, solver.lora_params,
+                               solver.spec.trainable and role in updated, shared=True)
+            continue
+        pspec = getattr(spec.policies, role)
+        if pspec is None:
+            raise UserError(f"policies.{role}: required by algorithm {spec.algorithm.name}")
+        shape = policy_shape(role, pspec, spec.base)
+        out[role] = Policy(role, pspec, shape, shape.lora_params(pspec.lora),
+                           mode == "trained" and pspec.trainable and role in updated)
     return out
 
 
@@ -293,47 +302,73 @@ def _lengths(spec: Any) -> Lengths:
                    f"+ {_TEMPLATE_TOKENS} chat-template tokens per message (the tokenizer is not read offline)")
 
 
-def _turns(program: Any, n: int, lengths: Lengths, t_new: int, t_fb: int, trains: dict[str, bool],
-           algorithm: str) -> list[Turn]:
-    """The turns of one rollout over ``n`` problems (``program``: the algorithm's Program)."""
+#: how each algorithm trains each kind of generated turn: on the context it was generated from
+#: ("own"), or as a response to the problem alone ("as_attempt": refinements joining the group in
+#: critique_grpo, distilled in self_distill). A plugin's algorithm is planned as training every
+#: turn on its own context (an upper bound).
+TRAINED_TURNS: dict[str, dict[str, str]] = {
+    "grpo": {"attempt": "own"},
+    "self_correct": {"attempt": "own", "refine": "own"},
+    "mlmt": {"attempt": "own", "feedback": "own", "refine": "own"},
+    "critique_grpo": {"attempt": "own", "refine": "as_attempt"},
+    "self_distill": {"attempt": "own", "feedback": "own", "refine": "as_attempt"},
+}
+_EVERY_TURN = {"attempt": "own", "feedback": "own", "refine": "own"}
+
+
+def _turns(program: Any, n: int, lengths: Lengths, t_new: int, t_fb: int) -> list[Turn]:
+    """The generated turns of one rollout over ``n`` problems (``program``: the algorithm's Program)."""
     g, k, m = program.attempts, program.feedbacks, program.refinements
-    out = [Turn("attempt", "solver", n * g, lengths.attempt, t_new, trains["solver"])]
+    out = [Turn("attempt", "solver", n * g, lengths.attempt, t_new)]
     if program.feedback == "none":
         return out
     if program.feedback == "critic":
-        out.append(Turn("feedback", "critic", n * g * k, lengths.feedback_extra + t_new, t_fb,
-                        trains.get("critic", False)))
+        out.append(Turn("feedback", "critic", n * g * k, lengths.feedback_extra + t_new, t_fb))
         fb = t_fb
     else:
         fb = lengths.null_feedback if program.feedback == "null" else t_fb  # oracle text: bounded by t_fb
     refine_prompt = lengths.attempt + t_new + 1 + lengths.refine_extra + fb
-    out.append(Turn("refine", "solver", n * g * k * m, refine_prompt, t_new,
-                    trains["solver"] and algorithm in ("mlmt", "self_correct")))
+    out.append(Turn("refine", "solver", n * g * k * m, refine_prompt, t_new))
     return out
 
 
-def _step_work(turns: list[Turn], params: Any, value_learned: bool) -> Work:
+def _trained(turns: list[Turn], algorithm: str, policies: dict[str, Policy], lengths: Lengths) -> list[Turn]:
+    """The sequences each updated role trains on in a step (upper bound: every one has a gradient):
+    the turns of :data:`TRAINED_TURNS` with the context they are trained in."""
+    how = TRAINED_TURNS.get(algorithm, _EVERY_TURN)
+    out = []
+    for t in turns:
+        mode = how.get(t.kind)
+        if mode is None or not (t.role in policies and policies[t.role].trains):
+            continue
+        prompt = lengths.attempt if mode == "as_attempt" else t.prompt
+        out.append(Turn(t.kind, t.role, t.count, prompt, t.new, trained=True))
+    return out
+
+
+def _step_work(turns: list[Turn], trained: list[Turn], params: Any, value_contexts: float) -> Work:
+    """Tokens of one step as the trainer counts them: prefill and generated per generated turn;
+    trained sequences (prompt + completion) every epoch; extra forward passes over them once each
+    for π_ref (β > 0, or self_correct's β₂) and π_old (epochs > 1); ``value_contexts`` tokens for
+    the learned value's features (METHOD.md v2)."""
     w = Work()
     for t in turns:
         w.add("prefill", t.role, t.count * t.prompt)
         w.add("generated", t.role, t.count * t.new)
-        if t.trained:
-            seq = t.count * (t.prompt + t.new)
-            w.add("trained", t.role, seq * params.epochs)
-            if params.beta > 0 or getattr(params, "beta2", 0) > 0:
-                w.add("forward", t.role, seq * params.epochs)  # reference log-probs, every epoch
-            if params.epochs > 1:
-                w.add("forward", t.role, seq)  # old log-probs, once
-    if value_learned:
-        refine = next(t for t in turns if t.kind == "refine")
-        feedback = next(t for t in turns if t.kind == "feedback")
-        w.add("forward", "solver", (feedback.count + refine.count) * refine.prompt)
+    epochs = getattr(params, "epochs", 1)
+    ref = getattr(params, "beta", 0) > 0 or getattr(params, "beta2", 0) > 0
+    for t in trained:
+        seq = t.count * (t.prompt + t.new)
+        w.add("trained", t.role, seq * epochs)
+        w.add("forward", t.role, seq * (int(ref) + int(epochs > 1)))
+    if value_contexts:
+        w.add("forward", "solver", value_contexts)
     return w
 
 
 def _eval_work(program: Any, e: int, lengths: Lengths, t_new: int, t_fb: int, feedback_metrics: bool) -> Work:
-    turns = _turns(program, e, lengths, t_new, t_fb, {"solver": False, "critic": False}, "")
-    w = _step_work(turns, _NoLoss(), False)
+    turns = _turns(program, e, lengths, t_new, t_fb)
+    w = _step_work(turns, [], None, 0)
     if program.feedback in ("critic", "oracle") and feedback_metrics:
         refine = next(t for t in turns if t.kind == "refine")
         null_prompt = refine.prompt - t_fb + lengths.null_feedback
@@ -341,10 +376,6 @@ def _eval_work(program: Any, e: int, lengths: Lengths, t_new: int, t_fb: int, fe
         w.add("generated", "solver", e * t_new)
         w.add("forward", "solver", e * (refine.prompt + null_prompt + 2 * t_new))  # feedback sensitivity
     return w
-
-
-class _NoLoss:
-    epochs, beta = 1, 0.0
 
 
 def _evaluations(steps: int, every: int) -> int:
@@ -380,29 +411,27 @@ def _logit_bytes_per_token(shape: Any, b: int) -> float:
     return shape.vocab * (4 + b + 8)
 
 
-def _micro_batches(turns: list[Turn], role: str, grad_accum: int, mb_tokens: int | None) -> list[tuple[int, float, float]]:
-    """(rows, padded length, logit positions per row) of the micro-batches of ``role``'s update:
-    items in rollout order (attempts, then refinements) split into ``grad_accum`` contiguous
-    chunks (or, with ``train.micro_batch_tokens``, chunks of at most that many padded tokens)."""
-    seqs = [(t.prompt, t.new) for t in turns if t.role == role and t.trained for _ in range(t.count)]
+def _micro_batches(trained: list[Turn], roles: list[str], grad_accum: int,
+                   mb_tokens: int | None) -> list[tuple[int, float, float]]:
+    """(rows, padded length, logit positions per row) of each micro-batch of an update over the
+    trained sequences of ``roles``, split as the update splits them (models/forward.py:
+    at most ``train.micro_batch_tokens`` padded tokens and at least ``grad_accum`` micro-batches)."""
+    from mlmt_bench.models.forward import micro_batches
+
+    seqs = [(t.prompt, t.new) for t in trained if t.role in roles for _ in range(t.count)]
     if not seqs:
         return []
-    if mb_tokens:
-        longest = max(p + n for p, n in seqs)
-        size = max(1, int(mb_tokens // longest))
-    else:
-        size = max(1, -(-len(seqs) // grad_accum))
+    lengths = [int(math.ceil(p + n)) for p, n in seqs]
     out = []
-    for i in range(0, len(seqs), size):
-        chunk = seqs[i:i + size]
-        length = max(p + n for p, n in chunk)
-        out.append((len(chunk), length, length - min(p for p, _ in chunk)))
+    for mb in micro_batches(lengths, mb_tokens, max_rows=-(-len(seqs) // grad_accum)):
+        length = max(lengths[i] for i in mb)
+        out.append((len(mb), length, length - min(seqs[i][0] for i in mb)))
     return out
 
 
-def _memory(spec: Any, policies: dict[str, Policy], turns: list[Turn], eval_turns: list[Turn],
+def _memory(spec: Any, policies: dict[str, Policy], turns: list[Turn], trained: list[Turn], eval_turns: list[Turn],
             device: Device) -> dict[str, Any]:
-    items: dict[str, dict[str, float]] = {"persistent": {}, "generation": {}, "training": {}}
+    items: dict[str, dict[str, float]] = {"persistent": {}, "generation": {}, "logprobs": {}, "training": {}}
 
     def add(phase: str, what: str, nbytes: float) -> None:
         if nbytes:
@@ -460,35 +489,37 @@ def _memory(spec: Any, policies: dict[str, Policy], turns: list[Turn], eval_turn
             rows * prompt * (2 * p.shape.intermediate + 4 * p.shape.hidden) * p.bytes)
         add("generation", f"sampling logits ({p.role})", rows * p.shape.vocab * 4 * 4)
 
-    # training: the largest micro-batch of each model's update (policies update one after another)
-    checkpointing = bool(getattr(spec.train, "gradient_checkpointing", False))
-    mb_tokens = getattr(spec.train, "micro_batch_tokens", None)
-    worst = ("", 0.0, {})
+    # the update: the largest micro-batch of each model's update (policies update one after
+    # another); before it, the no-grad log-prob passes (π_ref, π_old) over the same micro-batches
+    mb_tokens = spec.train.micro_batch_tokens
+    epochs = spec.algorithm.params.get("epochs", 1)
+    worst: dict[str, tuple[float, dict[str, float]]] = {"training": (0.0, {}), "logprobs": (0.0, {})}
     for p in distinct:
-        if not (p.trains or any(q.trains for q in policies.values() if q.shared)):
-            continue
-        roles = [r for r, q in policies.items() if q is p or (q.shared and p.role == "solver")]
-        mbs = [mb for r in roles for mb in _micro_batches(turns, r, spec.train.grad_accum, mb_tokens)]
-        for rows, length, logit_pos in mbs:
-            act = rows * length * _act_bytes_per_token(p.shape, p.bytes, checkpointing)
+        roles = [r for r, q in policies.items() if (q is p or (q.shared and p.role == "solver")) and q.trains]
+        ckpt = p.spec.gradient_checkpointing
+        for rows, length, logit_pos in _micro_batches(trained, roles, spec.train.grad_accum, mb_tokens):
+            act = rows * length * _act_bytes_per_token(p.shape, p.bytes, ckpt)
             logits = rows * logit_pos * _logit_bytes_per_token(p.shape, p.bytes)
-            ref = rows * logit_pos * p.shape.vocab * (p.bytes + 4) if needs_ref else 0.0
-            total = act + logits + ref
-            if total > worst[1]:
-                worst = (p.role, total, {f"activations ({p.role}, {rows} sequences x {int(length)} tokens"
-                                         f"{', checkpointed' if checkpointing else ''})": act,
-                                         f"logits + float32 log-softmax ({p.role})": logits,
-                                         f"reference logits ({p.role})": ref})
-    for what, nbytes in worst[2].items():
-        add("training", what, nbytes)
+            if act + logits > worst["training"][0]:
+                worst["training"] = (act + logits, {
+                    f"activations ({p.role}, {rows} sequences x {int(length)} tokens"
+                    f"{', checkpointed' if ckpt else ''})": act,
+                    f"logits + float32 log-softmax ({p.role})": logits})
+            if needs_ref or epochs > 1:  # no graph kept: the logits, and one row's float32 log-softmax
+                lp = rows * logit_pos * p.shape.vocab * p.bytes + logit_pos * p.shape.vocab * 8
+                if lp > worst["logprobs"][0]:
+                    worst["logprobs"] = (lp, {f"reference / old log-prob logits ({p.role})": lp})
+    for phase, (_, parts) in worst.items():
+        for what, nbytes in parts.items():
+            add(phase, what, nbytes)
     add("persistent", "runtime (CUDA context, workspaces)" if device.gpu else "runtime (Python, torch)",
         RUNTIME_OVERHEAD["gpu" if device.gpu else "cpu"])
     persistent = sum(items["persistent"].values())
-    phases = {k: sum(items[k].values()) for k in ("generation", "training")}
+    phases = {k: sum(items[k].values()) for k in ("generation", "logprobs", "training")}
     peak = persistent + max(phases.values())
     return {"items": items, "persistent": persistent, "generation_phase": phases["generation"],
-            "training_phase": phases["training"], "peak": peak, "device": device.memory,
-            "fits": device.memory is None or peak <= device.memory}
+            "logprobs_phase": phases["logprobs"], "training_phase": phases["training"], "peak": peak,
+            "device": device.memory, "fits": device.memory is None or peak <= device.memory}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -511,11 +542,18 @@ def plan_run(spec: Any, device: Device, gpus: int = 1, table: dict[str, Any] | N
     t_new, t_fb = b.max_new_tokens, b.feedback_max_new_tokens or b.max_new_tokens
     n = max(1, math.ceil(spec.train.problems_per_step / gpus))
     program = algorithm.program(0)
-    trains = {r: p.trains for r, p in policies.items()}
-    turns = _turns(program, n, lengths, t_new, t_fb, trains, spec.algorithm.name)
-    value_learned = spec.algorithm.name == "mlmt" and getattr(params, "value", "") == "learned" \
-        and policies.get("critic") is not None and policies["critic"].trains
-    step = _step_work(turns, params, value_learned)
+    turns = _turns(program, n, lengths, t_new, t_fb)
+    trained = _trained(turns, spec.algorithm.name, policies, lengths)
+    value_tokens = 0.0
+    if getattr(algorithm, "value_model", None) is not None:  # features of each feedback's refinement context
+        refine = next((t for t in turns if t.kind == "refine"), None)
+        feedback = next((t for t in turns if t.kind == "feedback"), None)
+        if refine is not None and feedback is not None:
+            value_tokens = feedback.count * refine.prompt
+    step = _step_work(turns, trained, params, value_tokens)
+    if spec.algorithm.name == "self_distill" and getattr(params, "distill", "") == "kl":
+        refine = next(t for t in turns if t.kind == "refine")  # the teacher reads the refinement in its context
+        step.add("forward", "solver", refine.count * (refine.prompt + refine.new))
     model_params = {r: p.shape.params for r, p in policies.items()}
 
     gen_per_step = sum(step.generated.values()) * gpus
@@ -524,15 +562,20 @@ def plan_run(spec: Any, device: Device, gpus: int = 1, table: dict[str, Any] | N
     if spec.train.token_budget and gen_per_step:
         budget_steps = math.ceil(spec.train.token_budget / gen_per_step)
         steps = min(steps, budget_steps)
+    if spec.train.flop_budget:
+        flops_per_step = sum(step.flops(model_params).values()) * gpus
+        flop_steps = math.ceil(spec.train.flop_budget / flops_per_step) if flops_per_step else steps
+        budget_steps = flop_steps if budget_steps is None else min(budget_steps, flop_steps)
+        steps = min(steps, flop_steps)
     n_eval_runs = _evaluations(steps, spec.eval.every)
     e = lengths.eval_problems or 0
     eval_program = algorithm.eval_program()
-    eval_turns = _turns(eval_program, e, lengths, t_new, t_fb, {"solver": False, "critic": False}, "")
+    eval_turns = _turns(eval_program, e, lengths, t_new, t_fb)
     one_eval = _eval_work(eval_program, e, lengths, t_new, t_fb, spec.eval.feedback_metrics)
     train_total = step.scaled(steps)
     eval_total = one_eval.scaled(n_eval_runs)
 
-    memory = _memory(spec, policies, turns, eval_turns, device)
+    memory = _memory(spec, policies, turns, trained, eval_turns, device)
     time_est = _time(table, device, policies, step, one_eval, steps, n_eval_runs, _backend_key(spec))
     return {
         "spec": spec.name, "algorithm": spec.algorithm.name,
@@ -687,8 +730,10 @@ def _render_run(p: dict[str, Any], spec_path: str) -> str:
     dev = f" of {_gb(mem['device'])}" if mem["device"] else ""
     lines.append(f"memory per {unit} (estimate, ±30 %): peak {_gb(mem['peak'])}{dev} "
                  f"({'fits' if mem['fits'] else 'DOES NOT FIT'}) = always held {_gb(mem['persistent'])} "
-                 f"+ max(generation {_gb(mem['generation_phase'])}, training {_gb(mem['training_phase'])})")
-    for phase, title in (("persistent", "held"), ("generation", "generation"), ("training", "training")):
+                 f"+ max(generation {_gb(mem['generation_phase'])}, log-probs {_gb(mem['logprobs_phase'])}, "
+                 f"update {_gb(mem['training_phase'])})")
+    for phase, title in (("persistent", "held"), ("generation", "generation"), ("logprobs", "log-probs"),
+                         ("training", "update")):
         if mem["items"][phase]:
             lines.append(f"  {title}: " + ", ".join(f"{k} {_gb(v)}" for k, v in mem["items"][phase].items()))
     t = p["time"]

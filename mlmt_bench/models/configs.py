@@ -2,8 +2,8 @@
 
 ``mlmt-bench plan`` sizes a run before anything is loaded. The architecture comes from:
 
-- ``model: tiny``: the preset (``path`` unset: the warm start's ``bootstrap.solver_preset`` /
-  ``critic_preset``) or the ``config.json`` of the checkpoint at ``path``;
+- ``model: tiny``: the ``config.json`` of the checkpoint at ``path``, or (``path`` unset) the
+  preset of the shared base (``base.preset``);
 - ``model: hf`` with a local directory: its ``config.json``;
 - ``model: hf`` with a hub name: the file in ``registry/models/`` whose ``hub:`` is that name
   (``kind: hf``: the published config numbers, each file citing its source). Nothing is downloaded;
@@ -192,15 +192,15 @@ def shape_of_preset(preset: str) -> ModelShape:
     return _shape_of_config(tiny_config(preset, build_char_tokenizer()), preset, f"preset {preset}")
 
 
-def policy_shape(role: str, policy: Any, bootstrap: dict[str, Any] | None) -> ModelShape:
-    """The shape of ``policies.<role>`` (a ``PolicySpec``) of a run spec."""
+def policy_shape(role: str, policy: Any, base: dict[str, Any] | None) -> ModelShape:
+    """The shape of ``policies.<role>`` (a ``PolicySpec``) of a run spec whose ``base:`` section is
+    ``base`` (a tiny policy without ``path`` starts from the shared base, built from its preset)."""
     if policy.path:
         return shape_of_path(policy.path)
     if policy.model == "tiny":
-        if bootstrap is None:
-            raise UserError(f"policies.{role}: model 'tiny' needs `path` or a `bootstrap:` section in the spec")
-        from mlmt_bench.models.bootstrap import BootstrapConfig
+        if base is None:
+            raise UserError(f"policies.{role}: model 'tiny' needs `path` or a `base:` section in the spec")
+        from mlmt_bench.models.shared_base import BaseConfig
 
-        cfg = BootstrapConfig.model_validate(bootstrap)
-        return shape_of_preset(cfg.solver_preset if role == "solver" else cfg.critic_preset)
+        return shape_of_preset(BaseConfig.model_validate(base).preset)
     raise UserError(f"policies.{role}.path: model {policy.model!r} needs a hub name or directory")
