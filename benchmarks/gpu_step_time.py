@@ -26,7 +26,7 @@ running it on a GPU machine.
 
 Usage::
 
-    python benchmarks/gpu_step_time.py                       # on a GPU machine: writes benchmarks/results/gpu_step_time-<date>.json
+    python benchmarks/gpu_step_time.py          # on a GPU: writes benchmarks/results/gpu_step_time-<date>.json
     python benchmarks/gpu_step_time.py --smoke --out /tmp/smoke.json
 """
 

@@ -13,8 +13,9 @@ epoch, clip 0.2, token-mean loss (TRL ``loss_type="dapo"``), AdamW (``adamw_torc
 grad-norm clip 1.0, constant learning rate, no gradient checkpointing, float32 on CPU (``--dtype``;
 both sides use the GPU when there is one), the same torch thread count. ``--decode static`` runs
 mlmt-bench's generation through the hf backend's static-cache path (TRL always uses ``generate``);
-``benchmarks/gpu_step_time.py`` drives this script on a GPU. A step is everything between two consecutive steps of each trainer's own
-loop: rollout + reward + advantages + loss + backward + optimiser step + logging.
+``benchmarks/gpu_step_time.py`` drives this script on a GPU. A step is everything between two
+consecutive steps of each trainer's own loop: rollout + reward + advantages + loss + backward +
+optimiser step + logging.
 
 - mlmt-bench: the real code path — a :class:`RunSpec` → ``runner.build`` → ``runner.make_trainer``
   → ``Trainer.train()`` with ``train.steps = warmup + steps``; step times are the differences of

@@ -15,7 +15,8 @@ and prints the rows as YAML to paste into the table, with the command and date a
 Usage (from the repository root)::
 
     .venv/bin/python benchmarks/plan_throughput.py --presets tiny-2m,tiny-8m,tiny-20m
-    .venv/bin/python benchmarks/plan_throughput.py --presets llama-308m --device cuda --dtype bfloat16 --prompts 256 --max-new-tokens 128 --device-kind h200
+    .venv/bin/python benchmarks/plan_throughput.py --presets llama-308m --device cuda --dtype bfloat16 \\
+        --prompts 256 --max-new-tokens 128 --device-kind h200
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         t = train_tokens_per_s(preset, args)
         print(f"  - device: {args.device_kind}\n    model: {preset}\n    params: {g['params']}\n"
               f"    dtype: {args.dtype}\n"
-              f"    gen: {{hf-generate: {g['tokens_per_s']['generate']:.0f}, hf-static: {g['tokens_per_s']['static']:.0f}}}\n"
+              f"    gen: {{hf-generate: {g['tokens_per_s']['generate']:.0f}, "
+              f"hf-static: {g['tokens_per_s']['static']:.0f}}}\n"
               f"    train: {t:.0f}\n"
               f"    source: \"{cmd} ({stamp}; {args.prompts} sequences x {args.max_new_tokens} new tokens, "
               f"{args.threads} thread(s), load average {os.getloadavg()[0]:.1f})\"", flush=True)

@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         tps = res["tokens_per_s"]
         print(f"{preset} ({res['params']:,} params), {args.prompts} prompts x {args.max_new_tokens} tokens: "
               f"generate {tps['generate']:,.0f} tok/s, static {tps['static']:,.0f} tok/s, "
-              f"ratio {res['ratio_static_over_generate']:.2f}x (CPU time: {res['cpu_ratio_static_over_generate']:.2f}x), "
+              f"ratio {res['ratio_static_over_generate']:.2f}x "
+              f"(CPU time: {res['cpu_ratio_static_over_generate']:.2f}x), "
               f"same ids: {res['same_ids']}", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -125,7 +125,9 @@ def throughput(table: dict[str, Any], device: str, params: int, backend: str) ->
 
 
 @dataclass
-class Policy:
+class PlannedPolicy:
+    """A policy as the plan sees it: its spec, its architecture, and whether it is updated."""
+
     role: str
     spec: Any  # PolicySpec
     shape: Any  # ModelShape
@@ -171,6 +173,9 @@ class Turn:
 
 @dataclass
 class Work:
+    """Tokens per role (as the trainer counts them): prefill and generated of every generated
+    sequence, trained sequence tokens (prompt + completion, every epoch), extra forward passes."""
+
     prefill: dict[str, float] = field(default_factory=dict)
     generated: dict[str, float] = field(default_factory=dict)
     trained: dict[str, float] = field(default_factory=dict)
@@ -184,14 +189,6 @@ class Work:
         return Work(*({r: v * k for r, v in getattr(self, f).items()} for f in ("prefill", "generated", "trained",
                                                                                  "forward")))
 
-    def plus(self, other: Work) -> Work:
-        out = Work()
-        for f in ("prefill", "generated", "trained", "forward"):
-            for src in (getattr(self, f), getattr(other, f)):
-                for r, v in src.items():
-                    out.add(f, r, v)
-        return out
-
     def flops(self, params: dict[str, int]) -> dict[str, float]:
         return {"generation": sum(cost.generation_flops(params[r], int(self.prefill.get(r, 0)), int(v))
                                   for r, v in self.generated.items()),
@@ -199,28 +196,28 @@ class Work:
                 "forward": sum(cost.forward_flops(params[r], int(v)) for r, v in self.forward.items())}
 
 
-def _policies(spec: Any, algorithm: Any) -> dict[str, Policy]:
+def _policies(spec: Any, algorithm: Any) -> dict[str, PlannedPolicy]:
     """The policies the algorithm builds (its roles: trained, frozen, shared with the solver), with
     whether each is updated at some step of the run."""
     from mlmt_bench.models.configs import policy_shape
 
     roles = algorithm.roles()
     updated = set().union(*(algorithm.updates(s) for s in range(min(max(1, spec.train.steps), 1000))))
-    out: dict[str, Policy] = {}
+    out: dict[str, PlannedPolicy] = {}
     for role in ("solver", "critic"):
         mode = roles.mode(role)
         if mode == "absent":
             continue
         if mode == "shared":
             solver = out["solver"]
-            out[role] = Policy(role, solver.spec, solver.shape, solver.lora_params,
+            out[role] = PlannedPolicy(role, solver.spec, solver.shape, solver.lora_params,
                                solver.spec.trainable and role in updated, shared=True)
             continue
         pspec = getattr(spec.policies, role)
         if pspec is None:
             raise UserError(f"policies.{role}: required by algorithm {spec.algorithm.name}")
         shape = policy_shape(role, pspec, spec.base)
-        out[role] = Policy(role, pspec, shape, shape.lora_params(pspec.lora),
+        out[role] = PlannedPolicy(role, pspec, shape, shape.lora_params(pspec.lora),
                            mode == "trained" and pspec.trainable and role in updated)
     return out
 
@@ -332,7 +329,7 @@ def _turns(program: Any, n: int, lengths: Lengths, t_new: int, t_fb: int) -> lis
     return out
 
 
-def _trained(turns: list[Turn], algorithm: str, policies: dict[str, Policy], lengths: Lengths) -> list[Turn]:
+def _trained(turns: list[Turn], algorithm: str, policies: dict[str, PlannedPolicy], lengths: Lengths) -> list[Turn]:
     """The sequences each updated role trains on in a step (upper bound: every one has a gradient):
     the turns of :data:`TRAINED_TURNS` with the context they are trained in."""
     how = TRAINED_TURNS.get(algorithm, _EVERY_TURN)
@@ -429,8 +426,8 @@ def _micro_batches(trained: list[Turn], roles: list[str], grad_accum: int,
     return out
 
 
-def _memory(spec: Any, policies: dict[str, Policy], turns: list[Turn], trained: list[Turn], eval_turns: list[Turn],
-            device: Device) -> dict[str, Any]:
+def _memory(spec: Any, policies: dict[str, PlannedPolicy], turns: list[Turn], trained: list[Turn],
+            eval_turns: list[Turn], device: Device) -> dict[str, Any]:
     items: dict[str, dict[str, float]] = {"persistent": {}, "generation": {}, "logprobs": {}, "training": {}}
 
     def add(phase: str, what: str, nbytes: float) -> None:

@@ -190,8 +190,8 @@ def test_activation_estimate_is_calibrated_against_autograd(preset, dtype):
 
 
 def test_a_spec_that_does_not_fit_is_refused_unless_forced(write_spec):
-    spec = write_spec({**minimal_spec(), "policies": {"solver": {"model": "hf", "path": "meta-llama/Llama-3.2-3B-Instruct",
-                                                                 "dtype": "float32"}},
+    solver = {"model": "hf", "path": "meta-llama/Llama-3.2-3B-Instruct", "dtype": "float32"}
+    spec = write_spec({**minimal_spec(), "policies": {"solver": solver},
                        "backend": {"max_new_tokens": 1024}, "train": {"problems_per_step": 64, "grad_accum": 256}})
     res = runner.invoke(app, ["plan", str(spec), "--device", "a100-40gb"])
     assert res.exit_code == 2

@@ -234,6 +234,8 @@ def test_weights_updated_in_place_are_used_without_rebuilding(tok, prompts):
         layer.weight = torch.nn.Parameter(layer.weight.detach().clone() * 1.5)
     _compare(HFBackend().generate(model, tok, prompts, max_new_tokens=16, temperature=0.0),
              backend.generate(model, tok, prompts, max_new_tokens=16, temperature=0.0))
+    backend.close()  # the runner closes the backend at the end of a run: caches and graphs go
+    assert not backend.decoders
 
 
 # ----------------------------------------------------------------------------------------------

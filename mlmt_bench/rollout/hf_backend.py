@@ -92,7 +92,8 @@ class HFBackend:
         return dec
 
     def close(self) -> None:
-        """Nothing to release: the backend holds no engine of its own."""
+        """Release the static decoders' KV caches and graphs (plain generate holds nothing)."""
+        self.decoders.clear()
 
     @torch.no_grad()
     def generate(

@@ -234,7 +234,8 @@ class StaticDecoder:
         if sampler not in ("multinomial", "race"):
             raise UserError(f"backend hf: sampler must be multinomial or race, got {sampler!r}")
         if graphs and sampler == "multinomial":
-            raise UserError("backend hf: sampler 'multinomial' cannot run inside CUDA graphs; use race or graphs: false")
+            raise UserError("backend hf: sampler 'multinomial' cannot run inside CUDA graphs; "
+                            "use race or graphs: false")
         self.sampler = sampler
         self.max_rows = max(1, int(max_rows))
         self.states: OrderedDict[tuple[int, int], _State] = OrderedDict()
