@@ -11,6 +11,9 @@ A benchmark, not a test. For each preset it measures, on ``--device``:
   number of sequences with non-zero advantages;
 
 and prints the rows as YAML to paste into the table, with the command and date as their source.
+On a CPU the rates are per second of *process CPU time* with one thread: what an idle machine does
+in wall time, and much less disturbed by other jobs on a shared one than wall time (which the
+GPU rows use).
 
 Usage (from the repository root)::
 
@@ -48,24 +51,26 @@ def train_tokens_per_s(preset: str, args: argparse.Namespace) -> float:
     model = build_tiny_model(preset, tok, seed=args.seed).to(args.device)
     if args.dtype != "float32":
         model = model.to(getattr(torch, args.dtype))
-    policy = Policy("solver", model, tok, True, 1e-4, num_parameters(model))
+    policy = Policy("solver", model, tok, trainable=True, lr=1e-4, n_params=num_parameters(model), init_path="")
     gen = torch.Generator().manual_seed(args.seed)
     items = [TrainItem(p, torch.randint(5, len(tok), (args.max_new_tokens,), generator=gen).tolist(),
                        1.0 if i % 2 else -1.0) for i, p in enumerate(attempt_prompts(tok, args.prompts))]
     tokens = sum(len(it.prompt_ids) + len(it.ids) for it in items)
     opt = torch.optim.AdamW(policy.trainable_parameters(), lr=1e-5)
     cfg = LossConfig(clip_low=0.2, clip_high=0.2, loss_agg="token_mean", epochs=1, grad_accum=args.grad_accum,
-                     grad_clip=1.0)
+                     grad_clip=1.0, micro_batch_tokens=args.micro_batch_tokens)
+    cuda = args.device.startswith("cuda")
+    clock = time.perf_counter if cuda else time.process_time  # see the module docstring
     times = []
     for r in range(args.repeats + 1):
-        if args.device.startswith("cuda"):
+        if cuda:
             torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        t0 = clock()
         update_policy(policy, opt, None, items, cfg)
-        if args.device.startswith("cuda"):
+        if cuda:
             torch.cuda.synchronize()
         if r > 0:
-            times.append(time.perf_counter() - t0)
+            times.append(clock() - t0)
     return tokens / statistics.median(times)
 
 
@@ -75,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", type=int, default=64)
     p.add_argument("--max-new-tokens", type=int, default=40)
     p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--micro-batch-tokens", type=int, default=32768, help="train.micro_batch_tokens (the default)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cpu")
@@ -97,14 +103,15 @@ def main(argv: list[str] | None = None) -> int:
           f"load average {os.getloadavg()}")
     for preset in [s.strip() for s in args.presets.split(",") if s.strip()]:
         g = measure(preset, argparse.Namespace(**{**vars(args), "out": None}))
+        gen = g["tokens_per_s"] if args.device.startswith("cuda") else g["tokens_per_cpu_s"]
         t = train_tokens_per_s(preset, args)
         print(f"  - device: {args.device_kind}\n    model: {preset}\n    params: {g['params']}\n"
               f"    dtype: {args.dtype}\n"
-              f"    gen: {{hf-generate: {g['tokens_per_s']['generate']:.0f}, "
-              f"hf-static: {g['tokens_per_s']['static']:.0f}}}\n"
+              f"    gen: {{hf-generate: {gen['generate']:.0f}, hf-static: {gen['static']:.0f}}}\n"
               f"    train: {t:.0f}\n"
               f"    source: \"{cmd} ({stamp}; {args.prompts} sequences x {args.max_new_tokens} new tokens, "
-              f"{args.threads} thread(s), load average {os.getloadavg()[0]:.1f})\"", flush=True)
+              f"{args.threads} thread(s), {'wall' if args.device.startswith('cuda') else 'process CPU'} time, "
+              f"load average {os.getloadavg()[0]:.1f})\"", flush=True)
     return 0
 
 

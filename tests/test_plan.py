@@ -359,3 +359,27 @@ def test_a_steps_flops_are_what_the_trainer_counts(tiny_ckpt, tmp_path, algo, pa
     trainer.train(None)
     assert trainer.counters.step == 1
     assert trainer.counters.flops == pytest.approx(planned, rel=1e-9)
+
+
+def test_throughput_rows_from_the_benchmark_feed_the_time_estimate(capsys, tiny_ckpt):
+    """benchmarks/plan_throughput.py prints table rows; plan reads them as it reads the committed ones."""
+    saved_path, threads = list(sys.path), torch.get_num_threads()
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import plan_throughput
+
+        assert plan_throughput.main(["--presets", "tiny-0.5m", "--prompts", "2", "--max-new-tokens", "4",
+                                     "--repeats", "1"]) == 0
+    finally:
+        sys.path[:] = saved_path
+        torch.set_num_threads(threads)
+    rows = yaml.safe_load(capsys.readouterr().out)
+    assert len(rows) == 1 and rows[0]["model"] == "tiny-0.5m" and rows[0]["device"] == "cpu"
+    assert rows[0]["gen"]["hf-generate"] > 0 and rows[0]["gen"]["hf-static"] > 0 and rows[0]["train"] > 0
+    from mlmt_bench.plan import load_table, plan_run, resolve_device
+
+    d = minimal_spec(backend={"options": {"decode": "static"}})
+    d["policies"] = {"solver": {"model": "tiny", "path": str(tiny_ckpt)}}
+    plan = plan_run(validate_run(d, "t"), resolve_device("cpu", load_table()), 1,
+                    {"devices": {"cpu": {}}, "rows": rows})
+    assert plan["time"]["available"] and plan["time"]["basis"]["solver"]["backend"] == "hf-static"
