@@ -30,3 +30,12 @@ test-all: install
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# Docker (docs/gpu.md, "Docker"): the base image from a Debian mirror alone (root, debootstrap),
+# then build the cpu target and smoke-test it with runs and reports in host folders.
+.PHONY: docker-base docker-smoke
+docker-base:
+	docker/make-base.sh
+
+docker-smoke:
+	docker/smoke.sh

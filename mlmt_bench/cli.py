@@ -222,12 +222,27 @@ def base(
 @app.command()
 @_user_errors
 def report(
-    runs: list[Path] = typer.Argument(..., help="Run directories or experiment directories (with experiment.json)."),
+    runs: Optional[list[Path]] = typer.Argument(None, help="Run directories or experiment directories (with experiment.json)."),
     out: Path = typer.Option(..., "--out", "-o", help="Directory for comparison.md and acc_vs_tokens.png."),
     baseline: Optional[str] = typer.Option("grpo", "--baseline", help="Arm the others are tested against."),
     arm: Optional[list[str]] = typer.Option(None, "--arm", help="Name a run explicitly: NAME=RUN_DIR (repeatable)."),
+    sweep: Optional[str] = typer.Option(None, "--sweep", metavar="STORAGE", help="Report on an Optuna sweep instead: "
+                                        "its storage URL or SQLite .db file (history, importances, best spec)."),
+    study: Optional[str] = typer.Option(None, "--study", help="With --sweep: the study, if the storage holds several."),
 ) -> None:
-    """Compare runs: final metrics with 95% bootstrap CIs, McNemar tests, accuracy vs tokens."""
+    """Compare runs: final metrics with 95% bootstrap CIs, McNemar tests, accuracy vs tokens (or, with --sweep, a sweep's history, importances and best spec)."""
+    if sweep is not None:
+        from mlmt_bench.report.sweep_report import report_sweep
+
+        if runs or arm:
+            raise UserError("--sweep reports on a study: give no run directories or --arm with it")
+        found = report_sweep(sweep, out, study)
+        _emit(found, lambda: typer.echo(f"wrote {', '.join(found['files'].values())}"))
+        return
+    if study is not None:
+        raise UserError("--study goes with --sweep STORAGE")
+    if not runs:
+        raise UserError("give run directories (or --sweep STORAGE)")
     from mlmt_bench.report.compare import report_from_dirs
 
     named: dict[str, list[Path]] = {}
@@ -292,16 +307,22 @@ def sweep(
                                           "output dir); postgresql+psycopg2://... to share a study between machines."),
     study: Optional[str] = typer.Option(None, "--study", help="Study name (default: the sweep's name)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Sampler seed (default: random)."),
+    workers: int = typer.Option(1, "--workers", "-j", min=1, help="Trial processes on this machine, all on the "
+                                "same study (SQLite: a few; PostgreSQL: also across machines)."),
+    heartbeat: Optional[int] = typer.Option(None, "--heartbeat", min=1, help="Seconds between a running trial's "
+                                            "heartbeats (default: 60); a trial silent for 3 heartbeats (its process "
+                                            "died) is failed and retried once."),
     overrides: Optional[list[str]] = SetOption,
 ) -> None:
     """Tune a run spec with Optuna; running the same command again resumes the study.
 
     Writes <output_dir>/<name>/ (output_dir of the run spec, name of the sweep): the study <name>.db, trials/ with one run directory per trial, and <study>-best.yaml, the run spec with the best parameters. --set applies to the run spec.
     """
-    from mlmt_bench.sweep import print_summary, run_sweep
+    from mlmt_bench.sweep import run_sweep
+    from mlmt_bench.sweep_display import print_summary
 
     result = run_sweep(spec, n_trials=n_trials, storage=storage, study_name=study, seed=seed,
-                       overrides=overrides or [], progress=not state.quiet)
+                       overrides=overrides or [], progress=not state.quiet, workers=workers, heartbeat_s=heartbeat)
     _emit(result, lambda: print_summary(result))
     if result.get("stopped"):
         sys.stderr.write(f"error: sweep stopped: {result['stopped']}\n")

@@ -64,12 +64,9 @@ class Device:
 
 
 def load_table(path: Path = TABLE) -> dict[str, Any]:
-    import yaml
+    from mlmt_bench.bounded_input import load_yaml, read_text
 
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise UserError(f"{path}: cannot read the throughput table ({exc})") from None
+    data = load_yaml(read_text(path), str(path))
     if not isinstance(data, dict) or "devices" not in data or "rows" not in data:
         raise UserError(f"{path}: expected 'devices:' and 'rows:'")
     return data
@@ -182,8 +179,9 @@ class Work:
     forward: dict[str, float] = field(default_factory=dict)
 
     def add(self, kind: str, role: str, tokens: float) -> None:
-        d = getattr(self, kind)
-        d[role] = d.get(role, 0.0) + tokens
+        if tokens:
+            d = getattr(self, kind)
+            d[role] = d.get(role, 0.0) + tokens
 
     def scaled(self, k: float) -> Work:
         return Work(*({r: v * k for r, v in getattr(self, f).items()} for f in ("prefill", "generated", "trained",
@@ -672,6 +670,13 @@ def _gb(nbytes: float) -> str:
     return f"{nbytes / GB:.1f} GB" if nbytes >= 0.1 * GB else f"{nbytes / 1e6:.1f} MB"
 
 
+def _relative(path: str) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except (ValueError, OSError):
+        return path
+
+
 def _dur(s: float) -> str:
     if s < 120:
         return f"{s:.1f} s"
@@ -702,9 +707,9 @@ def _render_run(p: dict[str, Any], spec_path: str) -> str:
              "policies:"]
     for q in p["policies"]:
         shared = ", the solver's model" if q["shared_with_solver"] else ""
-        lines.append(f"  {q['role']:6} {q['model']}: {_n(q['params'])} parameters, {q['fine_tuning']}"
+        lines.append(f"  {q['role']:6} {q['model']}: {_n(q['params']).replace('G', 'B')} parameters, {q['fine_tuning']}"
                      f"{' (adapter ' + _n(q['lora_params']) + ')' if q['lora_params'] else ''}, {q['dtype']}, "
-                     f"{'trained' if q['updated'] else 'frozen'}{shared}  [{q['source']}]")
+                     f"{'trained' if q['updated'] else 'frozen'}{shared}  [{_relative(q['source'])}]")
     pr = p["program"]
     lines.append(f"per step and {unit} ({pr['problems_per_gpu']} of {pr['problems_per_step']} problems; upper bounds: "
                  f"every turn runs to max_new_tokens {pr['max_new_tokens']}"

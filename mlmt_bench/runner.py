@@ -9,6 +9,7 @@ The algorithm's roles (``Algorithm.roles()``) say which policies to build: a ``t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from mlmt_bench.errors import UserError
 from mlmt_bench.spec import RunSpec, dump_yaml, load_any, load_run_spec
 from mlmt_bench.tracking import RunDir
 from mlmt_bench.types import PromptTemplates
+from mlmt_bench.verifiers.io import build_verifier
 
 if TYPE_CHECKING:
     from mlmt_bench.algorithms.base import Algorithm
@@ -102,7 +104,7 @@ def build(spec: RunSpec, progress: bool = True) -> Components:
     if not train or not evals:
         raise UserError(f"benchmark {b.name}: empty split ({b.train_split}: {len(train)}, {b.eval_split}: {len(evals)})")
     verifier_name = b.verifier or benchmark.default_verifier
-    verifier = registry.verifiers.get(verifier_name)()
+    verifier = build_verifier(verifier_name, options=b.verifier_options)
     backend = registry.backends.get(spec.backend.name)(**spec.backend.options)
 
     algo_cls = registry.algorithms.get(spec.algorithm.name)
@@ -165,11 +167,13 @@ def run_manifest(comp: Components) -> dict[str, Any]:
 
 
 def run(spec: RunSpec, progress: bool = True, *, extra_manifest: dict[str, Any] | None = None,
-        on_eval: Any = None) -> dict[str, Any]:
+        on_eval: Any = None, bar: Any = None) -> dict[str, Any]:
     """Train and evaluate ``spec`` in a fresh run directory; returns the final metrics + run_dir.
 
     ``on_eval(record)`` is called after every evaluation; an exception it raises ends the run
     with the manifest status given by the exception's ``run_status`` attribute (else "failed").
+    ``bar``: an object with rich Progress's ``add_task`` / ``update`` that is told the training
+    steps instead of a bar of the run's own (a sweep's per-trial progress).
     """
     from mlmt_bench.dist import Dist, NullRunDir
 
@@ -179,15 +183,28 @@ def run(spec: RunSpec, progress: bool = True, *, extra_manifest: dict[str, Any] 
     run_dir: Any = None
     if dist.is_main:
         run_dir = RunDir.create(spec.output_dir, spec.name, dump_yaml(spec), spec.seed)
-        run_dir.update_manifest(**(extra_manifest or {}), **run_manifest(comp), world_size=dist.world)
+        run_dir.update_manifest(**(extra_manifest or {}), **run_manifest(comp), **_sandbox_record(comp.verifier),
+                                world_size=dist.world)
     path = dist.broadcast(str(run_dir.path) if run_dir else None)
     run_dir = run_dir or NullRunDir(Path(path))
     trainer = make_trainer(spec, comp, run_dir)
     trainer.dist, trainer.on_eval = dist, on_eval
     try:
-        return _train(trainer, run_dir, progress and dist.is_main)
+        return _train(trainer, run_dir, progress and dist.is_main, bar if dist.is_main else None)
     finally:
         comp.backend.close()
+
+
+def _sandbox_record(verifier: Any) -> dict[str, Any]:
+    """``{"sandbox_disabled": [...]}`` for a verifier with a sandbox (printed when not empty: a
+    weakened sandbox is never silent), else ``{}``."""
+    disabled = getattr(verifier, "sandbox_disabled", None)
+    if disabled is None:
+        return {}
+    if disabled:
+        sys.stderr.write(f"warning: code sandbox weakened: {', '.join(disabled)} switched off "
+                         "(benchmark.verifier_options.sandbox_disable)\n")
+    return {"sandbox_disabled": list(disabled)}
 
 
 def _build_in_turn(spec: RunSpec, dist: Any, progress: bool) -> Components:
@@ -224,11 +241,11 @@ def resume_run(path: Path | str, progress: bool = True) -> dict[str, Any]:
         comp.backend.close()
 
 
-def _train(trainer: Any, run_dir: RunDir, progress: bool) -> dict[str, Any]:
+def _train(trainer: Any, run_dir: RunDir, progress: bool, bar: Any = None) -> dict[str, Any]:
     from mlmt_bench.progress import progress_bar
 
     try:
-        with progress_bar(enabled=progress) as bar:
+        with contextlib.nullcontext(bar) if bar is not None else progress_bar(enabled=progress) as bar:
             final = trainer.train(bar)
     except KeyboardInterrupt:
         run_dir.finish("interrupted")

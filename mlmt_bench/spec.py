@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import copy
 import difflib
+import os
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from mlmt_bench import bounded_input
 from mlmt_bench.errors import UserError
 
 
@@ -43,6 +45,8 @@ class BenchmarkSpec(_Spec):
     train_limit: int | None = Field(None, ge=1)
     eval_limit: int | None = Field(None, ge=1)
     verifier: str | None = Field(None, description="default: the benchmark's own")
+    verifier_options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the verifier "
+                                             "(code: timeout_s, memory_mb, sandbox_disable ...)")
     templates: TemplateSpec = Field(default_factory=TemplateSpec)
 
 
@@ -113,6 +117,8 @@ class EvalSpec(_Spec):
         default_factory=lambda: ["refine_all", "oracle_gated"])
     feedback_metrics: bool = Field(True, description="also run the paired null-feedback pass")
     samples: int = Field(8, ge=0, description="full episodes written to samples.jsonl per evaluation")
+    final_samples: bool = Field(True, description="the final evaluation writes every problem's episode to "
+                                "samples.jsonl (the report's examples where arms disagree), not only `samples`")
 
 
 class RunSpec(_Spec):
@@ -155,6 +161,8 @@ class SweepSpec(_Spec):
     storage: str | None = Field(None, description="Optuna storage URL; default sqlite in the output dir")
     sampler: Literal["tpe", "random", "grid"] = "tpe"
     pruner: Literal["median", "none"] = "median"
+    eval_split: str = Field("validation", description="the split trials are evaluated on (METHOD.md v2: tuning "
+                                                      "reads validation; the best spec's runs and reports read test)")
     space: dict[str, dict[str, Any]] = Field(min_length=1)
 
 
@@ -163,22 +171,9 @@ class SweepSpec(_Spec):
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
-    """Parse one YAML file into a mapping, with one-line errors for every way it can be wrong."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{path}: file not found") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a directory, expected a YAML file") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: not a text file (cannot decode as UTF-8)") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise UserError(f"{path}: invalid YAML: {where}{problem}") from None
+    """Parse one YAML file into a mapping, with one-line errors for every way it can be wrong
+    (and within the limits of :mod:`mlmt_bench.bounded_input`: size, depth, alias expansion)."""
+    data = bounded_input.load_yaml(bounded_input.read_text(path), str(path))
     if data is None:
         raise UserError(f"{path}: empty file, expected a YAML mapping")
     if not isinstance(data, dict):
@@ -204,29 +199,35 @@ def load_raw(path: Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     if resolved in _chain:
         cycle = " -> ".join(str(p) for p in (*_chain, resolved))
         raise UserError(f"{path}: circular extends: {cycle}")
+    if len(_chain) >= bounded_input.MAX_EXTENDS:
+        raise UserError(f"{path}: extends: chain of more than {bounded_input.MAX_EXTENDS} files")
     data = read_yaml(path)
     parent = data.pop("extends", None)
     if parent is None:
         return data
     if not isinstance(parent, str):
-        raise UserError(f"{path}: extends: expected a file path, got {parent!r}")
+        raise UserError(f"{path}: extends: expected a file path, got {bounded_input.short_repr(parent)}")
     parent_path = (path.parent / parent)
-    if not parent_path.exists():
-        raise UserError(f"{path}: extends: file not found: {parent_path}")
+    if not os.path.lexists(parent_path):
+        raise UserError(f"{path}: extends: file not found: {bounded_input.shorten(str(parent_path), 200)}")
     return deep_merge(load_raw(parent_path, (*_chain, resolved)), data)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """``"a.b.c=value"`` -> (["a", "b", "c"], value); the value is parsed as YAML (1 -> int, true -> bool)."""
+    """``"a.b.c=value"`` -> (["a", "b", "c"], value); the value is parsed as YAML (1 -> int, true -> bool),
+    within the limits of :mod:`mlmt_bench.bounded_input`; text that is not YAML stays a string."""
+    shown = bounded_input.shorten(text)
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
-        raise UserError(f"--set {text}: expected KEY.PATH=VALUE")
+        raise UserError(f"--set {shown}: expected KEY.PATH=VALUE")
     parts = key.strip().split(".")
     if any(not p for p in parts):
-        raise UserError(f"--set {text}: empty component in field path {key!r}")
+        raise UserError(f"--set {shown}: empty component in field path {bounded_input.short_repr(key)}")
+    if len(parts) > bounded_input.MAX_DEPTH:
+        raise UserError(f"--set {shown}: field path of more than {bounded_input.MAX_DEPTH} components")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
+        value = bounded_input.load_yaml(raw, f"--set {bounded_input.shorten(key)}") if raw.strip() else ""
+    except bounded_input.InvalidYAML:
         value = raw
     return parts, value
 
@@ -253,10 +254,12 @@ def _check_path(model: type[BaseModel], parts: list[str], text: str) -> None:
         if fields is None:
             return  # inside a free-form mapping (options, params): checked when validated
         if part not in fields:
-            close = difflib.get_close_matches(part, list(fields), n=1, cutoff=0.5)
+            short = len(part) <= bounded_input.MAX_ECHO_CHARS  # only a short name is worth a hint
+            close = difflib.get_close_matches(part, list(fields), n=1, cutoff=0.5) if short else []
             hint = f"; did you mean {close[0]!r}?" if close else f" (fields: {', '.join(fields)})"
-            where = ".".join(parts[:i]) or "the spec"
-            raise UserError(f"--set {text}: {where} has no field {part!r}{hint}")
+            where = bounded_input.shorten(".".join(parts[:i])) or "the spec"
+            raise UserError(f"--set {bounded_input.shorten(text)}: {where} has no field "
+                            f"{bounded_input.short_repr(part)}{hint}")
         current = _model_of(fields[part].annotation)
 
 
@@ -277,27 +280,29 @@ _BOUNDS = {"greater_than_equal": ("≥", "ge"), "greater_than": (">", "gt"),
 
 def format_validation_error(source: str, exc: ValidationError, prefix: str = "",
                             model: type[BaseModel] | None = None) -> str:
-    """The first pydantic error as ``source: field.path: what, got value``."""
+    """The first pydantic error as ``source: field.path: what, got value`` (the field path and
+    the value shortened: they may be anything the user wrote, of any size)."""
     err = exc.errors()[0]
     loc = ".".join(str(x) for x in (prefix.split(".") if prefix else []) + list(err["loc"]))
+    loc = bounded_input.shorten(loc, 2 * bounded_input.MAX_ECHO_CHARS)
     ctx = err.get("ctx") or {}
     kind = err["type"]
-    got = err.get("input")
+    got = bounded_input.short_repr(err.get("input"))
     if kind == "missing":
         what = "required field is missing"
     elif kind == "extra_forbidden":
         what = "unknown field" + _field_hint(model, list(err["loc"]))
     elif kind in _BOUNDS:
         symbol, key = _BOUNDS[kind]
-        what = f"must be {symbol} {ctx.get(key)}, got {got!r}"
+        what = f"must be {symbol} {ctx.get(key)}, got {got}"
     elif kind == "literal_error":
-        what = f"must be one of {ctx.get('expected')}, got {got!r}"
+        what = f"must be one of {ctx.get('expected')}, got {got}"
     elif kind == "string_pattern_mismatch":
-        what = f"must match {ctx.get('pattern')}, got {got!r}"
+        what = f"must match {ctx.get('pattern')}, got {got}"
     elif kind == "value_error" and ctx.get("error") is not None:
-        what = f"{ctx['error']}, got {got!r}"
+        what = f"{ctx['error']}, got {got}"
     else:
-        what = f"{err['msg'][0].lower()}{err['msg'][1:]}, got {got!r}"
+        what = f"{err['msg'][0].lower()}{err['msg'][1:]}, got {got}"
     return f"{source}: {loc}: {what}" if loc else f"{source}: {what}"
 
 
@@ -309,7 +314,7 @@ def _field_hint(model: type[BaseModel] | None, loc: list[Any]) -> str:
             return ""
         current = _model_of(fields[part].annotation)
     fields = getattr(current, "model_fields", None)
-    if not fields:
+    if not fields or len(str(loc[-1])) > bounded_input.MAX_ECHO_CHARS:
         return ""
     close = difflib.get_close_matches(str(loc[-1]), list(fields), n=1, cutoff=0.5)
     return f"; did you mean {close[0]!r}?" if close else f" (expected one of: {', '.join(fields)})"
@@ -333,7 +338,7 @@ def _blame_override(exc: UserError, source: str, overrides: list[str] | tuple[st
     for text in overrides:
         key = text.partition("=")[0].strip()
         if field == key or field.startswith(key + ".") or key.startswith(field + "."):
-            return UserError(f"--set {text}: {rest}")
+            return UserError(f"--set {bounded_input.shorten(text)}: {rest}")
     return exc
 
 
@@ -361,8 +366,9 @@ def _validate_run(data: dict[str, Any], source: str) -> RunSpec:
     except ValidationError as exc:
         raise UserError(format_validation_error(source, exc, "algorithm.params", params_model)) from None
     spec.algorithm.params = params.model_dump()
-    if spec.benchmark.path is not None and not Path(spec.benchmark.path).expanduser().exists():
-        raise UserError(f"{source}: benchmark.path: no such file or directory: {spec.benchmark.path}")
+    if spec.benchmark.path is not None and not os.path.exists(os.path.expanduser(spec.benchmark.path)):
+        raise UserError(f"{source}: benchmark.path: no such file or directory: "
+                        f"{bounded_input.shorten(spec.benchmark.path, 200)}")
     if spec.base is not None:
         from mlmt_bench.models.shared_base import BaseConfig
 
@@ -403,25 +409,53 @@ def load_run_spec(path: Path | str, overrides: list[str] | None = None) -> RunSp
 
 def load_validated(path: Path | str, model: type[_M]) -> _M:
     """A spec file (with its ``extends:`` chain) validated as ``model``, with one-line errors."""
+    return _validated(load_raw(Path(path)), model, str(path))
+
+
+def _validated(data: dict[str, Any], model: type[_M], source: str) -> _M:
     try:
-        return model.model_validate(load_raw(Path(path)))
+        return model.model_validate(data)
     except ValidationError as exc:
-        raise UserError(format_validation_error(str(path), exc, model=model)) from None
+        raise UserError(format_validation_error(source, exc, model=model)) from None
+
+
+# ``--set`` paths that set an experiment's own fields; every other path sets a field of its runs
+_EXPERIMENT_FIELDS = ("name", "output_dir", "seeds", "budget")
+# fields of the runs that the experiment itself decides: run field -> the experiment's field
+_EXPERIMENT_OWNED = {"seed": "seeds", "output_dir": "output_dir"}
 
 
 def load_experiment(path: Path | str, overrides: list[str] | None = None) -> tuple[ExperimentSpec, dict[str, RunSpec]]:
-    """An experiment and its arms, each arm validated as a run spec (``--set`` applies to the base)."""
+    """An experiment and its arms, each arm validated as a run spec.
+
+    ``--set`` on an experiment: ``name``, ``output_dir``, ``seeds`` and ``budget`` set the
+    experiment's own fields; any other path sets that field of every arm, on top of the
+    arm's own changes (so no arm silently undoes it). Setting ``seed`` is an error (each run's
+    seed comes from ``seeds:``), and so is an arm that sets ``seed`` or ``output_dir``.
+    """
     path = Path(path)
-    exp = load_validated(path, ExperimentSpec)
+    exp_over: list[str] = []
+    run_over: list[str] = []
+    for text in overrides or []:
+        head = parse_override(text)[0][0]
+        if head == "seed":
+            raise UserError(f"--set {bounded_input.shorten(text)}: an experiment gives each run its seed from its "
+                            "seeds: list; use --set seeds=[...]")
+        (exp_over if head in _EXPERIMENT_FIELDS else run_over).append(text)
+    exp = _validated(apply_overrides(load_raw(path), exp_over, ExperimentSpec), ExperimentSpec, str(path))
     base_raw = load_raw(path.parent / exp.base) if isinstance(exp.base, str) else exp.base
-    base = apply_overrides(base_raw, overrides or [], RunSpec)
-    exp.base = base
+    exp.base = apply_overrides(base_raw, run_over, RunSpec)
     arms: dict[str, RunSpec] = {}
     for arm, over in exp.arms.items():
-        merged = deep_merge(base, over)
+        where = f"{path}: arms.{bounded_input.shorten(arm)}"
+        for field, owner in _EXPERIMENT_OWNED.items():
+            if field in over:
+                raise UserError(f"{where}: {field}: an arm cannot set it (the experiment's {owner}: applies to "
+                                f"every run)")
+        merged = apply_overrides(deep_merge(base_raw, over), run_over, RunSpec)
         merged["name"] = over.get("name", f"{exp.name}-{arm}")
         merged["output_dir"] = exp.output_dir
-        arms[arm] = validate_run(merged, f"{path}: arms.{arm}", overrides or [])
+        arms[arm] = validate_run(merged, where, run_over)
     return exp, arms
 
 

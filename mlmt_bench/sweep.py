@@ -23,17 +23,26 @@ Layout, with ``<dir> = <run spec's output_dir>/<sweep name>``::
 
     <dir>/<name>.db              the Optuna study (SQLite, unless --storage names another)
     <dir>/<study>-best.yaml      the run spec with the best parameters applied (atomic rewrite)
-    <dir>/trials/<study>-t<N>-<stamp>/   one run directory per trial (manifest: sweep, trial)
+    <dir>/trials/<study>-t<N>-<stamp>/   one run directory per trial (manifest: sweep, trial, pid)
+    <dir>/logs/<study>-w<K>.log  what worker process K printed (``--workers N`` > 1 only)
 
 Each trial applies its sampled values to the run spec (``--set`` semantics), runs it with
 :func:`mlmt_bench.runner.run`, reports ``record[metric]`` at ``record["step"]`` after every
 evaluation and is pruned (run status ``pruned``) when the pruner says so. A trial that raises is
 recorded as failed and the study goes on (three failures in a row stop it); a :class:`UserError`
 stops the sweep. The storage is transactional and the study is loaded if it exists, so running
-the same command again resumes: only the missing complete + pruned trials are run. With a
-PostgreSQL storage (``pip install 'mlmt-bench[postgres]'``) several machines can run the same
-command at once. A trial whose process died (no heartbeat for 3 minutes) is marked failed and
-its parameters are tried again once.
+the same command again resumes: only the missing complete + pruned trials are run.
+
+Several workers share one study: ``--workers N`` starts N worker processes on this machine
+(:mod:`mlmt_bench.sweep_workers`), and with a PostgreSQL storage (``pip install
+'mlmt-bench[postgres]'``) several machines can run the same command at once (SQLite is for one
+machine: it is switched to write-ahead logging and waits for locks). Each worker runs
+:func:`work`: it starts a trial while complete + pruned + running trials are fewer than
+``n_trials`` (so the study does not overshoot, except by a trial when two workers start one at
+the same moment), and otherwise waits until the study is done. A running trial writes a
+heartbeat every ``heartbeat_s`` seconds; one without a heartbeat for ``GRACE_FACTOR`` times
+that long belongs to a dead process: it is marked failed (and its run directory's manifest
+too), and its parameters are tried once more as a new trial.
 
 Optuna is imported inside the functions, so ``import mlmt_bench`` stays light.
 """
@@ -45,30 +54,35 @@ import contextlib
 import gc
 import json
 import math
+import os
 import re
 import socket
 import sys
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Literal
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal
 
 import yaml
 from pydantic import Field, ValidationError
 
+from mlmt_bench.bounded_input import short_repr, shorten
 from mlmt_bench.errors import UserError
+from mlmt_bench.sweep_workers import GRACE_FACTOR, MAX_CONSECUTIVE_FAILURES
 from mlmt_bench.spec import (RunSpec, SweepSpec, _Spec, apply_overrides, dump_yaml, format_validation_error,
-                             is_experiment, load_raw, load_validated, validate_run)
+                             is_experiment, load_raw, load_validated, parse_override, validate_run)
 
 if TYPE_CHECKING:  # pragma: no cover
     import optuna
 
-__all__ = ["Sweep", "SweepPruned", "load_sweep", "run_sweep", "trial_spec", "best_spec", "default_storage",
-           "print_summary"]
+__all__ = ["Sweep", "SweepPruned", "load_sweep", "run_sweep", "work", "trial_spec", "best_spec", "default_storage",
+           "open_storage"]
 
-HEARTBEAT_S = 60  # a running trial writes a heartbeat this often ...
-GRACE_S = 180  # ... and is declared dead (failed, retried once) after this long without one
-MAX_CONSECUTIVE_FAILURES = 3
+HEARTBEAT_S = 60  # a running trial writes a heartbeat this often (default of --heartbeat) ...
+SQLITE_LOCK_TIMEOUT_S = 60  # how long a SQLite writer waits for another worker's lock
+WAIT_POLL_S = 5  # a worker waiting for the study's last trials looks again this often (at most)
+MAX_GRID_POINTS = 10_000  # values of one parameter on a grid (the grid is built in memory)
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")  # RunSpec.name: trial runs are named <study>-t<N>
 
@@ -98,20 +112,20 @@ class CategoricalDist(_Spec):
     choices: list[Any] = Field(min_length=1)
 
 
-Dist = FloatDist | IntDist | CategoricalDist
+SearchDistribution = FloatDist | IntDist | CategoricalDist
 _DISTS: dict[str, type[_Spec]] = {"float": FloatDist, "int": IntDist, "categorical": CategoricalDist}
 
 
-def parse_dist(raw: Any, source: str, key: str) -> Dist:
+def parse_dist(raw: Any, source: str, key: str) -> SearchDistribution:
     """The distribution of ``space[key]`` in the sweep file ``source``."""
-    where = f"{source}: space.{key}"
+    where = f"{source}: space.{shorten(key)}"
     if not isinstance(raw, dict):
-        raise UserError(f"{where}: expected a mapping like {{type: float, low: 0, high: 1}}, got {raw!r}")
+        raise UserError(f"{where}: expected a mapping like {{type: float, low: 0, high: 1}}, got {short_repr(raw)}")
     kind = raw.get("type")
     if kind is None:
         raise UserError(f"{where}: missing `type` (one of: {', '.join(_DISTS)})")
     if kind not in _DISTS:
-        raise UserError(f"{where}.type: must be one of {', '.join(repr(k) for k in _DISTS)}, got {kind!r}")
+        raise UserError(f"{where}.type: must be one of {', '.join(repr(k) for k in _DISTS)}, got {short_repr(kind)}")
     model = _DISTS[kind]
     try:
         dist = model.model_validate(raw)
@@ -120,12 +134,13 @@ def parse_dist(raw: Any, source: str, key: str) -> Dist:
     if isinstance(dist, CategoricalDist):
         for c in dist.choices:
             if c is not None and not isinstance(c, (bool, int, float, str)):
-                raise UserError(f"{where}.choices: each choice must be a string, number, bool or null, got {c!r}")
+                raise UserError(f"{where}.choices: each choice must be a string, number, bool or null, "
+                                f"got {short_repr(c)}")
         return dist
     if not dist.low < dist.high:
-        raise UserError(f"{where}: low must be < high, got low={dist.low!r}, high={dist.high!r}")
+        raise UserError(f"{where}: low must be < high, got low={short_repr(dist.low)}, high={short_repr(dist.high)}")
     if dist.log and dist.low <= 0:
-        raise UserError(f"{where}: log: true needs low > 0, got low={dist.low!r}")
+        raise UserError(f"{where}: log: true needs low > 0, got low={short_repr(dist.low)}")
     if dist.log and (isinstance(dist, FloatDist) and dist.step is not None or isinstance(dist, IntDist) and dist.step != 1):
         raise UserError(f"{where}: log: true and step cannot be used together")
     if isinstance(dist, FloatDist) and not (math.isfinite(dist.low) and math.isfinite(dist.high)):
@@ -133,25 +148,31 @@ def parse_dist(raw: Any, source: str, key: str) -> Dist:
     return dist
 
 
-def end_points(dist: Dist) -> list[Any]:
+def end_points(dist: SearchDistribution) -> list[Any]:
     """The values a validation probe tries: the bounds, or every choice."""
     if isinstance(dist, CategoricalDist):
         return list(dist.choices)
     return [dist.low, dist.high]
 
 
-def grid_values(dist: Dist, where: str) -> list[Any]:
+def grid_values(dist: SearchDistribution, where: str) -> list[Any]:
     if isinstance(dist, CategoricalDist):
         return list(dist.choices)
     if isinstance(dist, IntDist):
-        return list(range(dist.low, dist.high + 1, dist.step))
-    if dist.step is None:
+        n = (dist.high - dist.low) // dist.step
+    elif dist.step is None:
         raise UserError(f"{where}: the grid sampler needs a `step` for float parameters")
-    n = int(math.floor((dist.high - dist.low) / dist.step + 1e-9))
+    else:
+        ratio = (dist.high - dist.low) / dist.step
+        n = math.floor(ratio + 1e-9) if math.isfinite(ratio) else math.inf
+    if n + 1 > MAX_GRID_POINTS:
+        raise UserError(f"{where}: more than {MAX_GRID_POINTS} grid values; use a larger step or another sampler")
+    if isinstance(dist, IntDist):
+        return list(range(dist.low, dist.high + 1, dist.step))
     return [round(dist.low + i * dist.step, 12) for i in range(n + 1)]
 
 
-def suggest(trial: "optuna.Trial", path: str, dist: Dist) -> Any:
+def suggest(trial: "optuna.Trial", path: str, dist: SearchDistribution) -> Any:
     if isinstance(dist, FloatDist):
         return trial.suggest_float(path, dist.low, dist.high, log=dist.log, step=dist.step)
     if isinstance(dist, IntDist):
@@ -169,8 +190,9 @@ class Sweep:
     spec: SweepSpec
     run_path: Path  # the run spec it tunes
     run_raw: dict[str, Any]  # that spec, extends resolved, --set overrides applied
-    space: dict[str, Dist]
+    space: dict[str, SearchDistribution]
     output_dir: Path  # <run output_dir>/<sweep name>
+    overrides: list[str]  # --set, already in run_raw
 
     @property
     def trials_dir(self) -> Path:
@@ -196,8 +218,8 @@ def _check_space_path(sweep_path: Path, path: str) -> None:
     try:
         apply_overrides({}, [text], RunSpec)
     except UserError as exc:
-        msg = str(exc).removeprefix(f"--set {text}: ")
-        raise UserError(f"{sweep_path}: space.{path}: {msg}") from None
+        msg = str(exc).removeprefix(f"--set {shorten(text)}: ")
+        raise UserError(f"{sweep_path}: space.{shorten(path)}: {msg}") from None
 
 
 def load_sweep(path: Path | str, overrides: list[str] | None = None, study_name: str | None = None) -> Sweep:
@@ -206,25 +228,27 @@ def load_sweep(path: Path | str, overrides: list[str] | None = None, study_name:
     spec = load_validated(path, SweepSpec)
     for name, what in ((spec.name, "name"), (study_name, "--study")):
         if name is not None and not _NAME.match(name):
-            raise UserError(f"{path}: {what}: must match {_NAME.pattern} (it names run directories), got {name!r}")
+            raise UserError(f"{path}: {what}: must match {_NAME.pattern} (it names run directories), "
+                            f"got {short_repr(name)}")
     run_path = path.parent / spec.run
     if not run_path.is_file():
-        raise UserError(f"{path}: run: file not found: {run_path}")
+        raise UserError(f"{path}: run: file not found: {shorten(str(run_path), 200)}")
     run_raw = load_raw(run_path)
     if is_experiment(run_raw):
         raise UserError(f"{path}: run: {run_path} is an experiment spec (arms:); a sweep tunes a run spec")
     run_raw = apply_overrides(run_raw, overrides or [], RunSpec)
 
-    space: dict[str, Dist] = {}
+    space: dict[str, SearchDistribution] = {}
     for key, raw in spec.space.items():
         _check_space_path(path, key)
         space[key] = parse_dist(raw, str(path), key)
     if spec.sampler == "grid":
         for key, dist in space.items():
-            grid_values(dist, f"{path}: space.{key}")
+            grid_values(dist, f"{path}: space.{shorten(key)}")
+    _check_overrides(overrides or [], space)
 
     output_dir = Path(str(run_raw.get("output_dir") or "runs")) / spec.name
-    sweep = Sweep(path, spec, run_path, run_raw, space, output_dir)
+    sweep = Sweep(path, spec, run_path, run_raw, space, output_dir, list(overrides or []))
     # The run spec alone, then with each distribution's end points (others at their first value).
     study = study_name or spec.name
     first = {k: end_points(d)[0] for k, d in space.items()}
@@ -232,14 +256,31 @@ def load_sweep(path: Path | str, overrides: list[str] | None = None, study_name:
     for key, dist in space.items():
         for value in end_points(dist):
             params = {**first, key: value}
-            validate_run(_trial_data(sweep, params, study, 0), f"{path}: space.{key}={value!r} applied to {run_path}")
+            validate_run(_trial_data(sweep, params, study, 0),
+                         f"{path}: space.{shorten(key)}={short_repr(value)} applied to {run_path}")
     return sweep
 
 
+def _check_overrides(overrides: list[str], space: dict[str, SearchDistribution]) -> None:
+    """A ``--set`` that every trial would undo is an error: the name (trials are named
+    <study>-t<N>) and a path at or inside a searched parameter."""
+    for text in overrides:
+        parts = parse_override(text)[0]
+        if parts == ["name"]:
+            raise UserError(f"--set {shorten(text)}: a sweep names its trials <study>-t<N>; use --study NAME")
+        for key in space:
+            if parts[:len(key.split("."))] == key.split("."):
+                raise UserError(f"--set {shorten(text)}: space.{shorten(key)} is searched, so every trial sets it; "
+                                "drop it from the space or from --set")
+
+
 def _trial_data(sweep: Sweep, params: dict[str, Any], study: str, number: int) -> dict[str, Any]:
+    """A trial's run spec: evaluated on the sweep's tuning split (``validation``: METHOD.md v2 keeps
+    ``test`` for reports), ``params`` applied, named ``<study>-t<number>``, in trials/."""
     data = copy.deepcopy(sweep.run_raw)
     for key, value in params.items():
         data = set_path(data, key, value)
+    data = set_path(data, "benchmark.eval_split", sweep.spec.eval_split)
     data["name"] = f"{study}-t{number}"
     data["output_dir"] = str(sweep.trials_dir)
     return data
@@ -272,21 +313,55 @@ def redact(url: str) -> str:
     return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
 
 
-def open_storage(url: str) -> "optuna.storages.BaseStorage":
+def sqlite_path(url: str) -> Path | None:
+    """The database file of a ``sqlite:///FILE`` URL; None for other databases and in-memory ones."""
+    if not url.startswith("sqlite:///"):
+        return None
+    db = url.removeprefix("sqlite:///")
+    return None if db in ("", ":memory:") else Path(db)
+
+
+def use_wal(db: Path) -> None:
+    """Switch the SQLite database ``db`` (created if missing) to write-ahead logging, which stays
+    set in the file: readers then never block the writer, so several worker processes on this
+    machine can share it. WAL needs a local disk (not NFS), as SQLite itself does here."""
+    import sqlite3
+
+    db.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with contextlib.closing(sqlite3.connect(db, timeout=SQLITE_LOCK_TIMEOUT_S)) as con:
+            con.execute("PRAGMA journal_mode=WAL")
+    except sqlite3.Error as exc:
+        raise UserError(f"storage sqlite:///{db}: cannot open: {exc}") from None
+
+
+def open_storage(url: str, heartbeat_s: int | None = None,
+                 on_stale: Callable[["optuna.Study", "optuna.trial.FrozenTrial"], None] | None = None,
+                 ) -> "optuna.storages.BaseStorage":
+    """The Optuna storage at ``url``.
+
+    With ``heartbeat_s``, a running trial records a heartbeat every ``heartbeat_s`` seconds, and
+    one without a heartbeat for ``GRACE_FACTOR * heartbeat_s`` seconds is marked failed (by any
+    worker, before it starts a trial) and passed to ``on_stale``. A SQLite writer waits up to
+    ``SQLITE_LOCK_TIMEOUT_S`` for another process's lock instead of failing at once.
+    """
     import optuna
     from sqlalchemy.exc import SQLAlchemyError
 
-    if url.startswith("sqlite:///"):
-        db = Path(url.removeprefix("sqlite:///"))
-        if str(db) not in ("", ":memory:"):
-            db.parent.mkdir(parents=True, exist_ok=True)
+    engine_kwargs: dict[str, Any] = {}
+    db = sqlite_path(url)
+    if db is not None:
+        db.parent.mkdir(parents=True, exist_ok=True)
+        engine_kwargs["connect_args"] = {"timeout": SQLITE_LOCK_TIMEOUT_S}
+    heartbeat: dict[str, Any] = {}
+    if heartbeat_s is not None:
+        heartbeat = {"heartbeat_interval": heartbeat_s, "grace_period": GRACE_FACTOR * heartbeat_s,
+                     "heartbeat_stale_trial_callback": on_stale}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         warnings.simplefilter("ignore", FutureWarning)
         try:
-            return optuna.storages.RDBStorage(
-                url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1))
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **heartbeat)
         except ImportError:
             if url.startswith("postgres"):
                 raise UserError(f"storage {redact(url)}: the PostgreSQL driver (psycopg2) is not installed; "
@@ -298,6 +373,34 @@ def open_storage(url: str) -> "optuna.storages.BaseStorage":
             raise UserError(f"storage {redact(url)}: cannot open: {first}") from None
         except ValueError as exc:  # e.g. a storage written by a newer Optuna
             raise UserError(f"storage {redact(url)}: {str(exc).splitlines()[0]}") from None
+
+
+class RetryDeadTrial:
+    """The storage's stale-trial callback: a trial whose process died (Optuna has just marked it
+    failed) is tried once more with the same parameters as a new trial (Optuna's
+    ``RetryHeartbeatStaleTrialCallback``, ``max_retry=1``), and its run directory, when this
+    machine can see it, is marked failed instead of staying ``running`` forever."""
+
+    def __init__(self, sweep: Sweep) -> None:
+        import optuna
+
+        self.sweep = sweep
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            self.retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)
+
+    def __call__(self, study: "optuna.Study", trial: "optuna.trial.FrozenTrial") -> None:
+        from mlmt_bench.tracking import RunDir, utc_now
+
+        self.retry(study, trial)
+        found = _find_run_dir(self.sweep, study.study_name, trial.number)
+        if found is None:
+            return
+        run_dir = RunDir(Path(found))
+        with contextlib.suppress(UserError, OSError):
+            if run_dir.manifest().get("status") == "running":
+                run_dir.update_manifest(status="failed", end_time=utc_now(),
+                                        error="its process stopped sending heartbeats (killed?)")
 
 
 def make_sampler(kind: str, sweep: Sweep, seed: int | None) -> "optuna.samplers.BaseSampler":
@@ -312,6 +415,12 @@ def make_sampler(kind: str, sweep: Sweep, seed: int | None) -> "optuna.samplers.
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         # constant_liar: workers on other machines do not all sample the same point
         return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
+
+
+def worker_seed(seed: int | None, n_trials_so_far: int, worker: int) -> int | None:
+    """The sampler seed of worker ``worker``: distinct per worker (else two random samplers draw the
+    same points), and past the trials so far, so a resumed study draws new points."""
+    return None if seed is None else seed + n_trials_so_far + 100_003 * worker
 
 
 def make_pruner(kind: str) -> "optuna.pruners.BasePruner":
@@ -333,6 +442,16 @@ def grid_size(sweep: Sweep) -> int:
 # ----------------------------------------------------------------------------------------------
 # Running
 
+# A worker reports what it does as events, dicts with an "event" key (the progress display reads
+# them; mlmt_bench.sweep_workers sends them from worker processes as JSON lines):
+#   {"event": "start", "trial": N, "steps": S, "params": {...}, "retry_of": M | None}
+#   {"event": "step", "trial": N, "step": s, "steps": S}           at most STEP_EVENTS_PER_S a second
+#   {"event": "eval", "trial": N, "step": s, "value": metric}
+#   {"event": "end", "trial": N, "state": "complete"|"pruned"|"fail", "value": v, "step": s, "error": e}
+#   {"event": "wait", "trials": [N, ...]}                           the study's last trials run elsewhere
+Emit = Callable[[dict[str, Any]], None]
+STEP_EVENTS_PER_S = 4
+
 
 class SweepPruned(Exception):
     """Raised from the eval callback to stop a trial's run; the run directory's status becomes ``pruned``."""
@@ -342,6 +461,28 @@ class SweepPruned(Exception):
 
 class _TrialFailed(Exception):
     """A trial's run raised: recorded as failed, the study goes on."""
+
+
+class _StepEvents:
+    """Stands in for the trainer's progress bar (``add_task`` / ``update``) and emits ``step`` events."""
+
+    def __init__(self, trial: int, emit: Emit) -> None:
+        self.trial, self.emit, self.total, self.last = trial, emit, 0, -math.inf
+
+    def add_task(self, description: str, total: int | None = None, completed: int = 0, **_: Any) -> int:
+        self.total = int(total or 0)
+        self._send(completed, force=True)
+        return 0
+
+    def update(self, task: int, completed: int | None = None, **_: Any) -> None:
+        if completed is not None:
+            self._send(completed, force=completed >= self.total)
+
+    def _send(self, step: int, force: bool) -> None:
+        now = time.monotonic()
+        if force or now - self.last >= 1 / STEP_EVENTS_PER_S:
+            self.last = now
+            self.emit({"event": "step", "trial": self.trial, "step": int(step), "steps": self.total})
 
 
 def _find_run_dir(sweep: Sweep, study: str, number: int) -> str | None:
@@ -363,68 +504,134 @@ def _one_line(exc: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def _optuna_verbosity(progress: bool) -> Iterator[None]:
+def quiet_optuna(level: str = "ERROR") -> Iterator[None]:
+    """Optuna's log lines below ``level`` off (the sweep's display reports trials; at WARNING, a
+    failed trial's traceback, which a worker's log keeps) and its experimental-API warnings
+    (heartbeats, fail_stale_trials) silenced."""
     import optuna
 
     old = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.INFO if progress else optuna.logging.WARNING)
+    optuna.logging.set_verbosity(getattr(optuna.logging, level))
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            yield
     finally:
         optuna.logging.set_verbosity(old)
 
 
 def run_sweep(path: Path | str, *, n_trials: int | None = None, storage: str | None = None,
               study_name: str | None = None, seed: int | None = None, overrides: list[str] | None = None,
-              progress: bool = True) -> dict[str, Any]:
+              progress: bool = True, workers: int = 1, heartbeat_s: int | None = None) -> dict[str, Any]:
     """Create or resume the study and run trials until ``n_trials`` are complete or pruned.
 
+    ``workers`` > 1 runs them in that many worker processes (:mod:`mlmt_bench.sweep_workers`);
+    ``heartbeat_s``: seconds between a running trial's heartbeats (default ``HEARTBEAT_S``);
+    ``progress`` shows each trial's progress on stderr (:mod:`mlmt_bench.sweep_display`).
     Returns :func:`summarize`'s dict; ``stopped`` is set when the sweep gave up on failures.
+    """
+    import optuna
+
+    from mlmt_bench.sweep_display import SweepDisplay
+
+    if workers < 1:
+        raise UserError(f"--workers must be ≥ 1, got {workers}")
+    heartbeat_s = HEARTBEAT_S if heartbeat_s is None else heartbeat_s
+    if heartbeat_s < 1:
+        raise UserError(f"--heartbeat must be ≥ 1 second, got {heartbeat_s}")
+    sweep = load_sweep(path, overrides, study_name)
+    spec = sweep.spec
+    study_name = study_name or spec.name
+    url = storage or spec.storage or default_storage(sweep)
+    target = n_trials if n_trials is not None else spec.n_trials
+    if spec.sampler == "grid":
+        target = min(target, grid_size(sweep))
+    db = sqlite_path(url)
+    if workers > 1 and db is not None:
+        use_wal(db)
+
+    with quiet_optuna():
+        store = open_storage(url, heartbeat_s, RetryDeadTrial(sweep))
+        study = optuna.create_study(storage=store, study_name=study_name, direction=spec.direction,
+                                    pruner=make_pruner(spec.pruner), load_if_exists=True)
+        _check_study(study, sweep, url)
+        display = SweepDisplay(study_name, spec.metric, target, done=_count_finished(study), direction=spec.direction,
+                               enabled=progress, grace_s=GRACE_FACTOR * heartbeat_s)
+        with display:
+            if workers == 1:
+                stopped = work(study, sweep, target, lambda event: display.handle(0, event), seed=seed, worker=0,
+                               heartbeat_s=heartbeat_s)
+            else:
+                from mlmt_bench.sweep_workers import WorkerArgs, supervise
+
+                overrides = sweep.overrides
+                if (sweep.run_raw.get("train") or {}).get("threads") is None:
+                    # the workers share this machine's cores (torch would give each all of them)
+                    overrides = [*overrides, f"train.threads={max(1, (os.cpu_count() or 1) // workers)}"]
+                args = WorkerArgs(str(sweep.path), overrides, study_name, url, target, seed, heartbeat_s)
+                stopped = supervise(args, workers, display, sweep.output_dir / "logs")
+        result = summarize(study, sweep, study_name, url, target)
+    result["stopped"] = stopped
+    return result
+
+
+def _count_finished(study: "optuna.Study") -> int:
+    from optuna.trial import TrialState
+
+    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+
+
+def work(study: "optuna.Study", sweep: Sweep, target: int, emit: Emit, *, seed: int | None, worker: int,
+         heartbeat_s: int, keep_going: Callable[[], bool] = lambda: True) -> str | None:
+    """Worker ``worker``'s loop over ``study``: start a trial while complete + pruned + running
+    trials are fewer than ``target``; while the study's last trials run elsewhere, wait (one of
+    them may die and come back as a retry); return when ``target`` trials are complete or pruned.
+
+    Returns None, or why the worker gave up (``MAX_CONSECUTIVE_FAILURES`` of its trials failed
+    in a row). ``keep_going()`` false (a worker whose parent has gone) ends the loop between trials.
     """
     import optuna
     from optuna.trial import TrialState
 
-    sweep = load_sweep(path, overrides, study_name)
-    spec = sweep.spec
-    study_name = study_name or spec.name
-    url = storage or default_storage(sweep)
-    target = n_trials if n_trials is not None else spec.n_trials
-    if spec.sampler == "grid":
-        target = min(target, grid_size(sweep))
+    study.sampler = make_sampler(sweep.spec.sampler, sweep, worker_seed(seed, len(study.trials), worker))
+    poll_s = min(heartbeat_s, WAIT_POLL_S)
+    failures = {"consecutive": 0, "stopped": None}
 
-    with _optuna_verbosity(progress):
-        store = open_storage(url)
-        study = optuna.create_study(storage=store, study_name=study_name, direction=spec.direction,
-                                    pruner=make_pruner(spec.pruner), load_if_exists=True)
-        _check_study(study, sweep, url)
-        # A seeded sampler is re-seeded past the trials so far, so a resumed study draws new points.
-        study.sampler = make_sampler(spec.sampler, sweep, None if seed is None else seed + len(study.trials))
+    def objective(trial: optuna.Trial) -> float:
+        return _run_trial(trial, sweep, study.study_name, emit)
 
-        finished = (TrialState.COMPLETE, TrialState.PRUNED)
-        failures = {"consecutive": 0, "last": None, "stopped": None}
+    def on_trial_end(study: optuna.Study, frozen: optuna.trial.FrozenTrial) -> None:
+        state = frozen.state.name.lower()
+        steps = frozen.intermediate_values
+        emit({"event": "end", "trial": frozen.number, "state": state, "value": frozen.value,
+              "step": max(steps) if steps else None, "error": frozen.user_attrs.get("error")})
+        if frozen.state == TrialState.FAIL:
+            failures["consecutive"] += 1
+            if failures["consecutive"] >= MAX_CONSECUTIVE_FAILURES:
+                failures["stopped"] = (f"{failures['consecutive']} trials in a row failed "
+                                       f"(last: {frozen.user_attrs.get('error')}); see the trials' run directories")
+        else:
+            failures["consecutive"] = 0
+        _free_memory()
 
-        def objective(trial: optuna.Trial) -> float:
-            return _run_trial(trial, sweep, study_name)
-
-        def on_trial_end(study: optuna.Study, frozen: optuna.trial.FrozenTrial) -> None:
-            if frozen.state == TrialState.FAIL:
-                failures["consecutive"] += 1
-                failures["last"] = frozen.user_attrs.get("error")
-                if failures["consecutive"] >= MAX_CONSECUTIVE_FAILURES:
-                    failures["stopped"] = (f"{failures['consecutive']} trials in a row failed "
-                                           f"(last: {failures['last']}); see the trials' run directories")
-                    study.stop()
-            else:
-                failures["consecutive"] = 0
-            _free_memory()
-
-        if len(study.get_trials(deepcopy=False, states=finished)) < target:
-            study.optimize(objective, n_trials=None, catch=(_TrialFailed,), gc_after_trial=False,
-                           callbacks=[optuna.study.MaxTrialsCallback(target, states=finished), on_trial_end])
-
-    result = summarize(study, sweep, study_name, url, target)
-    result["stopped"] = failures["stopped"]
-    return result
+    waiting_for: list[int] | None = None
+    while failures["stopped"] is None and keep_going():
+        optuna.storages.fail_stale_trials(study)  # a dead worker's trial: failed, its retry queued
+        trials = study.get_trials(deepcopy=False)
+        done = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+        if done >= target:
+            return None
+        running = [t.number for t in trials if t.state == TrialState.RUNNING]
+        queued = any(t.state == TrialState.WAITING for t in trials)
+        if not queued and done + len(running) >= target:
+            if running != waiting_for:
+                emit({"event": "wait", "trials": running})
+                waiting_for = running
+            time.sleep(poll_s)
+            continue
+        waiting_for = None
+        study.optimize(objective, n_trials=1, catch=(_TrialFailed,), gc_after_trial=False, callbacks=[on_trial_end])
+    return failures["stopped"]
 
 
 def _check_study(study: "optuna.Study", sweep: Sweep, url: str) -> None:
@@ -437,12 +644,24 @@ def _check_study(study: "optuna.Study", sweep: Sweep, url: str) -> None:
     if "metric" in attrs and attrs["metric"] != sweep.spec.metric:
         raise UserError(f"{sweep.path}: metric: study {study.study_name!r} in {redact(url)} optimises "
                         f"{attrs['metric']!r} (this sweep: {sweep.spec.metric!r}); use --study NAME for a new study")
-    if "metric" not in attrs:
+    if "metric" not in attrs:  # a new study: what `report --sweep` needs to rebuild the best spec
         study.set_user_attr("metric", sweep.spec.metric)
         study.set_user_attr("run", str(sweep.run_path))
+        study.set_user_attr("sweep", str(sweep.path.resolve()))
+        study.set_user_attr("overrides", sweep.overrides)
 
 
-def _run_trial(trial: "optuna.Trial", sweep: Sweep, study: str) -> float:
+def _retry_of(trial: "optuna.Trial") -> int | None:
+    """The number of the dead trial that ``trial`` retries (RetryHeartbeatStaleTrialCallback's mark)."""
+    from optuna.trial import TrialState
+
+    for t in trial.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if t.number == trial.number:
+            return t.system_attrs.get("failed_trial")
+    return None
+
+
+def _run_trial(trial: "optuna.Trial", sweep: Sweep, study: str, emit: Emit) -> float:
     import optuna
 
     from mlmt_bench import runner
@@ -452,6 +671,9 @@ def _run_trial(trial: "optuna.Trial", sweep: Sweep, study: str) -> float:
     spec = trial_spec(sweep, params, study, trial.number)
     trial.set_user_attr("run_name", spec.name)
     trial.set_user_attr("host", socket.gethostname())
+    trial.set_user_attr("pid", os.getpid())
+    emit({"event": "start", "trial": trial.number, "steps": spec.train.steps, "params": params,
+          "retry_of": _retry_of(trial)})
     reported: set[int] = set()
 
     def on_eval(record: dict[str, Any]) -> None:
@@ -464,13 +686,14 @@ def _run_trial(trial: "optuna.Trial", sweep: Sweep, study: str) -> float:
         if step in reported:  # the final evaluation can repeat the last periodic one
             return
         reported.add(step)
+        emit({"event": "eval", "trial": trial.number, "step": step, "value": float(value)})
         trial.report(float(value), step)
         if trial.should_prune():
             raise SweepPruned(f"trial {trial.number} pruned at step {step} ({metric}={value:.4g})")
 
     try:
-        result = runner.run(spec, progress=False, extra_manifest={"sweep": study, "trial": trial.number},
-                            on_eval=on_eval)
+        result = runner.run(spec, progress=False, bar=_StepEvents(trial.number, emit), on_eval=on_eval,
+                            extra_manifest={"sweep": study, "trial": trial.number, "pid": os.getpid()})
     except SweepPruned as exc:
         _record_run_dir(trial, sweep, study)
         raise optuna.TrialPruned(str(exc)) from None
@@ -516,11 +739,15 @@ def summarize(study: "optuna.Study", sweep: Sweep, study_name: str, url: str, ta
         state = t.state.name.lower()
         counts[state] = counts.get(state, 0) + 1
         last_step = max(t.intermediate_values) if t.intermediate_values else None
+        run_dir = t.user_attrs.get("run_dir")
+        if run_dir is None and t.state == TrialState.FAIL:  # a dead worker's trial never recorded it
+            run_dir = _find_run_dir(sweep, study_name, t.number)
         rows.append({
             "number": t.number, "state": state, "value": t.value, "params": dict(t.params),
             "last_step": last_step,
             "last_value": t.intermediate_values[last_step] if last_step is not None else None,
-            "run_dir": t.user_attrs.get("run_dir"), "error": t.user_attrs.get("error"),
+            "run_dir": run_dir, "error": t.user_attrs.get("error"),
+            "retry_of": t.system_attrs.get("failed_trial"),
         })
     result: dict[str, Any] = {
         "sweep": str(sweep.path), "study": study_name, "storage": redact(url), "metric": sweep.spec.metric,
@@ -548,44 +775,3 @@ def write_best(sweep: Sweep, study: str, params: dict[str, Any], number: int, va
               f"# run it: mlmt-bench run {out}\n")
     atomic_write_text(out, header + dump_yaml(spec))
     return out
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return "-" if v is None else str(v)
-
-
-def print_summary(result: dict[str, Any]) -> None:
-    """The trials as a rich table, then the best parameters (stdout)."""
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    table = Table(title=f"sweep {result['study']} — {result['metric']} ({result['direction']})")
-    table.add_column("#", justify="right")
-    table.add_column("state")
-    table.add_column("value", justify="right")
-    table.add_column("params", overflow="fold")
-    table.add_column("run_dir (in trials/)", overflow="fold")
-    for r in result["trials"]:
-        params = "\n".join(f"{k}={_fmt(v)}" for k, v in r["params"].items())
-        where = Path(r["run_dir"]).name if r["run_dir"] else "-"
-        if r["error"]:
-            where = f"{where}\n{r['error']}"
-        value = _fmt(r["value"])
-        if r["state"] == "pruned" and r["last_step"] is not None:
-            value = f"{value} @ step {r['last_step']}"
-        table.add_row(str(r["number"]), r["state"], value, params, where)
-    console.print(table)
-    counts = ", ".join(f"{n} {s}" for s, n in sorted(result["counts"].items()))
-    lines = [f"{counts or 'no trials'} (target: {result['n_trials']} complete + pruned) in {result['storage']}",
-             f"trials: {result['trials_dir']}"]
-    best = result["best"]
-    if best is None:
-        lines.append("no trial completed yet")
-    else:
-        lines.append(f"best: trial {best['number']}, {result['metric']} = {_fmt(best['value'])}")
-        lines += [f"  {k} = {v!r}" for k, v in best["params"].items()]
-        lines.append(f"best spec: {result['best_spec']}")
-    sys.stdout.write("\n".join(lines) + "\n")

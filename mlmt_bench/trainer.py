@@ -88,7 +88,7 @@ class Trainer:
 
         if self.counters.step == 0:
             say(f"evaluating {len(self.eval_problems)} {self.spec.benchmark.eval_split} problems at step 0")
-            self.evaluate(started)
+            self.evaluate(started, final=self.done())
         while not self.done():
             step = self.counters.step
             problems = self.batch(step)
@@ -125,7 +125,7 @@ class Trainer:
             if last or (self.spec.eval.every and self.counters.step % self.spec.eval.every == 0):
                 say(f"evaluating {len(self.eval_problems)} {self.spec.benchmark.eval_split} problems at step "
                     f"{self.counters.step}")
-                self.evaluate(started)
+                self.evaluate(started, final=last)
             if last or (t.checkpoint_every and self.counters.step % t.checkpoint_every == 0):
                 self.save_checkpoint()
         final = self.run_dir.metrics()
@@ -229,8 +229,9 @@ class Trainer:
         """The longest turn ``role`` may generate: the constant of ``constant_norm``."""
         return self.sampling.feedback_max_new_tokens if role == "critic" else self.sampling.max_new_tokens
 
-    def evaluate(self, started: float) -> dict[str, Any] | None:
-        """Held-out evaluation on the main process (the others wait)."""
+    def evaluate(self, started: float, final: bool = False) -> dict[str, Any] | None:
+        """Held-out evaluation on the main process (the others wait). ``final``: the run's last
+        evaluation, which logs every problem's episode when ``eval.final_samples`` is on."""
         if not self.dist.is_main:
             self.dist.barrier()
             return None
@@ -238,7 +239,8 @@ class Trainer:
         with memory.phase("eval"):
             res = evaluate(self.algorithm.eval_program(), self.actors, self.eval_problems, self.eval_sampling,
                            verifier_name=self.verifier_name, feedback_metrics=e.feedback_metrics,
-                           n_samples=e.samples, protocols=e.protocols,
+                           n_samples=len(self.eval_problems) if final and e.final_samples else e.samples,
+                           protocols=e.protocols,
                            micro_batch_tokens=self.spec.train.micro_batch_tokens)
         self.counters.wall_s = time.perf_counter() - started
         record = {"kind": "eval", **self._counters(), **res.metrics, **memory.TRACKER.take(("eval",))}

@@ -4,7 +4,6 @@ episodes, checked against numbers computed by hand, and one training step of eac
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch

@@ -64,7 +64,7 @@ def test_shaped_and_sft_rows():
 
 
 def _trl_loss(logp, old, adv, mask, *, loss_type, level, eps_low, eps_high):
-    trl = pytest.importorskip("trl")
+    pytest.importorskip("trl")
     from trl.trainer.grpo_trainer import GRPOTrainer
 
     trainer = GRPOTrainer.__new__(GRPOTrainer)

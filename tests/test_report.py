@@ -14,17 +14,18 @@ from mlmt_bench.metrics.stats import bootstrap_ci, sign_flip_test
 from mlmt_bench.report.compare import build_comparison, report_from_dirs
 from mlmt_bench.report.runs import load_run, strip_stamp
 
-PIDS = ["p0", "p1", "p2", "p3"]
-
 
 def make_run(root: Path, dirname: str, *, seed: int, arm: str | None, curve: list[tuple],
              t1: list[int], t2: list[int], extra: dict | None = None, final: bool = True,
-             feedback: bool = True, spec: str = "name: x\n") -> Path:
+             feedback: bool = True, spec: str = "name: x\n", eval_extra: dict[int, dict] | None = None,
+             samples: dict[int, dict[str, list[dict]]] | None = None) -> Path:
     """A run directory as `mlmt-bench run` writes it.
 
     curve: (step, gen_tokens, flops, acc@t1, acc@t2) per eval; the last one is the final eval,
-    whose per-problem correctness is t1 / t2 (earlier evals get all-wrong rows, which must be
-    ignored by the final-step selection).
+    whose per-problem correctness is t1 / t2 over problems p0, p1, ... (earlier evals get
+    all-wrong rows, which must be ignored by the final-step selection).
+    eval_extra: more fields of the eval record at a step (the final record copies the last).
+    samples: samples.jsonl, {step: {problem id: turns}}.
     """
     d = root / dirname
     d.mkdir(parents=True)
@@ -39,9 +40,9 @@ def make_run(root: Path, dirname: str, *, seed: int, arm: str | None, curve: lis
         base = {"step": step, "gen_tokens": tok, "trained_tokens": tok // 2, "flops": flops, "wall_s": 1.0}
         lines.append({"kind": "train", **base, "reward_mean": 0.3})
         ev = {"kind": "eval", **base, "n": 4, "acc@t1": a1, "acc@t2": a2}
-        lines.append(ev)
+        lines.append(dict(ev, **(eval_extra or {}).get(step, {})))
         last = step == curve[-1][0]
-        for i, pid in enumerate(PIDS):
+        for i, pid in enumerate(f"p{i}" for i in range(len(t1))):
             prob_lines.append({"step": step, "gen_tokens": tok, "problem_id": pid,
                                "t1": bool(t1[i]) if last else False,
                                "t2": bool(t2[i]) if last else False, "t2_null": None})
@@ -56,6 +57,9 @@ def make_run(root: Path, dirname: str, *, seed: int, arm: str | None, curve: lis
         lines.append(fin)
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     (d / "eval_problems.jsonl").write_text("".join(json.dumps(r) + "\n" for r in prob_lines))
+    if samples is not None:
+        (d / "samples.jsonl").write_text("".join(json.dumps({"step": step, "problem_id": pid, "turns": turns}) + "\n"
+                                                 for step, by_pid in samples.items() for pid, turns in by_pid.items()))
     return d
 
 
@@ -190,7 +194,7 @@ def test_figure_and_atomic_outputs(arms, tmp_path):
     png = (out / "acc_vs_tokens.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     assert (out / "comparison.md").read_text() != "old"
-    assert sorted(p.name for p in out.iterdir()) == ["acc_vs_tokens.png", "comparison.md"]  # no temp files
+    assert sorted(p.name for p in out.iterdir()) == ["acc_vs_tokens.png", "comparison.md", "index.html"]  # no temp files
 
 
 def test_no_baseline_and_interrupted_run(arms, tmp_path):
@@ -283,3 +287,7 @@ def test_curves_pool_each_runs_last_eval_into_one_final_point(tmp_path):
     assert c["x"].tolist() == pytest.approx([0, 1050, 1800])
     assert c["y"].tolist() == pytest.approx([.25, .625, .75])
     assert c["lo"].tolist() == pytest.approx([.25, .5, .5]) and c["hi"].tolist() == pytest.approx([.25, .75, 1.0])
+    # the band drawn is ± the sample std over seeds at each point
+    assert c["sd"].tolist() == pytest.approx([0.0, np.std([.5, .75], ddof=1), np.std([.5, 1.0], ddof=1)])
+    c = aggregate_curves([load_run(a)], "gen_tokens")
+    assert np.isnan(c["sd"]).all()  # one seed: no spread, no band

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import signal
 import socket
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from mlmt_bench.errors import UserError
 from mlmt_bench.verifiers import sandbox
 from mlmt_bench.verifiers._sandbox_child import decode_value, encode_value, Opaque
 from mlmt_bench.verifiers.code import verdict_from_run
@@ -459,12 +459,16 @@ def test_reading_the_tests_file_finds_nothing():
 
 
 def test_background_processes_are_killed():
+    """Executed programs in a new session and ignoring SIGHUP (what nohup does; the jail has the
+    interpreter but no /usr/bin, so the interpreter is the program) and a double-fork daemon."""
     tag = secrets.token_hex(6)
     late = f"/tmp/mlmt_late_{tag}"
     v, run = attack(f"""
         import os, subprocess, sys, time
-        subprocess.Popen(["sleep", "60"], start_new_session=True)
-        subprocess.Popen(["nohup", "sleep", "60"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        sleeper = "import signal, time; signal.signal(signal.SIGHUP, signal.SIG_IGN); time.sleep(60)"
+        subprocess.Popen([sys.executable, "-c", sleeper], start_new_session=True)
+        subprocess.Popen([sys.executable, "-c", sleeper], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        print("SPAWNED", flush=True)
         if os.fork() == 0:          # classic daemon: double fork + setsid
             os.setsid()
             if os.fork() == 0:
@@ -477,10 +481,63 @@ def test_background_processes_are_killed():
         def f(x):
             return x
         """, markers=(late,))
-    assert (v.kind, v.reward) == ("wrong", 0.0)
+    assert (v.kind, v.reward) == ("wrong", 0.0) and "SPAWNED" in run.stdout
     time.sleep(1.5)  # the daemon would have written its file by now
     assert not os.path.exists(late)
     assert not _procs_of(run)
+
+
+@pytest.mark.skipif(not CAPS["jail"], reason="needs the jail (root, mount namespaces)")
+def test_what_the_jail_shows():
+    """A candidate walks / and reports every path it can see (the standard library's own files
+    only counted). It sees the interpreter, its libraries and its standard library, and nothing
+    else of the host: of /etc only the loader's cache, no site-packages, no project, no /work,
+    no home directories, no /usr/bin or shell."""
+    import base64
+    import json
+    import zlib
+
+    v, run = attack("""
+        import base64, json, os, zlib
+        stdlib = os.path.dirname(os.__file__)
+        seen, n_stdlib = [], 0
+        for root, dirs, files in os.walk("/"):
+            if root == "/proc":  # the kernel's view of this PID namespace
+                dirs[:] = []
+                continue
+            for name in dirs + files:
+                path = os.path.join(root, name)
+                if path.startswith(stdlib + "/") and "-packages" not in path:
+                    n_stdlib += 1
+                else:
+                    seen.append(path + (" -> " + os.readlink(path) if os.path.islink(path) else ""))
+        blob = zlib.compress(json.dumps({"seen": seen, "n_stdlib": n_stdlib}).encode(), 9)
+        print("LISTING", base64.b64encode(blob).decode(), flush=True)
+        def f(x):
+            return x
+        """, tests=("assert f(1) == 1",))
+    assert (v.kind, v.reward) == ("ok", 1.0), v.detail
+    listing = json.loads(zlib.decompress(base64.b64decode(run.stdout.split("LISTING ")[1].split()[0])))
+    shown = [p.split(" -> ")[0] for p in listing["seen"]]
+    files = {p for p in shown if not any(q.startswith(p + "/") for q in shown) and p.split("/")[1] not in ("dev",)}
+    # what the interpreter needs is there
+    assert os.path.realpath(sys.executable) in files and any(p.endswith("/libc.so.6") for p in files)
+    assert listing["n_stdlib"] > 500 and "/sandbox/solution.py" in files
+    # and nothing else of the host
+    assert [p for p in shown if p.startswith("/etc/")] == ["/etc/ld.so.cache"]
+    assert not [p for p in shown if "site-packages/" in p or "dist-packages/" in p]
+    for hidden in ("/work", str(Path(__file__).resolve().parents[1]), "/home", "/usr/bin", "/usr/local/bin",
+                   "/usr/share", "/usr/include", "/bin/sh", "/opt", "/var/lib", "/srv", "/mnt", sys.prefix,
+                   os.path.expanduser("~/.ssh"), os.path.expanduser("~/.cache")):
+        assert not [p for p in shown if p == hidden or p.startswith(hidden + "/")], hidden
+    prefix = os.path.realpath(sys.base_prefix)
+    assert all(prefix.startswith(p) or p.startswith(prefix + "/") for p in shown if p.startswith("/root"))
+    # every file shown (and empty directory) is bound by the jail's plan, is a symlink it recreates, or its own
+    plan = CAPS["jail_plan"]
+    own = {"/sandbox/solution.py", "/tmp", "/var/tmp", "/proc"}  # its own (empty) directories
+    links = {link for link, _ in plan["links"]}
+    stray = [p for p in files - own - links if not any(p == b or p.startswith(b + "/") for b in plan["binds"])]
+    assert not stray, stray
 
 
 # ------------------------------------------------------------------------------ fallback mode
@@ -495,7 +552,7 @@ def test_background_processes_are_killed():
 ])
 def test_uid_drop_alone_still_contains_the_attack(program, kind):
     """Without namespaces or jail (only the private uid): the uid reaper and file sweep act."""
-    caps = dict(CAPS, pidns=False, netns=False, jail=False)
+    caps = sandbox.capabilities(disable=("pidns", "netns", "jail"))
     tag = secrets.token_hex(6)
     marker = f"/tmp/mlmt_fallback_{tag}"
     program = f"try:\n    open({marker!r}, 'w').write('x')\nexcept Exception:\n    pass\n" + program
@@ -509,7 +566,7 @@ def test_basic_mode_without_uid_or_namespaces_still_kills_background_processes()
     subreaper) and the environment-marker scan still remove every process; the host temp
     working directory is removed. (The candidate runs as the host user here, so only benign
     attacks are tried.)"""
-    caps = dict(CAPS, uid_drop=False, pidns=False, netns=False, jail=False)
+    caps = sandbox.capabilities(disable=("uid_drop", "pidns", "netns", "jail"))
     v, run = attack("""
         import os, subprocess, time
         subprocess.Popen(["sleep", "60"], start_new_session=True)
@@ -526,11 +583,35 @@ def test_basic_mode_without_uid_or_namespaces_still_kills_background_processes()
     assert run.uid is None and "uid_drop" not in run.mechanisms
 
 
-def test_capabilities_can_be_turned_off_by_environment(monkeypatch):
-    monkeypatch.setenv(sandbox.DISABLE_ENV, "jail,netns")
-    caps = sandbox.capabilities()
-    assert not caps["jail"] and not caps["netns"]
-    assert caps["uid_drop"] == CAPS["uid_drop"]
+def test_capabilities_can_be_turned_off_explicitly():
+    caps = sandbox.capabilities(disable=("jail", "netns"))
+    assert not caps["jail"] and not caps["netns"] and caps["disabled"] == ["jail", "netns"]
+    assert caps["uid_drop"] == CAPS["uid_drop"] and caps["pidns"] == CAPS["pidns"]
+    assert sandbox.capabilities()["jail"] == CAPS["jail"]  # the explicit choice is not remembered
+    with pytest.raises(UserError, match="unknown mechanism"):
+        sandbox.capabilities(disable=("jial",))
+
+
+def test_the_environment_alone_cannot_weaken_the_sandbox(monkeypatch, tmp_path):
+    """MLMT_SANDBOX_DISABLE once switched mechanisms off without a word; now every way in refuses:
+    the sandbox API, the code verifier, and `mlmt-bench verify code` (exit 2, one line)."""
+    monkeypatch.setenv(sandbox.DISABLE_ENV, "jail,netns,uid_drop")
+    with pytest.raises(UserError, match="MLMT_SANDBOX_DISABLE is set"):
+        sandbox.capabilities()
+    with pytest.raises(UserError, match="MLMT_SANDBOX_DISABLE is set"):
+        sandbox.run_tests("def f(x):\n    return x\n", ["assert f(1) == 1"])
+    from mlmt_bench.verifiers.code import CodeVerifier
+
+    with pytest.raises(UserError, match="MLMT_SANDBOX_DISABLE is set"):
+        CodeVerifier()
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"problem": {"id": "p", "prompt": "", "answer": "", "tests": ["assert f(1) == 1"]}, '
+                   '"response": "def f(x):\\n    return x"}\n')
+    proc = subprocess.run([sys.executable, "-m", "mlmt_bench.cli", "verify", "code", str(inp), "--out",
+                           str(tmp_path / "out.jsonl")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("error: MLMT_SANDBOX_DISABLE is set") and not (tmp_path / "out.jsonl").exists()
 
 
 # ------------------------------------------------------------------------------ plumbing

@@ -4,6 +4,7 @@ rebuilds whatever the load, the check through evaluate(), and how runs find thei
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -111,7 +112,11 @@ def test_base_is_cached_by_config_and_a_killed_build_leaves_nothing(tmp_path, mo
     dead.wait()
     stale = tmp_path / f".tmp-{cfg.key()}-{dead.pid}-abc"  # what a SIGKILLed build leaves
     stale.mkdir(parents=True)
+    live = tmp_path / f".tmp-0123456789abcdef-{os.getpid()}-xyz"  # another build, still running
+    live.mkdir()
     first = ensure_base(cfg, cache_dir=tmp_path, progress=False)
+    assert live.is_dir()  # a running build's folder is never touched
+    live.rmdir()
     assert first.directory == tmp_path / cfg.key() and first.report["key"] == cfg.key()
     assert first.report["config"] == cfg.model_dump(mode="json") and first.model_dir.is_dir()
     assert not stale.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]

@@ -158,3 +158,41 @@ def test_json_mode(write_spec):
     assert res.exit_code == 0 and json.loads(res.stdout)["valid"] is True
     res = runner.invoke(app, ["--json", "validate", str(write_spec("", "e.yaml"))])
     assert res.exit_code == 2 and "empty file" in json.loads(res.stdout)["error"]
+
+
+# ---------------------------------------------------------------- --set on experiments: applied or refused
+
+
+def _experiment(write_spec, **arms):
+    base = minimal_spec()
+    base["train"]["token_budget"] = 1000
+    return write_spec({"name": "e", "base": base, "output_dir": "from-file",
+                       "arms": arms or {"grpo": {}, "long": {"train": {"steps": 9}}}})
+
+
+def test_experiment_output_dir_override_moves_every_run(write_spec, tmp_path):
+    exp, arms = load_any(_experiment(write_spec), [f"output_dir={tmp_path / 'elsewhere'}"])
+    assert exp.output_dir == str(tmp_path / "elsewhere")
+    assert {a.output_dir for a in arms.values()} == {str(tmp_path / "elsewhere")}
+
+
+def test_experiment_fields_can_be_set(write_spec):
+    exp, arms = load_any(_experiment(write_spec), ["seeds=[3, 4]", "name=renamed", "budget=none"])
+    assert exp.seeds == [3, 4] and exp.name == "renamed" and exp.budget == "none"
+    assert arms["grpo"].name == "renamed-grpo"
+
+
+def test_override_wins_over_an_arm_that_sets_the_same_field(write_spec):
+    exp, arms = load_any(_experiment(write_spec), ["train.steps=3"])
+    assert {arm: s.train.steps for arm, s in arms.items()} == {"grpo": 3, "long": 3}
+    assert exp.base["train"]["steps"] == 3
+
+
+def test_overrides_an_experiment_cannot_apply_are_errors(write_spec):
+    p = _experiment(write_spec)
+    code, err = validate(p, "--set", "seed=5")
+    assert code == 2 and "seeds: list; use --set seeds=[...]" in err and err.count("\n") == 0
+    for field in ("seed", "output_dir"):
+        bad = _experiment(write_spec, a={field: 1 if field == "seed" else "x"})
+        code, err = validate(bad)
+        assert code == 2 and f"arms.a: {field}: an arm cannot set it" in err, err

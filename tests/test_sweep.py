@@ -8,6 +8,7 @@ through the runner's own ``_train`` (so the manifest status semantics are the re
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -40,7 +41,10 @@ class FakeTrainer:
 
     def train(self, bar):
         record = {}
+        task = bar.add_task("train", total=3, completed=0) if bar is not None else None
         for step in range(4):
+            if step and bar is not None:
+                bar.update(task, completed=step)
             value = self.curve(self.spec, step)
             record = {"kind": "eval", "step": step, "gen_tokens": 100 * step, "n": 8, "acc@t1": value / 2,
                       "acc@t2": value}
@@ -57,7 +61,7 @@ class FakeRun:
     def __init__(self, curve=lambda spec, step: score(spec), fail=lambda spec, trial: None):
         self.curve, self.fail, self.calls = curve, fail, []
 
-    def __call__(self, spec, progress=True, *, extra_manifest=None, on_eval=None):
+    def __call__(self, spec, progress=True, *, extra_manifest=None, on_eval=None, bar=None):
         self.calls.append((spec, extra_manifest))
         run_dir = RunDir.create(spec.output_dir, spec.name, dump_yaml(spec), spec.seed)
         if extra_manifest:
@@ -71,7 +75,7 @@ class FakeRun:
                     raise exc
                 return super().train(bar)
 
-        return runner._train(Trainer(spec, on_eval, curve), run_dir, False)
+        return runner._train(Trainer(spec, on_eval, curve), run_dir, False, bar)
 
 
 @pytest.fixture(autouse=True)
@@ -160,7 +164,7 @@ def test_study_finds_optimum_writes_best_and_resumes(tmp_path, fake, make_sweep)
     for spec, extra in fake.calls:
         n = extra["trial"]
         assert spec.name == f"sw-t{n}" and Path(spec.output_dir) == out / "trials"
-        assert extra == {"sweep": "sw", "trial": n}
+        assert extra == {"sweep": "sw", "trial": n, "pid": os.getpid()}
         row = result["trials"][n]
         assert spec.algorithm.params["lam"] == row["params"]["algorithm.params.lam"]
         assert spec.train.problems_per_step == row["params"]["train.problems_per_step"]
@@ -192,10 +196,14 @@ def test_cli_sweep_table_json_and_resume(tmp_path, fake, make_sweep):
     res = cli.invoke(app, ["sweep", str(path), "--seed", "1"])
     assert res.exit_code == 0, res.output
     assert "sweep sw" in res.output and "best: trial" in res.output and "sw-best.yaml" in res.output
-    res = cli.invoke(app, ["--json", "sweep", str(path), "--n-trials", "4", "--seed", "1"])
+    for n in range(3):  # per-trial progress on stderr (plain lines: it is not a terminal)
+        assert f"trial {n} started (worker 0): lam=" in res.stderr and f"trial {n} complete: acc@t2 " in res.stderr
+    quiet = cli.invoke(app, ["--quiet", "sweep", str(path), "--n-trials", "4", "--seed", "1"])
+    assert quiet.exit_code == 0 and quiet.stderr == "" and quiet.stdout == ""
+    res = cli.invoke(app, ["--json", "sweep", str(path), "--n-trials", "5", "--seed", "1"])
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
-    assert data["counts"] == {"complete": 4} and len(data["trials"]) == 4 and len(fake.calls) == 4
+    assert data["counts"] == {"complete": 5} and len(data["trials"]) == 5 and len(fake.calls) == 5
     assert set(data["trials"][0]) >= {"number", "params", "value", "state", "run_dir"}
     assert data["best"]["params"].keys() == {"algorithm.params.lam"}
     assert Path(data["best_spec"]).exists()
@@ -246,30 +254,34 @@ def test_pruning_with_median_pruner(tmp_path, monkeypatch, make_sweep):
 
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage:UserWarning")
-def test_trial_of_a_crashed_process_is_failed_and_retried(tmp_path, fake, make_sweep, monkeypatch):
-    """A process killed mid-trial leaves it RUNNING; once its heartbeat is stale, the resumed
-    sweep marks it failed and runs its parameters again."""
-    import time
-
+def test_trial_of_a_crashed_process_is_failed_and_retried(tmp_path, fake, make_sweep):
+    """A process killed mid-trial leaves its trial RUNNING (and its run directory `running`). A
+    sweep on the same study counts it as taken: it runs the other trial, then waits; once the
+    heartbeat is stale the trial is failed, its run directory too, and its parameters run again."""
     import optuna
 
     from mlmt_bench import sweep as sw
 
-    monkeypatch.setattr(sw, "HEARTBEAT_S", 1)
-    monkeypatch.setattr(sw, "GRACE_S", 1)
     path = make_sweep(n_trials=2)
     loaded = sw.load_sweep(path)
-    url = sw.default_storage(loaded)
-    study = optuna.create_study(storage=sw.open_storage(url), study_name="sw", direction="maximize")
+    study = optuna.create_study(storage=sw.open_storage(sw.default_storage(loaded), 1), study_name="sw",
+                                direction="maximize")
     crashed = study.ask()
     crashed.suggest_float(LAM, 0.0, 1.0)
-    study._storage.record_heartbeat(crashed._trial_id)  # then the process "dies"
-    time.sleep(2.1)
-    result = sw.run_sweep(path, progress=False)
-    states = [r["state"] for r in result["trials"]]
-    assert states[0] == "fail" and states[1:] == ["complete", "complete"]
-    assert result["trials"][1]["params"] == result["trials"][0]["params"]  # retried
-    assert len(fake.calls) == 2
+    study._storage.record_heartbeat(crashed._trial_id)  # then the process "dies" in the middle of its run:
+    dead = RunDir.create(loaded.trials_dir, "sw-t0", "{}", 0)
+    dead.update_manifest(sweep="sw", trial=0)
+    res = CliRunner().invoke(app, ["sweep", str(path), "--heartbeat", "1"])
+    assert res.exit_code == 0, res.output
+    # (whether the worker had to wait for the heartbeat to go stale depends on how long trial 1 took)
+    assert "trial 2 started (worker 0, retrying trial 0)" in res.stderr
+    assert "trial 2 retries trial 0 (its process died)" in res.stdout
+    result = sw.run_sweep(path, progress=False)  # nothing left to do: the summary
+    assert [r["state"] for r in result["trials"]] == ["fail", "complete", "complete"]
+    assert result["trials"][2]["params"] == result["trials"][0]["params"] and result["trials"][2]["retry_of"] == 0
+    assert result["trials"][0]["run_dir"] == str(dead.path)
+    assert manifest(str(dead.path))["status"] == "failed" and "heartbeats" in manifest(str(dead.path))["error"]
+    assert [extra["trial"] for _, extra in fake.calls] == [1, 2]
 
 
 def test_failed_trial_is_recorded_and_the_study_goes_on(tmp_path, monkeypatch, make_sweep):
@@ -301,15 +313,17 @@ def test_user_error_in_a_trial_stops_the_sweep(tmp_path, monkeypatch, make_sweep
     monkeypatch.setattr(runner, "run", fake)
     res = CliRunner().invoke(app, ["sweep", str(make_sweep())])
     assert res.exit_code == 2 and len(fake.calls) == 1
-    assert res.stderr == "error: data/x.jsonl: line 3: not JSON\n"
+    # after the progress lines, one line: no traceback of Optuna's
+    assert res.stderr.splitlines()[-1] == "error: data/x.jsonl: line 3: not JSON" and "Traceback" not in res.stderr
 
 
 def test_unknown_metric_stops_the_sweep(tmp_path, fake, make_sweep):
     res = CliRunner().invoke(app, ["sweep", str(make_sweep(metric="acc@t3"))])
     assert res.exit_code == 2 and len(fake.calls) == 1
-    assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1
-    assert "metric: 'acc@t3' is not a number in this run's evaluations" in res.stderr
-    assert "acc@t2" in res.stderr
+    error = res.stderr.splitlines()[-1]
+    assert error.startswith("error: ") and "Traceback" not in res.stderr
+    assert "metric: 'acc@t3' is not a number in this run's evaluations" in error
+    assert "acc@t2" in error
 
 
 def test_grid_sampler_covers_the_grid_once(tmp_path, fake, make_sweep):
@@ -474,3 +488,16 @@ def test_two_real_tiny_trials_own_spec(tmp_path, tiny_ckpt):
         assert run_spec.algorithm.params["lam"] == r["params"]["algorithm.params.lam"]
         assert run_spec.policies.solver.lr == r["params"]["policies.solver.lr"]
     assert load_run_spec(result["best_spec"]).name == "real-best"
+
+
+def test_overrides_every_trial_would_undo_are_errors(make_sweep):
+    """--set name (trials are named <study>-t<N>) and --set on a searched parameter (each trial
+    sets it) would be silently ignored: they are errors instead; other paths still apply."""
+    from mlmt_bench.sweep import load_sweep
+
+    p = make_sweep()
+    for text, fragment in (("name=x", "use --study NAME"), ("algorithm.params.lam=0.5", "space.algorithm.params.lam "
+                                                                                         "is searched")):
+        with pytest.raises(UserError, match="^--set .*" + fragment.replace(".", r"\.")):
+            load_sweep(p, [text])
+    assert load_sweep(p, ["train.steps=3"]).run_raw["train"]["steps"] == 3

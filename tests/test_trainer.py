@@ -186,6 +186,25 @@ def test_eval_metrics_are_logged(tiny_ckpt, tmp_path):
     assert final["gen_tokens"] > 0 and final["flops"] > 0
 
 
+def test_the_final_evaluation_logs_every_problems_episode(tiny_ckpt, tmp_path):
+    spec = make_spec(tmp_path, tiny_ckpt, "mlmt", train={"steps": 1, "problems_per_step": 2})
+    spec.eval.samples = 3
+    trainer = build_trainer(spec, tmp_path)
+    trainer.train()
+    samples = trainer.run_dir.path / "samples.jsonl"
+    by_step = {}
+    for rec in map(json.loads, samples.read_text().splitlines()):
+        by_step.setdefault(rec["step"], []).append(rec)
+    assert sorted(by_step) == [0, 1] and len(by_step[0]) == 3  # eval.samples at step 0
+    # the final evaluation: every evaluated problem, each with its whole episode
+    assert [r["problem_id"] for r in by_step[1]] == [p.id for p in trainer.eval_problems]
+    assert [t["kind"] for t in by_step[1][0]["turns"]] == ["attempt", "feedback", "refine"]
+
+    spec.eval.final_samples = False  # off: the final evaluation logs eval.samples episodes too
+    trainer.evaluate(time.perf_counter(), final=True)
+    assert len(samples.read_text().splitlines()) == 3 + 8 + 3
+
+
 # ---------------------------------------------------------------------------------------------
 # resume after SIGKILL
 

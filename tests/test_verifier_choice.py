@@ -79,7 +79,7 @@ def test_five_options() -> None:
 @pytest.mark.parametrize("cls,n", [(GPQADiamond, 198), (GPQAMain, 448), (GPQAExtended, 546)])
 def test_gpqa_golds_and_distractors(cls: type, n: int) -> None:
     v = ChoiceVerifier()
-    problems = cls(seed=0).load("test")
+    problems = cls(seed=0).all_problems()
     assert len(problems) == n
     right = wrong = 0
     for p in problems:

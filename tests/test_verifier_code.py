@@ -241,3 +241,42 @@ def test_humaneval_style_check_function(verifier):
     assert verifier.score(p, fenced(good)).kind == "ok"
     liar = "class L:\n    def __eq__(s, o):\n        return True\ndef has_close_elements(n, t):\n    return L()"
     assert verifier.score(p, fenced(liar)).reward == 0.0
+
+
+# ------------------------------------------------------------------------------ weakening the sandbox
+
+
+def test_sandbox_disable_is_the_explicit_way_to_weaken_the_sandbox():
+    """The option takes effect (without the jail this test file is visible to the program) and
+    is checked; unknown options are errors, not ignored."""
+    from mlmt_bench.errors import UserError
+    from mlmt_bench.verifiers.sandbox import capabilities
+
+    sees_host = Problem(id="t/host", benchmark="test", prompt="", tests=("assert visible() is True",))
+    program = fenced(f"import os\ndef visible():\n    return os.path.exists({__file__!r})")
+    weakened = CodeVerifier(timeout_s=5.0, sandbox_disable=["jail"])
+    assert weakened.sandbox_disabled == ("jail",) and weakened.options["sandbox_disable"] == ["jail"]
+    assert weakened.score(sees_host, program).kind == "ok"
+    if capabilities()["jail"]:
+        assert CodeVerifier(timeout_s=5.0).score(sees_host, program).kind == "wrong"
+    with pytest.raises(UserError, match="unknown mechanism"):
+        CodeVerifier(sandbox_disable=["jial"])
+    with pytest.raises(UserError, match="unknown option"):
+        CodeVerifier(timeout=3)
+
+
+def test_a_weakened_sandbox_is_printed_at_start_and_recorded_in_the_manifest(tiny_ckpt, tmp_path, capsys):
+    from conftest import minimal_spec
+    from mlmt_bench import runner
+    from mlmt_bench.spec import validate_run
+
+    d = minimal_spec(output_dir=str(tmp_path / "runs"))
+    d["benchmark"].update(verifier="code", verifier_options={"sandbox_disable": ["netns"], "timeout_s": 2})
+    d["policies"] = {"solver": {"model": "tiny", "path": str(tiny_ckpt)}}
+    d["backend"] = {"max_new_tokens": 4}
+    d["train"] = {"steps": 0, "threads": 1}
+    d["eval"] = {"limit": 1, "feedback_metrics": False, "samples": 0}
+    result = runner.run(validate_run(d, "test"), progress=False)
+    manifest = json.loads((Path(result["run_dir"]) / "manifest.json").read_text())
+    assert manifest["sandbox_disabled"] == ["netns"]
+    assert "warning: code sandbox weakened: netns switched off" in capsys.readouterr().err

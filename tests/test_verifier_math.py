@@ -194,7 +194,7 @@ def _count(verdicts: list[Verdict]) -> int:
 
 
 def test_math500_all_golds_verify(verifier: MathVerifier) -> None:
-    problems = Math500().load("test")
+    problems = Math500().all_problems()
     assert len(problems) == 500
     verdicts = verifier.score_batch(problems, [f"The answer is therefore \\boxed{{{p.answer}}}." for p in problems])
     bad = [(p.answer, v) for p, v in zip(problems, verdicts) if not v.correct]
@@ -206,13 +206,13 @@ def test_math500_all_golds_verify(verifier: MathVerifier) -> None:
 
 def test_math500_golds_pass_math_verify_alone() -> None:
     """Without the normaliser's string shortcut, math-verify accepts every gold too."""
-    problems = Math500().load("test")
+    problems = Math500().all_problems()
     assert sum(math_verify_equal(p.answer, p.answer) for p in problems) == 500
 
 
 def test_math500_golds_survive_rewriting(verifier: MathVerifier) -> None:
     """Golds re-typed the way models write them (\\dfrac, \\left(, spaces, $...$) still match."""
-    problems = Math500().load("test")
+    problems = Math500().all_problems()
     responses = []
     for p in problems:
         a = p.answer.replace("\\frac", "\\dfrac").replace("(", "\\left(").replace(")", "\\right)")
@@ -221,7 +221,7 @@ def test_math500_golds_survive_rewriting(verifier: MathVerifier) -> None:
 
 
 def test_gsm8k_all_golds_verify(verifier: MathVerifier) -> None:
-    problems = GSM8K().load("test")
+    problems = GSM8K().all_problems()
     assert len(problems) == 1319
     verdicts = verifier.score_batch(problems, [f"\\boxed{{{p.answer}}}" for p in problems])
     assert _count(verdicts) == 1319

@@ -54,7 +54,7 @@ def test_inline_problems(tmp_path: Path) -> None:
 
 
 def test_benchmark_ids(tmp_path: Path) -> None:
-    gp = GPQADiamond().load("test")[:3]
+    gp = GPQADiamond().all_problems()[:3]
     inp = _write(tmp_path / "in.jsonl", [
         {"benchmark": "math500", "id": "test/precalculus/807.json", "response": "\\boxed{(3,\\frac{\\pi}{2})}"},
         {"benchmark": "gsm8k", "id": "gsm8k/0", "response": "#### 18"},
@@ -72,7 +72,7 @@ def test_benchmark_ids(tmp_path: Path) -> None:
 
 
 def test_workers_parallel_same_result(tmp_path: Path) -> None:
-    problems = GPQADiamond().load("test")
+    problems = GPQADiamond().all_problems()
     lines = [{"benchmark": "gpqa-diamond", "id": p.id, "response": f"The answer is ({'ABCD'[i % 4]})"}
              for i, p in enumerate(problems)]
     inp = _write(tmp_path / "in.jsonl", lines)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
 from pydantic import Field
 
 from mlmt_bench.algorithms import core

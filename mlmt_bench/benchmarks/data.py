@@ -147,13 +147,21 @@ def _check_row(path: Path, line: int, row: Any, required: Sequence[str]) -> dict
     return row
 
 
-def iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+def iter_jsonl(path: Path, max_line_bytes: int | None = None,
+               max_depth: int | None = None) -> Iterator[tuple[int, Any]]:
     """(line number, parsed value) of each non-blank line of a JSON Lines file (plain or gzip).
-    A line that is not JSON, or a file that cannot be decoded, is a one-line file:line UserError."""
+    A line that is not JSON, or a file that cannot be decoded, is a one-line file:line UserError;
+    so is a line longer than ``max_line_bytes`` (newline included; read no further) or nested
+    deeper than ``max_depth`` (see :mod:`mlmt_bench.bounded_input`; None: no limit)."""
+    from mlmt_bench.bounded_input import check_json_depth, human_bytes, shorten
+
     lineno = 0
+    limit = -1 if max_line_bytes is None else max_line_bytes + 1
     try:
         with (gzip.open(path, "rb") if _is_gzip(path) else open(path, "rb")) as f:
-            for lineno, raw in enumerate(f, 1):
+            for lineno, raw in enumerate(iter(lambda: f.readline(limit), b""), 1):
+                if max_line_bytes is not None and len(raw) > max_line_bytes:
+                    raise UserError(f"{path}:{lineno}: line longer than {human_bytes(max_line_bytes)}")
                 try:  # line by line, so an undecodable byte is reported on its own line
                     line = raw.decode("utf-8")
                 except UnicodeDecodeError as exc:
@@ -164,6 +172,12 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
                     value = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise UserError(f"{path}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+                except RecursionError:
+                    raise UserError(f"{path}:{lineno}: invalid JSON (nested too deeply)") from None
+                except ValueError as exc:  # e.g. an integer of more than 4300 digits
+                    raise UserError(f"{path}:{lineno}: invalid JSON ({shorten(str(exc), 120)})") from None
+                if max_depth is not None:
+                    check_json_depth(value, f"{path}:{lineno}", max_depth)
                 yield lineno, value
     except UserError:
         raise

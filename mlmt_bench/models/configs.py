@@ -66,8 +66,7 @@ class ModelShape:
 
 def hf_registry() -> dict[str, Path]:
     """Lower-cased hub name -> the ``registry/models`` file describing it (``kind: hf``)."""
-    import yaml
-
+    from mlmt_bench.bounded_input import load_yaml, read_text
     from mlmt_bench.models.tiny import registry_dirs
 
     out: dict[str, Path] = {}
@@ -76,8 +75,8 @@ def hf_registry() -> dict[str, Path]:
             continue
         for p in sorted(d.glob("*.yaml")):
             try:
-                data = yaml.safe_load(p.read_text())
-            except (OSError, yaml.YAMLError):
+                data = load_yaml(read_text(p), str(p))
+            except UserError:  # unreadable or invalid: not a hub model's config
                 continue
             if isinstance(data, dict) and data.get("kind") == "hf" and data.get("hub"):
                 out[str(data["hub"]).lower()] = p
@@ -141,10 +140,13 @@ def _shape_of_config(config: Any, name: str, source: str) -> ModelShape:
 @functools.lru_cache(maxsize=32)
 def shape_from_registry_file(path: Path) -> ModelShape:
     """The shape of a ``kind: hf`` registry file's ``config:`` (``model_type`` + config.json fields)."""
-    import yaml
     from transformers import AutoConfig
 
-    data = yaml.safe_load(path.read_text())
+    from mlmt_bench.bounded_input import load_yaml, read_text
+
+    data = load_yaml(read_text(path), str(path))
+    if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
+        raise UserError(f"{path}: expected a mapping with a 'config:' mapping (a model's config.json numbers)")
     cfg = dict(data["config"])
     model_type = cfg.pop("model_type", None)
     if model_type is None:

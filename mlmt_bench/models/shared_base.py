@@ -194,9 +194,9 @@ def _load(directory: Path) -> Base | None:
 def _remove_abandoned(cache_dir: Path) -> None:
     """Temporary folders of builds whose process is gone (killed: SIGKILL runs no cleanup)."""
     for tmp in cache_dir.glob(".tmp-*"):
-        parts = tmp.name.split("-")
-        pid = int(parts[3]) if len(parts) > 4 and parts[3].isdigit() else None
-        if pid is None or not _alive(pid):
+        parts = tmp.name.split("-")  # ".tmp", key, pid, mkdtemp's suffix
+        pid = int(parts[2]) if len(parts) >= 4 and parts[2].isdigit() else None
+        if pid is not None and not _alive(pid):
             shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -48,15 +48,15 @@ def registry_dirs() -> list[Path]:
 
 def preset_names() -> list[str]:
     """Presets built from config (``kind: tiny``, the default); ``kind: hf`` files describe hub models."""
-    import yaml
+    from mlmt_bench.bounded_input import load_yaml, read_text
 
     names: set[str] = set()
     for d in registry_dirs():
         if d.is_dir():
             for p in d.glob("*.yaml"):
                 try:
-                    data = yaml.safe_load(p.read_text())
-                except (OSError, yaml.YAMLError):
+                    data = load_yaml(read_text(p), str(p))
+                except UserError:  # unreadable or invalid: not listed (load_preset names the problem)
                     continue
                 if isinstance(data, dict) and data.get("kind", "tiny") == "tiny":
                     names.add(p.stem)
@@ -65,8 +65,6 @@ def preset_names() -> list[str]:
 
 def load_preset(preset: str | os.PathLike[str]) -> dict[str, Any]:
     """The preset's YAML as a dict (``name``, ``kind``, ``description``, ``config``)."""
-    import yaml
-
     path: Path | None = None
     p = Path(preset)
     if p.suffix in (".yaml", ".yml") and p.is_file():
@@ -77,26 +75,27 @@ def load_preset(preset: str | os.PathLike[str]) -> dict[str, Any]:
             if cand.is_file():
                 path = cand
                 break
+    from mlmt_bench.bounded_input import MAX_ECHO_CHARS, load_yaml, read_text, short_repr, shorten
+
     if path is None:
         import difflib
 
         known = preset_names()
-        close = difflib.get_close_matches(str(preset), known, n=1, cutoff=0.5)
+        name = str(preset)  # the spec's: shown shortened, and only a short one is worth a hint
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.5) if len(name) <= MAX_ECHO_CHARS else []
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise UserError(f"unknown tiny model preset {str(preset)!r}{hint} (known: {', '.join(known) or 'none'}; "
+        raise UserError(f"unknown tiny model preset {short_repr(name)}{hint} (known: {', '.join(known) or 'none'}; "
                         f"searched {', '.join(str(d) for d in registry_dirs())})")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path}: not valid YAML: {exc}") from exc
+    data = load_yaml(read_text(path), str(path))
     if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
         raise UserError(f"{path}: expected a mapping with a 'config:' mapping of LlamaConfig numbers")
     if data.get("kind", "tiny") != "tiny":
         raise UserError(f"{path}: kind {data.get('kind')!r} describes a hub model's architecture, not a preset "
                         f"to build (use model: hf with path {data.get('hub', '?')!r})")
-    unknown = sorted(set(data["config"]) - set(CONFIG_KEYS))
+    unknown = sorted(str(k) for k in set(data["config"]) - set(CONFIG_KEYS))
     if unknown:
-        raise UserError(f"{path}: config: unknown key(s) {', '.join(unknown)} (known: {', '.join(CONFIG_KEYS)})")
+        raise UserError(f"{path}: config: unknown key(s) {shorten(', '.join(unknown), 200)} "
+                        f"(known: {', '.join(CONFIG_KEYS)})")
     data.setdefault("name", path.stem)
     return data
 

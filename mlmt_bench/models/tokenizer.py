@@ -19,7 +19,6 @@ This is what token-in/token-out rollouts rely on (ARCHITECTURE.md, Principles).
 
 from __future__ import annotations
 
-import string
 from pathlib import Path
 from typing import Any, Iterable
 

@@ -10,6 +10,7 @@ Output, written atomically into an output directory:
   seed-averaged correctness with its CI and a sign-flip permutation test over problems, and an
   exact McNemar test per seed.
 - ``acc_vs_tokens.png``: eval acc@t2 against generated tokens and against FLOPs.
+- ``index.html``: all of it and more in one self-contained page (:mod:`mlmt_bench.report.html`).
 
 Runs that differ in benchmark, split or evaluation protocol are never mixed in one table.
 Statistics come from :mod:`mlmt_bench.metrics.stats`; run directories are read by
@@ -19,7 +20,6 @@ Statistics come from :mod:`mlmt_bench.metrics.stats`; run directories are read b
 from __future__ import annotations
 
 import json
-import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -36,33 +36,22 @@ from mlmt_bench.metrics.stats import (
     reach_point,
     sign_flip_test,
 )
+from mlmt_bench.report.formatting import (
+    ALPHA as _ALPHA,
+    CI_METRICS as _CI_METRICS,
+    DASH,
+    TABLE_METRICS as _TABLE_METRICS,
+    fmt as _fmt,
+    fmt_ci as _fmt_ci,
+    fmt_mean_std as _fmt_mean_std,
+    fmt_p as _fmt_p,
+    fmt_reach as _fmt_reach,
+    fmt_units as _fmt_units,
+    mark as _mark,
+)
 from mlmt_bench.report.runs import RunRecord, acc_t2, group_runs, is_num, load_run, strip_stamp
 from mlmt_bench.tracking import atomic_write_text
 
-# Metrics of the final record shown in the table: (key, label, format kind).
-#   pct: a fraction shown as a percentage; pp: a signed difference of fractions, in points;
-#   nat: nats per token; num: a plain number; tok: a token count; flops: scientific.
-_TABLE_METRICS: list[tuple[str, str, str]] = [
-    ("acc@t1", "acc@t1", "pct"),
-    ("acc@t2", "acc@t2 (refine-all)", "pct"),
-    ("acc@t2_null", "acc@t2 after g∅ (same attempts)", "pct"),
-    ("delta", "delta (t2 − t1)", "pp"),
-    ("i->c", "i→c", "pct"),
-    ("c->i", "c→i", "pct"),
-    ("correction_rate", "correction_rate", "pct"),
-    ("regression_rate", "regression_rate", "pct"),
-    ("acc_oracle_gated", "acc oracle-gated (optimistic: consults the verifier at test time)", "pct"),
-    ("feedback_effect", "feedback_effect (g vs g∅)", "pp"),
-    ("feedback_sensitivity", "feedback_sensitivity (nats/token)", "nat"),
-    ("leakage_rate", "leakage_rate", "pct"),
-    ("feedback_tokens", "feedback_tokens (mean per feedback)", "num"),
-    ("gen_tokens", "generated tokens (training, at the end)", "tok"),
-    ("flops", "FLOPs (training, at the end)", "flops"),
-]
-#: accuracies with a CI by the cluster bootstrap: (metric, per-problem turn)
-_CI_METRICS = (("acc@t1", "t1"), ("acc@t2", "t2"), ("acc@t2_null", "t2_null"))
-_ALPHA = 0.05
-DASH = "–"
 # reach_point compares acc >= target; the target is a mean of seed accuracies, so a seed that got
 # exactly that accuracy may sit one ulp below it. Forgive float rounding only.
 _TARGET_EPS = 1e-9
@@ -70,67 +59,6 @@ _TARGET_EPS = 1e-9
 
 # ---------------------------------------------------------------------------------------------
 # formatting
-
-
-def _fmt(value: float | None, kind: str) -> str:
-    if value is None or not math.isfinite(value):
-        return DASH
-    if kind == "pct":
-        return f"{100 * value:.1f}%"
-    if kind == "pp":
-        return f"{100 * value:+.1f} pp"
-    if kind == "nat":
-        return f"{value:+.3f}"
-    if kind == "num":
-        return f"{value:.1f}"
-    if kind == "tok":
-        return _fmt_count(value)
-    if kind == "flops":
-        return f"{value:.2e}"
-    raise ValueError(kind)
-
-
-def _fmt_count(value: float) -> str:
-    a = abs(value)
-    if a >= 1e9:
-        return f"{value / 1e9:.2f}G"
-    if a >= 1e6:
-        return f"{value / 1e6:.2f}M"
-    if a >= 1e4:
-        return f"{value / 1e3:.1f}k"
-    return f"{value:.0f}"
-
-
-def _fmt_spread(value: float | None, kind: str) -> str:
-    """A std in the units of its metric, without sign or '%' (it follows '±')."""
-    if value is None or not math.isfinite(value):
-        return DASH
-    if kind in ("pct", "pp"):
-        return f"{100 * value:.1f}"
-    if kind == "nat":
-        return f"{value:.3f}"
-    return _fmt(value, kind)
-
-
-def _fmt_mean_std(ms: dict[str, Any] | None, kind: str) -> str:
-    if not ms:
-        return DASH
-    mean = _fmt(ms["mean"], kind)
-    if ms["std"] is None:
-        return f"{mean} (1 seed)" if ms["n"] == 1 else mean
-    return f"{mean} ± {_fmt_spread(ms['std'], kind)}"
-
-
-def _fmt_ci(ci: dict[str, Any] | None) -> str:
-    if not ci:
-        return DASH
-    return f"{100 * ci['mean']:.1f}% [{100 * ci['lo']:.1f}, {100 * ci['hi']:.1f}]"
-
-
-def _fmt_p(p: float | None) -> str:
-    if p is None:
-        return DASH
-    return f"{p:.2e}" if p < 1e-3 else f"{p:.3f}"
 
 
 def _md_cell(text: str) -> str:
@@ -251,7 +179,7 @@ def build_comparison(
     baseline: str | None = "grpo",
     title: str = "",
 ) -> dict[str, Any]:
-    """Compare arms and write ``comparison.md`` and ``acc_vs_tokens.png`` into ``out_dir``.
+    """Compare arms and write ``comparison.md``, ``acc_vs_tokens.png`` and ``index.html`` into ``out_dir``.
 
     runs: arm name -> its run directories (one per seed).
     baseline: the arm the others are tested against (paired tests, tokens/FLOPs to reach its final
@@ -313,23 +241,14 @@ def build_comparison(
     md_path = out_dir / "comparison.md"
     png_path = out_dir / "acc_vs_tokens.png"
     from mlmt_bench.report.figures import plot_acc_vs_tokens
+    from mlmt_bench.report.html import write_html
 
     plot_acc_vs_tokens(loaded, png_path, target=target, baseline=baseline, title=title)
     atomic_write_text(md_path, render_markdown(summary))
-    summary["files"] = {"comparison.md": str(md_path), "acc_vs_tokens.png": str(png_path)}
+    html_path = write_html(summary, loaded, out_dir / "index.html", acc_png=png_path.read_bytes())
+    summary["files"] = {"comparison.md": str(md_path), "acc_vs_tokens.png": str(png_path),
+                        "index.html": str(html_path)}
     return summary
-
-
-def _fmt_reach(tr: dict[str, Any] | None, kind: str) -> str:
-    if tr is None:
-        return DASH
-    if tr["at_start"] == tr["n"]:
-        return "at step 0"
-    if tr["median"] is None:
-        return f"not reached (0/{tr['n']})"
-    value = _fmt_count(tr["median"]) if kind == "tok" else f"{tr['median']:.2e}"
-    extra = f", {tr['at_start']} at step 0" if tr["at_start"] else ""
-    return f"{value} ({tr['reached']}/{tr['n']} seeds{extra})"
 
 
 def _fmt_gain(g: dict[str, Any] | None) -> str:
@@ -337,10 +256,6 @@ def _fmt_gain(g: dict[str, Any] | None) -> str:
         return DASH
     return (f"{100 * g['mean']:+.1f} pp [{100 * g['lo']:+.1f}, {100 * g['hi']:+.1f}], "
             f"p = {_fmt_p(g['p_value'])}{_mark(g['p_value'])}")
-
-
-def _mark(p: float | None) -> str:
-    return " *" if p is not None and p < _ALPHA else ""
 
 
 def render_markdown(summary: dict[str, Any]) -> str:
@@ -410,11 +325,6 @@ def render_markdown(summary: dict[str, Any]) -> str:
         lines.append(f"- **{a}**: " + ", ".join(f"`{p}`" for p in summary["arms"][a]["runs"]))
     lines += ["", "![acc@t2 vs generated tokens and FLOPs](acc_vs_tokens.png)", ""]
     return "\n".join(lines)
-
-
-def _fmt_units(arm: dict[str, Any]) -> str:
-    ci = arm["ci"].get("acc@t2")
-    return f"{ci['n_problems']} × {ci['n_seeds']}" if ci else DASH
 
 
 def report_from_dirs(

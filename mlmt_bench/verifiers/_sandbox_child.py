@@ -37,11 +37,12 @@ own uid/gid (a random unprivileged uid per run, so RLIMIT_NPROC is enforced and 
 that uid reaches only this run), no_new_privs, new PID namespace (C is its init: when it dies
 the kernel kills every descendant, including double-forked / setsid daemons), new network
 namespace (no interfaces but a down loopback), new mount/IPC/UTS namespaces with a chroot jail
-on a private tmpfs (read-only binds of /usr, /etc and the Python prefix, a minimal /dev, a
-fresh /proc; writable only /sandbox (the cwd), /tmp, /dev/shm inside the tmpfs, which vanish with the
-namespace), rlimits (CPU, AS, NPROC, FSIZE, NOFILE, CORE), a scrubbed environment, stdin from
-/dev/null, stdout/stderr read by J up to a cap, and a Python audit hook that refuses sockets
-(and reports the attempt, so the verdict is ``sandbox_violation``).
+on a private tmpfs (read-only binds of only what the interpreter needs to start and import its
+standard library, see ``jail_plan``; a minimal /dev, a fresh /proc; writable only /sandbox (the
+cwd), /tmp, /var/tmp, /dev/shm inside the tmpfs, which vanish with the namespace), rlimits
+(CPU, AS, NPROC, FSIZE, NOFILE, CORE), a scrubbed environment, stdin from /dev/null,
+stdout/stderr read by J up to a cap, and a Python audit hook that refuses sockets (and reports
+the attempt, so the verdict is ``sandbox_violation``).
 """
 
 from __future__ import annotations
@@ -477,8 +478,128 @@ def remove_cgroups(dirs, wait_s: float = 2.0) -> None:
                 time.sleep(0.005)
 
 
+# Extension modules of the standard library that jail_plan does not import, so that the jail
+# does not carry their libraries: GUI, terminal and NIS (which pulls in Kerberos) modules.
+_PLAN_SKIP = frozenset({"_tkinter", "readline", "_curses", "_curses_panel", "nis"})
+
+
+def jail_plan() -> dict:
+    """What of the host the jail shows: what this interpreter needs to start and to import its
+    standard library, found by asking it. Run it in a throwaway process (it imports modules):
+
+    * the interpreter binary (its real path), the ELF interpreter it names (PT_INTERP, the
+      dynamic loader) and the loader's cache ``/etc/ld.so.cache`` (sonames -> library paths;
+      the only file of /etc);
+    * the standard library: the directory of ``os.py`` and the ``lib-dynload`` directory of its
+      extension modules (and a zipped stdlib on ``sys.path``, if any), with any
+      ``site-packages`` / ``dist-packages`` inside them covered by an empty directory;
+    * every file mapped into this process once all of the standard library's extension modules
+      but ``_PLAN_SKIP`` are imported: libpython, libc, libm, libssl, libffi, libz ..., the
+      C.UTF-8 locale and glibc's gconv cache; with the symlinks that name each library in its
+      directory (its soname);
+    * every symlink met on the way (``/lib -> usr/lib`` ...), recreated as the same symlink.
+
+    Returns ``{"binds": [absolute paths, files or directories], "links": [[path, target]],
+    "masks": [directories]}``; :func:`_build_jail` builds the jail from it.
+    """
+    import importlib
+
+    dynload = [os.path.realpath(p) for p in sys.path if os.path.basename(p) == "lib-dynload" and os.path.isdir(p)]
+    zipped = [os.path.realpath(p) for p in sys.path if p.endswith(".zip") and os.path.isfile(p)]
+    stdlib: list[str] = []
+    for d in [os.path.realpath(os.path.dirname(os.__file__)), *dynload, *zipped]:
+        if not any(_inside(d, other) for other in stdlib):
+            stdlib = [other for other in stdlib if not _inside(other, d)] + [d]
+    for d in dynload:
+        for name in sorted(os.listdir(d)):
+            module, _, suffix = name.partition(".")
+            if suffix.endswith("so") and module not in _PLAN_SKIP:
+                try:
+                    importlib.import_module(module)
+                except Exception:  # noqa: BLE001 - a module whose library is missing: not needed
+                    pass
+    mapped = set()
+    with open("/proc/self/maps") as fh:
+        for line in fh:
+            fields = line.split(None, 5)
+            path = fields[5].strip() if len(fields) == 6 else ""
+            if path.startswith("/") and os.path.isfile(path) and not any(_inside(path, d) for d in stdlib):
+                mapped.add(path)
+    links: dict[str, str] = {}
+    binds = set(stdlib)
+    exe = os.path.realpath(sys.executable)
+    entries = [exe, *sorted(mapped)]
+    interp = _elf_interpreter(exe)
+    if interp:
+        entries.append(interp)
+    if os.path.isfile("/etc/ld.so.cache"):
+        entries.append("/etc/ld.so.cache")
+    for d in sorted({os.path.dirname(m) for m in mapped}):  # sonames: links to a mapped library
+        for name in sorted(os.listdir(d)):
+            full = os.path.join(d, name)
+            if os.path.islink(full) and os.path.realpath(full) in mapped:
+                entries.append(full)
+    for top in sorted(os.listdir("/")):  # /lib -> usr/lib, /lib64 ...: where loaders look
+        if top.startswith("lib") and os.path.islink("/" + top):
+            links["/" + top] = os.readlink("/" + top)
+    for path in entries:
+        binds.add(_resolve_recording_links(path, links))
+    masks = [os.path.join(d, sub) for d in stdlib for sub in ("site-packages", "dist-packages")
+             if os.path.isdir(os.path.join(d, sub))]  # (a pyenv or /usr/local Python installs packages there)
+    return {"binds": sorted(binds), "links": sorted([k, v] for k, v in links.items()), "masks": masks}
+
+
+def _inside(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+def _resolve_recording_links(path: str, links: dict) -> str:
+    """``path`` with its symlinks resolved one component at a time; each symlink met goes into
+    ``links`` (its path -> its target as stored), so that the jail can hold the same chain."""
+    parts = [p for p in path.split("/") if p]
+    current, hops = "/", 0
+    while parts:
+        step = os.path.join(current, parts.pop(0))
+        if not os.path.islink(step):
+            current = step
+            continue
+        hops += 1
+        if hops > 40:
+            raise OSError(f"too many levels of symbolic links in {path}")
+        links[step] = os.readlink(step)
+        # current has no symlink in it, so ".." in the target can be resolved as text
+        parts = [p for p in os.path.normpath(os.path.join(current, links[step])).split("/") if p] + parts
+        current = "/"
+    return current
+
+
+def _elf_interpreter(path: str) -> str | None:
+    """The PT_INTERP path (the dynamic loader) of an ELF executable; None if it has none."""
+    with open(path, "rb") as fh:
+        head = fh.read(64)
+        if head[:4] != b"\x7fELF":
+            return None
+        e = "<" if head[5] == 1 else ">"
+        wide = head[4] == 2  # ELFCLASS64
+        (phoff,) = struct.unpack_from(e + ("Q" if wide else "I"), head, 32 if wide else 28)
+        phentsize, phnum = struct.unpack_from(e + "HH", head, 54 if wide else 42)
+        for i in range(phnum):
+            fh.seek(phoff + i * phentsize)
+            ph = fh.read(phentsize)
+            if struct.unpack_from(e + "I", ph, 0)[0] != 3:  # PT_INTERP
+                continue
+            offset, size = (struct.unpack_from(e + "Q", ph, 8)[0], struct.unpack_from(e + "Q", ph, 32)[0]) if wide \
+                else (struct.unpack_from(e + "I", ph, 4)[0], struct.unpack_from(e + "I", ph, 16)[0])
+            fh.seek(offset)
+            return fh.read(size).rstrip(b"\0").decode()
+    return None
+
+
 def _build_jail(cfg: dict, uid: int | None) -> None:
-    """In a fresh mount namespace: a tmpfs at /tmp becomes the root of a chroot jail."""
+    """In a fresh mount namespace: a tmpfs at /tmp becomes the root of a chroot jail holding
+    read-only binds of ``cfg["jail_plan"]`` (see :func:`jail_plan`), a minimal /dev, a fresh
+    /proc (with a PID namespace) and the writable /sandbox, /tmp, /var/tmp, /dev/shm."""
+    plan = cfg["jail_plan"]
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     jail = "/tmp"
     size_kb = max(65536, 4 * int(cfg["fsize_mb"]) * 1024)
@@ -496,18 +617,17 @@ def _build_jail(cfg: dict, uid: int | None) -> None:
         if ro:
             mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
 
-    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
-        if os.path.islink(top):
-            os.symlink(os.readlink(top), jail + top)
-        elif os.path.isdir(top) and top in ("/bin", "/lib", "/lib64"):
-            bind(top)
-    bind("/usr")
-    bind("/etc")
-    for extra in cfg.get("ro_paths") or ():
-        if os.path.isabs(extra) and os.path.exists(extra) and not os.path.exists(jail + extra):
-            bind(extra)
+    for path in plan["binds"]:  # real paths: no component is a symlink
+        if os.path.exists(path):
+            bind(path)
+    for link, target in plan["links"]:  # their parents are real directories too
+        if not os.path.lexists(jail + link):
+            os.makedirs(os.path.dirname(jail + link), mode=0o755, exist_ok=True)
+            os.symlink(target, jail + link)
+    for d in plan["masks"]:
+        mount("tmpfs", jail + d, "tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY, "size=4k,nr_inodes=16,mode=555")
     # minimal /dev
-    os.makedirs(jail + "/dev", mode=0o755)
+    os.makedirs(jail + "/dev", mode=0o755, exist_ok=True)
     for node in ("null", "zero", "full", "random", "urandom"):
         if os.path.exists("/dev/" + node):
             bind("/dev/" + node, ro=False, rec=False)
@@ -1365,30 +1485,35 @@ def _judge_run(judge: Judge, cfg: dict, tests: list, report: dict) -> None:
 # probe: which isolation mechanisms work on this machine
 
 
-def _probe_in_child(fn) -> tuple[bool, str]:
+def _probe_in_child(fn) -> tuple[bool, object]:
+    """Run ``fn()`` in a forked child: (True, its JSON-able result) or (False, why it failed)."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(r)
         try:
-            fn()
-            os.write(w, b"ok")
-            os._exit(0)
+            data = b"ok" + json.dumps(fn()).encode()
         except BaseException as exc:  # noqa: BLE001
-            try:
-                os.write(w, f"{type(exc).__name__}: {exc}".encode()[:300])
-            finally:
-                os._exit(1)
+            data = f"{type(exc).__name__}: {exc}".encode()[:300]
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(w, view):]
+        finally:
+            os._exit(0)
     os.close(w)
-    data = b""
+    chunks = []
     while True:
-        chunk = os.read(r, 4096)
+        chunk = os.read(r, 1 << 16)
         if not chunk:
             break
-        data += chunk
+        chunks.append(chunk)
     os.close(r)
     os.waitpid(pid, 0)
-    return data == b"ok", data.decode(errors="replace")
+    data = b"".join(chunks)
+    if data.startswith(b"ok"):
+        return True, json.loads(data[2:])
+    return False, data.decode(errors="replace") or "the probe process died"
 
 
 def probe() -> dict:
@@ -1431,20 +1556,36 @@ def probe() -> dict:
         finally:
             remove_cgroups(dirs)
 
+    plan: dict = {}
+
     def jail():
+        ok, found = _probe_in_child(jail_plan)
+        if not ok:
+            raise OSError(f"cannot work out what the jail needs: {found}")
+        plan.update(found)
+        exe = os.path.realpath(sys.executable)
         unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS)
-        _build_jail({"fsize_mb": 1, "pidns": False, "ro_paths": [os.path.realpath(sys.base_prefix)]}, None)
-        import colorsys  # noqa: F401  (a stdlib module not loaded yet: the prefix is visible)
+        _build_jail({"fsize_mb": 1, "pidns": False, "jail_plan": plan}, None)
+        import subprocess  # the interpreter must start in the jail and import its stdlib
+
+        done = subprocess.run([exe, "-I", "-S", "-B", "-c",
+                               "import colorsys, decimal, hashlib, json, sqlite3, zlib"],
+                              stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+        if done.returncode != 0:
+            raise OSError(f"the interpreter does not start in the jail: {done.stderr.decode(errors='replace')[-200:]}")
+        return plan
 
     for name, fn in (("uid_drop", uid_drop), ("netns", netns), ("pidns", pidns), ("jail", jail), ("cgroup", cgroup)):
         if not res["root"]:
             res[name] = False
             res["errors"][name] = "not root"
             continue
-        ok, why = _probe_in_child(fn)
+        ok, found = _probe_in_child(fn)
         res[name] = ok
         if not ok:
-            res["errors"][name] = why
+            res["errors"][name] = found
+        elif name == "jail":
+            res["jail_plan"] = found
     return res
 
 

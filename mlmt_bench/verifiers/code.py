@@ -1,8 +1,11 @@
 """Code verifier: extract a Python program from a response and run the problem's tests on it.
 
-``CodeVerifier(timeout_s=10, memory_mb=512, workers=None)``; ``score(problem, response)``;
-``score_batch(problems, responses)`` runs up to ``workers`` sandboxes at once (threads, each
-waiting on its own sandbox process tree).
+``CodeVerifier(timeout_s=10, memory_mb=512, workers=None, sandbox_disable=())``;
+``score(problem, response)``; ``score_batch(problems, responses)`` runs up to ``workers``
+sandboxes at once (threads, each waiting on its own sandbox process tree). ``sandbox_disable``
+names isolation mechanisms to switch off (:data:`~mlmt_bench.verifiers.sandbox.MECHANISMS`): the
+only way to weaken the sandbox, logged here and, in a run, printed at start and recorded in the
+manifest (``sandbox_disabled``).
 
 Reward is the fraction of ``problem.tests`` that pass; ``correct`` means all pass. Kinds:
 
@@ -38,9 +41,11 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
+from mlmt_bench.bounded_input import shorten
+from mlmt_bench.errors import UserError
 from mlmt_bench.types import Problem, Verdict
 from mlmt_bench.verifiers.base import Verifier
-from mlmt_bench.verifiers.sandbox import Limits, RunResult, run_tests
+from mlmt_bench.verifiers.sandbox import Limits, RunResult, capabilities, check_disable, check_environment, run_tests
 
 log = logging.getLogger(__name__)
 
@@ -148,14 +153,25 @@ class CodeVerifier(Verifier):
 
     def __init__(self, timeout_s: float = 10.0, memory_mb: int = 512, workers: int | None = None,
                  nproc: int = 32, fsize_mb: int = 16, output_bytes: int = 1 << 20,
-                 max_program_chars: int = 200_000, **options: Any) -> None:
-        super().__init__(timeout_s=timeout_s, memory_mb=memory_mb, workers=workers, **options)
+                 max_program_chars: int = 200_000, sandbox_disable: Sequence[str] = (), **options: Any) -> None:
+        if options:
+            raise UserError(f"verifier code: unknown option(s) {', '.join(sorted(map(str, options)))}")
+        check_environment()
+        self.sandbox_disabled = check_disable(sandbox_disable)
+        super().__init__(timeout_s=timeout_s, memory_mb=memory_mb, workers=workers,
+                         sandbox_disable=list(self.sandbox_disabled))
         import os
 
-        self.limits = Limits(timeout_s=float(timeout_s), memory_mb=int(memory_mb), nproc=int(nproc),
-                             fsize_mb=int(fsize_mb), output_bytes=int(output_bytes))
-        self.workers = max(1, int(workers) if workers else (os.cpu_count() or 1))
-        self.max_program_chars = int(max_program_chars)
+        try:
+            self.limits = Limits(timeout_s=float(timeout_s), memory_mb=int(memory_mb), nproc=int(nproc),
+                                 fsize_mb=int(fsize_mb), output_bytes=int(output_bytes))
+            self.workers = max(1, int(workers) if workers else (os.cpu_count() or 1))
+            self.max_program_chars = int(max_program_chars)
+        except (TypeError, ValueError) as exc:
+            raise UserError(f"verifier code: options must be numbers ({shorten(str(exc))})") from None
+        if self.sandbox_disabled:
+            log.warning("code sandbox weakened on request: %s switched off (option sandbox_disable)",
+                        ", ".join(self.sandbox_disabled))
 
     def score(self, problem: Problem, response: str) -> Verdict:
         try:
@@ -175,7 +191,8 @@ class CodeVerifier(Verifier):
             return Verdict(0.0, False, program, "crash", err)
         if not problem.tests:
             return Verdict(0.0, False, program, "wrong", "problem has no tests")
-        run = run_tests(program, list(problem.tests), problem.setup or "", self.limits)
+        caps = capabilities(disable=self.sandbox_disabled) if self.sandbox_disabled else None
+        run = run_tests(program, list(problem.tests), problem.setup or "", self.limits, caps=caps)
         return verdict_from_run(run, program)
 
     def score_batch(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Verdict]:

@@ -10,7 +10,9 @@ Each output line is the input object plus ``"verdict": Verdict.to_json()``, in i
 The output is written to a temporary file next to OUT and renamed over it at the end, so a
 failure never leaves a half-written OUT nor clobbers an existing one. Every input line is
 validated before any scoring starts; a bad one is a one-line
-:class:`~mlmt_bench.errors.UserError` naming ``file:line``. IN is read by the benchmark
+:class:`~mlmt_bench.errors.UserError` naming ``file:line``, and so is a line longer than
+``MAX_LINE_BYTES`` or nested deeper than ``MAX_DEPTH`` (:mod:`mlmt_bench.bounded_input`); IN
+must be a regular file (a device or FIFO is refused). IN is read by the benchmark
 data reader (:func:`~mlmt_bench.benchmarks.data.iter_jsonl`), so it may be gzip-compressed.
 """
 
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from mlmt_bench.benchmarks.data import iter_jsonl
+from mlmt_bench.bounded_input import MAX_DEPTH, MAX_LINE_BYTES, check_regular_file, short_repr, shorten
 from mlmt_bench.errors import UserError
 from mlmt_bench.types import VERDICT_KINDS, Problem, Verdict
 from mlmt_bench.verifiers.base import Verifier
@@ -38,14 +41,19 @@ def _accepts(cls: Any, name: str) -> bool:
     return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
-def build_verifier(name: str, workers: int | None = None) -> Verifier:
-    """``registry.verifiers.get(name)()``, passing ``workers`` when the class takes it."""
+def build_verifier(name: str, workers: int | None = None, options: dict[str, Any] | None = None) -> Verifier:
+    """``registry.verifiers.get(name)(**options)``, adding ``workers`` when the class takes it;
+    a constructor's TypeError / ValueError (an option it does not know) is a UserError."""
     from mlmt_bench import registry
 
     cls = registry.verifiers.get(name)
+    kwargs = dict(options or {})
     if workers is not None and _accepts(cls, "workers"):
-        return cls(workers=workers)
-    return cls()
+        kwargs["workers"] = workers
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"verifier {name}: {shorten(str(exc), 200)}") from None
 
 
 class _ProblemIndex:
@@ -71,19 +79,19 @@ class _ProblemIndex:
         if problem is None:  # "11" for "mbpp/11", "5" for "gsm8k/5"
             problem = index.get(f"{benchmark}/{pid}")
         if problem is None:
-            raise UserError(f"{where}: benchmark {benchmark!r} has no problem with id {pid!r}")
+            raise UserError(f"{where}: benchmark {benchmark!r} has no problem with id {short_repr(pid)}")
         return problem
 
 
 def read_requests(in_path: Path) -> list[tuple[dict[str, Any], Problem, str]]:
     """(input object, problem, response) per non-blank line; UserError on a bad line."""
     try:
-        open(in_path, "rb").close()
-    except OSError as exc:
-        raise UserError(f"{in_path}: cannot read input ({exc.strerror or exc})") from None
+        check_regular_file(in_path)  # a device or FIFO is refused before it is opened
+    except UserError as exc:
+        raise UserError(f"cannot read input: {exc}") from None
     index = _ProblemIndex()
     out: list[tuple[dict[str, Any], Problem, str]] = []
-    for lineno, obj in iter_jsonl(in_path):
+    for lineno, obj in iter_jsonl(in_path, max_line_bytes=MAX_LINE_BYTES, max_depth=MAX_DEPTH):
         where = f"{in_path}:{lineno}"
         if not isinstance(obj, dict):
             raise UserError(f"{where}: expected a JSON object, got {type(obj).__name__}")
@@ -99,7 +107,7 @@ def read_requests(in_path: Path) -> list[tuple[dict[str, Any], Problem, str]]:
             try:
                 problem = Problem.from_json(pj)
             except (TypeError, ValueError, KeyError) as exc:
-                raise UserError(f"{where}: bad 'problem' ({type(exc).__name__}: {exc})") from None
+                raise UserError(f"{where}: bad 'problem' ({type(exc).__name__}: {shorten(str(exc))})") from None
         elif "benchmark" in obj and "id" in obj:
             if not isinstance(obj["benchmark"], str):
                 raise UserError(f"{where}: 'benchmark' must be a string")

@@ -20,11 +20,19 @@ on Linux with namespaces allowed, as on this project's machines):
 ``netns``           new network namespace with only a down loopback: no connect, no bind.
 ``cgroup``          per-run cgroup-v1 memory and pids groups: total memory (RSS + tmpfs) and task
                     count of the whole run, however many processes it forks.
-``jail``            new mount/IPC/UTS namespaces; chroot into a private tmpfs holding read-only
-                    binds of /usr, /etc, the Python prefix, a minimal /dev and a fresh /proc;
-                    only /sandbox (the cwd), /tmp, /var/tmp, /dev/shm are writable and they vanish
-                    with the namespace. The rest of the host filesystem (datasets, this repo)
-                    is invisible.
+``jail``            new mount/IPC/UTS namespaces; chroot into a private tmpfs that shows only
+                    what the interpreter needs to start and import its standard library
+                    (``_sandbox_child.jail_plan``, worked out by the probe), read-only: the
+                    interpreter binary, its dynamic loader and /etc/ld.so.cache (the only file
+                    of /etc), the shared libraries it and the stdlib's extension modules map
+                    (libpython, libc, libm, libssl, libcrypto, libffi, libz, libbz2, liblzma,
+                    libsqlite3, libuuid, libcrypt ...) with their soname symlinks, the C.UTF-8
+                    locale and gconv cache, and the stdlib directory with lib-dynload, its
+                    site-packages covered by an empty directory; plus /dev/{null,zero,full,
+                    random,urandom}, a fresh /proc, and the writable /sandbox (the cwd), /tmp,
+                    /var/tmp, /dev/shm, which vanish with the namespace. No /usr/bin (no shell),
+                    no site-packages, no project, datasets or home directories.
+                    ``tests/test_sandbox.py::test_what_the_jail_shows`` lists it.
 always              new session + process-group SIGKILL, RLIMIT_CPU/AS/FSIZE/NOFILE/NPROC/CORE,
                     wall-clock deadline, stdout+stderr cap (the judge reads at most
                     ``output_bytes`` then kills), stdin = /dev/null, scrubbed environment,
@@ -35,6 +43,12 @@ Without root (``uid_drop`` etc. unavailable) the fallback is weaker: the candida
 host's user (it could signal same-user processes), leftover processes are found by an
 environment marker, the working directory is a host temp dir, and the network block is the
 Python-level audit hook only. ``capabilities()`` says which mode is active.
+
+Weakening the sandbox on purpose (to debug, or to test the fallback paths) is an explicit
+argument only: ``capabilities(disable=("jail", "netns"))`` passed as ``run_tests(caps=...)``,
+or the code verifier's ``sandbox_disable`` option, which a run takes from its spec
+(``benchmark.verifier_options.sandbox_disable``), prints at start and records in its manifest.
+The environment alone cannot do it: ``MLMT_SANDBOX_DISABLE``, which once did, is refused.
 """
 
 from __future__ import annotations
@@ -56,11 +70,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from mlmt_bench.bounded_input import short_repr
+from mlmt_bench.errors import UserError
+
 log = logging.getLogger(__name__)
 
 CHILD_SCRIPT = Path(__file__).with_name("_sandbox_child.py")
 MECHANISMS = ("uid_drop", "pidns", "netns", "jail", "cgroup")
-# MLMT_SANDBOX_DISABLE=jail,netns turns mechanisms off (tests of the fallback paths, debugging)
+# Once read to turn mechanisms off; now refused when set (anyone who can set a variable for a
+# worker could silently switch isolation off): see check_environment.
 DISABLE_ENV = "MLMT_SANDBOX_DISABLE"
 _WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 
@@ -118,12 +136,38 @@ def _python() -> str:
     return sys.executable or "python3"
 
 
-def capabilities(refresh: bool = False) -> dict[str, Any]:
-    """Which isolation mechanisms work here (probed once per process, in a child; cached).
+def check_environment() -> None:
+    """UserError if ``MLMT_SANDBOX_DISABLE`` is set: the environment must not weaken the sandbox."""
+    if os.environ.get(DISABLE_ENV, "").strip():
+        raise UserError(f"{DISABLE_ENV} is set, but the environment alone cannot weaken the code sandbox: unset "
+                        "it; to run weakened on purpose, give the code verifier the option sandbox_disable (in a "
+                        "spec: benchmark.verifier_options.sandbox_disable: [jail, netns])")
 
-    Keys: root, uid_drop, pidns, netns, jail (bools), errors (why a mechanism is off).
-    ``MLMT_SANDBOX_DISABLE`` (comma-separated mechanism names) turns mechanisms off.
+
+def check_disable(disable: Sequence[str]) -> tuple[str, ...]:
+    """``disable`` as a tuple of mechanism names; UserError on a name that is not one."""
+    if isinstance(disable, str):
+        names: tuple[Any, ...] = (disable,)
+    elif isinstance(disable, (list, tuple, set, frozenset)):
+        names = tuple(disable)
+    else:
+        raise UserError(f"sandbox_disable: expected a list of mechanism names, got {short_repr(disable)}")
+    unknown = [n for n in names if n not in MECHANISMS]
+    if unknown:
+        raise UserError(f"sandbox_disable: unknown mechanism(s) {short_repr(unknown)} "
+                        f"(known: {', '.join(MECHANISMS)})")
+    return tuple(dict.fromkeys(names))
+
+
+def capabilities(refresh: bool = False, disable: Sequence[str] = ()) -> dict[str, Any]:
+    """Which isolation mechanisms work here (probed once per process, in a child; cached),
+    less those named in ``disable`` (an explicit choice; see the module docstring).
+
+    Keys: root, uid_drop, pidns, netns, jail, cgroup (bools), errors (why a mechanism is off),
+    disabled (the names turned off by ``disable``). UserError if ``MLMT_SANDBOX_DISABLE`` is set.
     """
+    check_environment()
+    disabled = check_disable(disable)
     global _caps
     with _caps_lock:
         if _caps is None or refresh:
@@ -142,9 +186,9 @@ def capabilities(refresh: bool = False) -> dict[str, Any]:
                     caps[m] = False
             _caps = caps
         caps = dict(_caps)
-    disabled = {s.strip() for s in os.environ.get(DISABLE_ENV, "").split(",") if s.strip()}
-    for m in disabled & set(MECHANISMS):
+    for m in disabled:
         caps[m] = False
+    caps["disabled"] = list(disabled)
     if not caps["uid_drop"]:
         caps["jail"] = caps["pidns"] = False
     return caps
@@ -228,7 +272,7 @@ def run_tests(program: str, tests: Sequence[str], setup: str = "", limits: Limit
         "cgroup": bool(caps["cgroup"]), "nproc": int(limits.nproc),
         "total_memory_mb": int(limits.total_memory_mb or 2 * limits.memory_mb + 128),
         "python": os.path.realpath(_python()),
-        "ro_paths": sorted({os.path.realpath(sys.base_prefix)} - {"/usr", "/"}),
+        "jail_plan": (caps.get("jail_plan") or capabilities().get("jail_plan")) if caps["jail"] else None,
     }
     payload = _frame(cfg) + _frame({"tests": list(tests), "nonce": nonce})
     proc = None

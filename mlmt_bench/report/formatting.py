@@ -1,0 +1,119 @@
+"""Number formatting shared by the comparison's Markdown (:mod:`mlmt_bench.report.compare`) and
+HTML (:mod:`mlmt_bench.report.html`) renderings: the metrics of the table, and how means, spreads,
+CIs, p-values and tokens-to-reach are written."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+# Metrics of the final record shown in the table: (key, label, format kind).
+#   pct: a fraction shown as a percentage; pp: a signed difference of fractions, in points;
+#   nat: nats per token; num: a plain number; tok: a token count; flops: scientific.
+TABLE_METRICS: list[tuple[str, str, str]] = [
+    ("acc@t1", "acc@t1", "pct"),
+    ("acc@t2", "acc@t2 (refine-all)", "pct"),
+    ("acc@t2_null", "acc@t2 after g∅ (same attempts)", "pct"),
+    ("delta", "delta (t2 − t1)", "pp"),
+    ("i->c", "i→c", "pct"),
+    ("c->i", "c→i", "pct"),
+    ("correction_rate", "correction_rate", "pct"),
+    ("regression_rate", "regression_rate", "pct"),
+    ("acc_oracle_gated", "acc oracle-gated (optimistic: consults the verifier at test time)", "pct"),
+    ("feedback_effect", "feedback_effect (g vs g∅)", "pp"),
+    ("feedback_sensitivity", "feedback_sensitivity (nats/token)", "nat"),
+    ("leakage_rate", "leakage_rate", "pct"),
+    ("feedback_tokens", "feedback_tokens (mean per feedback)", "num"),
+    ("gen_tokens", "generated tokens (training, at the end)", "tok"),
+    ("flops", "FLOPs (training, at the end)", "flops"),
+]
+#: accuracies with a CI by the cluster bootstrap: (metric, per-problem turn)
+CI_METRICS = (("acc@t1", "t1"), ("acc@t2", "t2"), ("acc@t2_null", "t2_null"))
+#: significance level of the marks (*): p < ALPHA
+ALPHA = 0.05
+DASH = "–"
+
+
+def fmt(value: float | None, kind: str) -> str:
+    if value is None or not math.isfinite(value):
+        return DASH
+    if kind == "pct":
+        return f"{100 * value:.1f}%"
+    if kind == "pp":
+        return f"{100 * value:+.1f} pp"
+    if kind == "nat":
+        return f"{value:+.3f}"
+    if kind == "num":
+        return f"{value:.1f}"
+    if kind == "tok":
+        return fmt_count(value)
+    if kind == "flops":
+        return f"{value:.2e}"
+    raise ValueError(kind)
+
+
+def fmt_count(value: float) -> str:
+    a = abs(value)
+    if a >= 1e9:
+        return f"{value / 1e9:.2f}G"
+    if a >= 1e6:
+        return f"{value / 1e6:.2f}M"
+    if a >= 1e4:
+        return f"{value / 1e3:.1f}k"
+    return f"{value:.0f}"
+
+
+def fmt_spread(value: float | None, kind: str) -> str:
+    """A std in the units of its metric, without sign or '%' (it follows '±')."""
+    if value is None or not math.isfinite(value):
+        return DASH
+    if kind in ("pct", "pp"):
+        return f"{100 * value:.1f}"
+    if kind == "nat":
+        return f"{value:.3f}"
+    return fmt(value, kind)
+
+
+def fmt_mean_std(ms: dict[str, Any] | None, kind: str) -> str:
+    if not ms:
+        return DASH
+    mean = fmt(ms["mean"], kind)
+    if ms["std"] is None:
+        return f"{mean} (1 seed)" if ms["n"] == 1 else mean
+    return f"{mean} ± {fmt_spread(ms['std'], kind)}"
+
+
+def fmt_ci(ci: dict[str, Any] | None) -> str:
+    if not ci:
+        return DASH
+    return f"{100 * ci['mean']:.1f}% [{100 * ci['lo']:.1f}, {100 * ci['hi']:.1f}]"
+
+
+def fmt_p(p: float | None) -> str:
+    if p is None:
+        return DASH
+    return f"{p:.2e}" if p < 1e-3 else f"{p:.3f}"
+
+
+
+def fmt_reach(tr: dict[str, Any] | None, kind: str) -> str:
+    if tr is None:
+        return DASH
+    if tr["at_start"] == tr["n"]:
+        return "at step 0"
+    if tr["median"] is None:
+        return f"not reached (0/{tr['n']})"
+    value = fmt_count(tr["median"]) if kind == "tok" else f"{tr['median']:.2e}"
+    extra = f", {tr['at_start']} at step 0" if tr["at_start"] else ""
+    return f"{value} ({tr['reached']}/{tr['n']} seeds{extra})"
+
+
+
+def mark(p: float | None) -> str:
+    return " *" if p is not None and p < ALPHA else ""
+
+
+
+def fmt_units(arm: dict[str, Any]) -> str:
+    ci = arm["ci"].get("acc@t2")
+    return f"{ci['n_problems']} × {ci['n_seeds']}" if ci else DASH

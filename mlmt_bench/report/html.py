@@ -1,0 +1,310 @@
+"""``index.html``: the comparison as one self-contained page (no network, no script, no external
+style; figures embedded as a base64 PNG or inline SVG), written beside comparison.md by
+:func:`mlmt_bench.report.compare.build_comparison`.
+
+Sections: the method × metric table (mean ± std over seeds, 95% cluster-bootstrap CIs over
+problems, gains and differences with their sign-flip p-values, marked when p < 0.05), the
+paired tests against the baseline, accuracy against generated tokens and FLOPs, the turn
+transitions, the feedback metrics over training, cost per method, and example episodes on
+problems where the arms disagree. Every text that comes from a run (model outputs above all)
+is escaped.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from mlmt_bench.metrics.stats import mean_std
+from mlmt_bench.report import figures, svg
+from mlmt_bench.report.formatting import (
+    ALPHA,
+    CI_METRICS,
+    DASH,
+    TABLE_METRICS,
+    fmt,
+    fmt_mean_std,
+    fmt_p,
+    fmt_reach,
+    fmt_units,
+    mark,
+)
+from mlmt_bench.report.episodes import Disagreement, Examples, find_disagreements
+from mlmt_bench.report.runs import RunRecord, is_num
+from mlmt_bench.tracking import atomic_write_text
+
+#: the feedback metrics drawn over training: (eval record key, panel title, scale)
+FEEDBACK_CURVES = [
+    ("feedback_effect", "feedback_effect (pp: acc@t2 after g − after g∅)", 100.0),
+    ("feedback_sensitivity", "feedback_sensitivity (nats/token)", 1.0),
+    ("leakage_rate", "leakage_rate (% of feedbacks)", 100.0),
+    ("correction_rate", "correction_rate (% of wrong attempts fixed)", 100.0),
+    ("regression_rate", "regression_rate (% of right attempts broken)", 100.0),
+]
+#: cost columns of the final records: (key, header, format kind of formatting.fmt)
+COST = [("gen_tokens", "generated tokens", "tok"), ("trained_tokens", "trained tokens", "tok"),
+        ("flops", "FLOPs", "flops"), ("wall_s", "wall seconds", "num")]
+#: an episode's turn text is cut after this many characters (a page of a runaway generation is enough)
+MAX_TURN_CHARS = 4000
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_CSS = """
+body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0 auto;max-width:1280px;
+ padding:1.2em 2em 4em;color:#1d1d1f;background:#fff}
+h1{margin:.2em 0 .3em;font-size:1.7em}h2{margin-top:2em;border-bottom:1px solid #ddd;padding-bottom:.2em}
+h3{margin:1.4em 0 .4em;font-size:1.05em}
+nav a{margin-right:1em}p.lede{color:#444;max-width:75em}
+table{border-collapse:collapse;margin:.6em 0 1em;font-size:.92em}
+th,td{border:1px solid #d4d4d8;padding:.3em .6em;vertical-align:top}
+th{background:#f4f4f5;text-align:left}tr>th:first-child{max-width:22em}td.num{text-align:right;white-space:nowrap}
+td.sig{font-weight:600}td.up{background:#e3f5e3}td.down{background:#fbe4e4}
+.sub{color:#555;font-size:.86em;font-weight:400}
+.badge{display:inline-block;font-size:.75em;padding:0 .45em;border-radius:.6em;margin-left:.3em;
+ background:#fde68a;color:#713f12;font-weight:600;vertical-align:1px}
+.right{background:#dcfce7;color:#14532d}.wrong{background:#fee2e2;color:#7f1d1d}
+figure{margin:1em 0}figure img{max-width:100%;height:auto;border:1px solid #eee}figure svg{max-width:100%;height:auto}
+.panels{display:flex;flex-wrap:wrap;gap:.5em 1.2em}.legend span{margin-right:1.2em;font-size:.9em}
+.legend i{display:inline-block;width:.9em;height:.9em;border-radius:2px;margin-right:.35em;vertical-align:-1px}
+figcaption{color:#444;font-size:.9em;max-width:75em}
+.episodes{display:grid;grid-template-columns:repeat(auto-fit,minmax(270px,1fr));gap:1em}
+.episode{border:1px solid #d4d4d8;border-radius:6px;padding:.5em .8em;min-width:0}
+.turn{margin:.5em 0}.turn .head{font-size:.85em;color:#333}
+pre{white-space:pre-wrap;word-break:break-word;background:#f8f8fa;border:1px solid #eee;padding:.4em .6em;
+ margin:.2em 0;font-size:.85em;max-height:22em;overflow:auto}
+code{background:#f4f4f5;padding:0 .25em;border-radius:3px;font-size:.9em}
+.note{background:#fff7ed;border-left:4px solid #fb923c;padding:.4em .8em}
+"""
+
+
+def esc(value: Any) -> str:
+    """``value`` as text safe inside HTML elements and quoted attributes: control characters
+    (NUL included) and lone surrogates of broken model output are replaced, then escaped."""
+    text = _CONTROL.sub("\ufffd", str(value))
+    return html.escape(text.encode("utf-8", "replace").decode("utf-8"), quote=True)
+
+
+def _md_inline(text: str) -> str:
+    """A note of comparison.md (plain text with `code` spans) as escaped HTML."""
+    return re.sub(r"`([^`]*)`", r"<code>\1</code>", esc(text))
+
+
+def _img(png: bytes, alt: str) -> str:
+    return f'<img src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}" alt="{esc(alt)}">'
+
+
+def _figure(content: str | None, caption: str, missing: str) -> str:
+    """A figure (an <img> or inline SVG) with its caption, or a note saying why there is none."""
+    if content is None:
+        return f'<p class="note">{esc(missing)}</p>'
+    return f"<figure>{content}<figcaption>{caption}</figcaption></figure>"
+
+
+def _td(text: str, *, sub: list[str] | None = None, sig: str = "") -> str:
+    """A right-aligned cell; ``sig``: "up" or "down" for a significant change (shaded), else ""."""
+    subs = "".join(f'<div class="sub">{esc(s)}</div>' for s in sub or [] if s)
+    return f'<td class="num{" sig " + sig if sig else ""}">{esc(text)}{subs}</td>'
+
+
+def _pp_ci(d: dict[str, Any]) -> str:
+    """The 95% interval of a change (fractions ``lo``, ``hi``) in signed points."""
+    return f"[{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}]"
+
+
+def _change(d: dict[str, Any], mean_key: str) -> str:
+    """A cell for a change with its CI and sign-flip p-value (a gain over step 0 or a paired difference)."""
+    return _td(f"{100 * d[mean_key]:+.1f} pp{mark(d['p_value'])}",
+               sub=[f"95% CI {_pp_ci(d)}", f"p = {fmt_p(d['p_value'])}"], sig=_sig(d["p_value"], d[mean_key]))
+
+
+def _sig(p: float | None, change: float) -> str:
+    """The shading of a change with sign-flip p-value ``p``: "up", "down", or "" when p >= ALPHA."""
+    return ("up" if change > 0 else "down") if mark(p) else ""
+
+
+def _metrics_table(summary: dict[str, Any]) -> str:
+    arms, baseline = list(summary["arms"]), summary["baseline"]
+    head = "<tr><th>metric</th>" + "".join(f"<th>{esc(a)}</th>" for a in arms) + "</tr>"
+    rows = []
+    for key, label, kind in TABLE_METRICS:
+        if not any(key in summary["arms"][a]["metrics"] for a in arms):
+            continue
+        badge = '<span class="badge">oracle-gated</span>' if key == "acc_oracle_gated" else ""
+        cells = []
+        for a in arms:
+            arm = summary["arms"][a]
+            sub = []
+            if key in dict(CI_METRICS):
+                ci = arm["ci"].get(key)
+                sub = [f"95% CI [{100 * ci['lo']:.1f}, {100 * ci['hi']:.1f}]" if ci else "",
+                       f"step 0: {fmt(arm['start'][key], 'pct')}" if key in arm["start"] else ""]
+            cells.append(_td(fmt_mean_std(arm["metrics"].get(key), kind), sub=sub))
+        rows.append(f"<tr><th>{esc(label)}{badge}</th>{''.join(cells)}</tr>")
+
+    cells = [_change(g, "mean") if (g := summary["arms"][a]["gain"]) else _td(DASH) for a in arms]
+    rows.append(f"<tr><th>gain in acc@t2 over its own step 0</th>{''.join(cells)}</tr>")
+    if baseline is not None:
+        cells = []
+        for a in arms:
+            p = summary["paired"].get(a)
+            if a == baseline:
+                cells.append(_td("baseline"))
+            elif not p or not p.get("n_problems"):
+                cells.append(_td(DASH, sub=["no common problems"]))
+            else:
+                cells.append(_change(p, "diff"))
+        rows.append(f"<tr><th>acc@t2 − {esc(baseline)}'s, per problem</th>{''.join(cells)}</tr>")
+        target = summary["target_acc@t2"]
+        for x_key, what, kind in (("gen_tokens", "tokens", "tok"), ("flops", "FLOPs", "flops")):
+            cells = [_td(fmt_reach((summary["arms"][a]["reach"] or {}).get(x_key), kind)) for a in arms]
+            rows.append(f"<tr><th>{what} to reach {esc(baseline)}'s final acc@t2 ({fmt(target, 'pct')}): "
+                        f"median over seeds</th>{''.join(cells)}</tr>")
+    rows.append("<tr><th>problems × seeds in the CIs</th>"
+                + "".join(_td(fmt_units(summary["arms"][a])) for a in arms) + "</tr>")
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
+def _paired_table(summary: dict[str, Any]) -> str:
+    rows = []
+    for arm, p in summary["paired"].items():
+        if not p.get("n_problems"):
+            rows.append(f"<tr><th>{esc(arm)}</th><td class='num'>0</td><td colspan='3'>no common problems</td></tr>")
+            continue
+        mc = "; ".join(f"s{seed}: {m['b']}/{m['c']}, p = {fmt_p(m['p_value'])}"
+                       for seed, m in sorted(p["mcnemar"].items()))
+        diff = _td(f"{100 * p['diff']:+.1f} pp {_pp_ci(p)}")
+        p_cell = _td(fmt_p(p["p_value"]) + mark(p["p_value"]), sig=_sig(p["p_value"], p["diff"]))
+        rows.append(f"<tr><th>{esc(arm)}</th>{_td(str(p['n_problems']))}{diff}{p_cell}{_td(mc or DASH)}</tr>")
+    if not rows:
+        return "<p>(no other arm)</p>"
+    return ("<table><tr><th>arm</th><th>problems</th><th>difference (95% CI)</th><th>sign-flip p</th>"
+            "<th>McNemar b/c per seed</th></tr>" + "".join(rows) + "</table>")
+
+
+def _cost_table(loaded: dict[str, list[RunRecord]]) -> str:
+    head = "<tr><th>arm</th>" + "".join(f"<th>{h}</th>" for _, h, _ in COST) + "</tr>"
+    rows = []
+    for arm, results in loaded.items():
+        cells = []
+        for key, _, kind in COST:
+            vals = [float(r.final[key]) for r in results if is_num(r.final.get(key))]
+            ms = dict(zip(("mean", "std"), mean_std(vals)), n=len(vals)) if vals else None
+            cells.append(_td(fmt_mean_std(ms, kind)))
+        rows.append(f"<tr><th>{esc(arm)}</th>{''.join(cells)}</tr>")
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
+def _turn(t: dict[str, Any]) -> str:
+    text = str(t.get("text") or "")
+    cut = f" (cut: {len(text)} characters)" if len(text) > MAX_TURN_CHARS else ""
+    facts = [f"{k} {t[k]}" for k in ("verdict", "reward", "tokens", "finish_reason") if t.get(k) is not None]
+    return (f'<div class="turn"><div class="head"><b>{esc(t.get("kind", "?"))}</b> ({esc(t.get("policy", "?"))})'
+            f"{' · ' + esc(', '.join(facts)) if facts else ''}{esc(cut)}</div>"
+            f"<pre>{esc(text[:MAX_TURN_CHARS])}</pre></div>")
+
+
+def _disagreement(d: Disagreement) -> str:
+    acc = ", ".join(f"{a}: {100 * v:.0f}%" for a, v in d.accuracy.items())
+    cards = []
+    for arm, e in d.episodes.items():
+        verdict = '<span class="badge right">right</span>' if e.correct else '<span class="badge wrong">wrong</span>'
+        turns = "".join(_turn(t) for t in e.turns if isinstance(t, dict))
+        cards.append(f'<div class="episode"><b>{esc(arm)}</b>, seed {esc(e.seed)}: final answer {verdict}{turns}</div>')
+    return (f"<h3>problem <code>{esc(d.problem_id)}</code></h3>"
+            f"<p class='sub'>final acc@t2 over seeds: {esc(acc)}</p><div class='episodes'>{''.join(cards)}</div>")
+
+
+def _episodes(ex: Examples) -> str:
+    if ex.n_disputed == 0:
+        return "<p>The arms' final answers agree on every problem: no example of a disagreement.</p>"
+    head = (f"<p>{ex.n_disputed} problem{'s' if ex.n_disputed != 1 else ''} where the arms' final acc@t2 "
+            f"(averaged over seeds) differs; {ex.n_covered} of them with logged episodes that include a right and "
+            "a wrong final answer" + (f"; the most disputed {len(ex.shown)} below (one seed per arm).</p>"
+                                      if ex.shown else ".</p>"))
+    if not ex.shown:
+        return head + ("<p class='note'>samples.jsonl covers none of the problems where the arms disagree: "
+                       "an evaluation logs only its first <code>eval.samples</code> episodes, and the final one every "
+                       "problem's only with <code>eval.final_samples</code> (on by default; runs older than that "
+                       "option lack it).</p>")
+    return head + "".join(_disagreement(d) for d in ex.shown)
+
+
+def render_html(summary: dict[str, Any], loaded: dict[str, list[RunRecord]], acc_png: bytes) -> str:
+    """The page of a :func:`~mlmt_bench.report.compare.build_comparison` summary.
+
+    loaded: arm -> its runs, as compared; acc_png: the accuracy-vs-cost figure (acc_vs_tokens.png).
+    """
+    title = summary["title"] or "Comparison"
+    baseline = summary["baseline"]
+    proto = ", ".join(f"<code>{esc(k)} = {esc(json.dumps(v))}</code>" for k, v in summary.get("protocol", {}).items())
+    seeds = ", ".join(f"{esc(a)}: {len(s['runs'])}" for a, s in summary["arms"].items())
+    panels, drawn = figures.metric_panels_svg(loaded, FEEDBACK_CURVES)
+    feedback = svg.legend(drawn) + f"<div class='panels'>{''.join(panels)}</div>" if panels else None
+    transitions = figures.transitions_svg(loaded)
+    sections = [
+        f"<h1>{esc(title)}</h1>",
+        f"<p class='lede'>Final evaluation of each run, refine-all protocol unless labelled otherwise "
+        f"({proto or 'protocol not recorded'}). Seeds per arm: {seeds}. Statistics treat the problem as the unit "
+        "(METHOD.md v2): <i>mean ± std</i> is over seeds (sample std); a 95% CI resamples problems, each keeping "
+        "all its seeds (2000 resamples); a gain or a difference is the per-problem difference of seed-averaged "
+        f"correctness with a sign-flip permutation test over problems: <b>*</b> and a shaded cell mark p &lt; {ALPHA} "
+        "(green: up, red: down). "
+        "Numbers marked <span class='badge'>oracle-gated</span> consult the verifier at test time (optimistic).</p>",
+        "<nav><a href='#metrics'>metrics</a><a href='#curves'>curves</a><a href='#transitions'>transitions</a>"
+        "<a href='#feedback'>feedback</a><a href='#cost'>cost</a><a href='#episodes'>episodes</a>"
+        "<a href='#runs'>runs</a><a href='comparison.md'>comparison.md</a></nav>",
+        "<h2 id='metrics'>Final metrics</h2>", _metrics_table(summary),
+    ]
+    if baseline is not None:
+        sections += [f"<h2 id='baseline'>Against {esc(baseline)}</h2>",
+                     f"<p>Difference = arm − {esc(baseline)} in final acc@t2 per problem (each arm's correctness "
+                     "averaged over its seeds), bootstrap 95% CI over problems, two-sided sign-flip p over problems. "
+                     f"McNemar: exact, per seed (b = arm right and {esc(baseline)} wrong, c = the reverse), never "
+                     "pooled over seeds.</p>", _paired_table(summary)]
+    sections += [
+        "<h2 id='curves'>Accuracy against training cost</h2>",
+        _figure(_img(acc_png, "eval acc@t2 against generated tokens and against FLOPs"),
+                "Eval acc@t2 (refine-all) against generated training tokens (left) and training FLOPs (right). "
+                "Line: mean over seeds at each evaluation (each run's last evaluation pooled as one point); "
+                "band: ± one sample standard deviation over seeds (none where a single seed); dashed: the "
+                "baseline's final acc@t2.", ""),
+        "<h2 id='transitions'>Turn transitions</h2>",
+        _figure(svg.legend(transitions[1]) + transitions[0] if transitions else None,
+                "Final evaluation: i→c (a wrong attempt refined to a right answer), c→i (a right attempt broken), "
+                "i→i (wrong both times), as % of all problems; mean over seeds, error bar ± one seed std. "
+                "Refine-all protocol, no oracle.",
+                "No arm has a second turn: no transitions."),
+        "<h2 id='feedback'>Feedback metrics over training</h2>",
+        _figure(feedback,
+                "From the evaluation records, against generated training tokens; mean over seeds, band ± one seed "
+                "std. feedback_effect: acc@t2 after the feedback g minus after the null feedback g∅ on the same "
+                "attempts; feedback_sensitivity: log π(ŷ | g) − log π(ŷ | g∅) per token of ŷ; leakage_rate: "
+                "feedbacks that state the gold answer; correction / regression rate: i→c / P(attempt wrong), "
+                "c→i / P(attempt right).",
+                "No arm recorded feedback metrics (no critic or oracle feedback, or eval.feedback_metrics off)."),
+        "<h2 id='cost'>Cost per method</h2>",
+        "<p>Training totals at the end of each run (final record); mean ± std over seeds. FLOPs are the "
+        "METHOD.md v2 estimate (prompts, trained sequences and extra passes counted).</p>",
+        _cost_table(loaded),
+        "<h2 id='episodes'>Example episodes where the arms disagree</h2>",
+        _episodes(find_disagreements(loaded)),
+    ]
+    if summary["notes"]:
+        sections += ["<h2 id='notes'>Notes</h2><ul>"
+                     + "".join(f"<li>{_md_inline(n)}</li>" for n in summary["notes"]) + "</ul>"]
+    sections += ["<h2 id='runs'>Runs</h2><ul>"
+                 + "".join(f"<li><b>{esc(a)}</b>: " + ", ".join(f"<code>{esc(p)}</code>" for p in s["runs"]) + "</li>"
+                           for a, s in summary["arms"].items()) + "</ul>"]
+    return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+            "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+            f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>\n"
+            + "\n".join(sections) + "\n</body></html>\n")
+
+
+def write_html(summary: dict[str, Any], loaded: dict[str, list[RunRecord]], path: Path, *, acc_png: bytes) -> Path:
+    """:func:`render_html`, written atomically to ``path``."""
+    atomic_write_text(Path(path), render_html(summary, loaded, acc_png))
+    return Path(path)

@@ -1,0 +1,190 @@
+"""Small inline-SVG charts for the HTML report: line charts with bands and grouped bar charts.
+
+matplotlib takes about a second of CPU per multi-panel figure (text layout and rasterising);
+these are strings, built in milliseconds, and stay sharp at any zoom. Colours follow
+matplotlib's default cycle (``C0``, ``C1``, ...), so an arm has the same colour here as in
+acc_vs_tokens.png. Every text is escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+#: matplotlib's tab10 cycle, C0..C9
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+           "#17becf")
+_FONT = 'font-family="system-ui,sans-serif"'
+
+
+def arm_color(i: int) -> str:
+    """The colour of the i-th arm (matplotlib's ``C{i}``)."""
+    return PALETTE[i % len(PALETTE)]
+
+
+@dataclass
+class Series:
+    """One line: points (x, y) with an optional band [lo, hi] per point (NaN: no band there)."""
+
+    label: str
+    color: str
+    x: Sequence[float]
+    y: Sequence[float]
+    lo: Sequence[float] | None = None
+    hi: Sequence[float] | None = None
+
+
+def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+    """Round values (multiples of 1, 2, 2.5 or 5 × 10^k) inside [lo, hi], about ``n`` of them."""
+    raw = (hi - lo) / n
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(s * mag for s in (1, 2, 2.5, 5, 10) if s * mag >= raw)
+    first, last = math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9)
+    return [round(k * step, 12) for k in range(first, last + 1)]
+
+
+def padded(lo: float, hi: float, frac: float = 0.05) -> tuple[float, float]:
+    """[lo, hi] widened by ``frac`` of its span on each side (by 1, or 10% of |lo|, when it has none)."""
+    if not hi > lo:
+        d = 0.1 * abs(lo) or 1.0
+        return lo - d, hi + d
+    d = frac * (hi - lo)
+    return lo - d, hi + d
+
+
+def tick_label(v: float) -> str:
+    """Compact: 0.25, 40, 12k, 1.5M, 3G, 2T."""
+    a = abs(v)
+    for div, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if a >= div:
+            return f"{v / div:g}{suffix}"
+    return f"{v:.6g}"
+
+
+def _esc(text: str) -> str:
+    return html.escape(str(text), quote=True)
+
+
+class _Frame:
+    """Maps data to pixels inside a plot area and draws its axes, grid and labels."""
+
+    def __init__(self, width: int, height: int, x_range: tuple[float, float] | None,
+                 y_range: tuple[float, float], left: int = 48, bottom: int = 36, top: int = 24, right: int = 12):
+        """x_range, y_range: the axes' limits (x_range None: no x axis, e.g. bars)."""
+        self.w, self.h = width, height
+        self.x0, self.x1, self.y0, self.y1 = left, width - right, top, height - bottom
+        self.ylo, self.yhi = y_range
+        self.yt = nice_ticks(*y_range)
+        self.xlo, self.xhi = x_range or (0.0, 1.0)
+        self.xt = nice_ticks(*x_range) if x_range else []
+
+    def px(self, x: float) -> float:
+        return self.x0 + (x - self.xlo) / (self.xhi - self.xlo) * (self.x1 - self.x0)
+
+    def py(self, y: float) -> float:
+        return self.y1 - (y - self.ylo) / (self.yhi - self.ylo) * (self.y1 - self.y0)
+
+    def axes(self, title: str, x_label: str, y_label: str) -> list[str]:
+        out = [f'<rect x="{self.x0}" y="{self.y0}" width="{self.x1 - self.x0}" height="{self.y1 - self.y0}" '
+               'fill="#fff" stroke="#444" stroke-width="0.8"/>']
+        for t in self.yt:
+            y = self.py(t)
+            out.append(f'<line x1="{self.x0}" x2="{self.x1}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e5e5e5"/>'
+                       f'<text x="{self.x0 - 4}" y="{y + 3.5:.1f}" font-size="10" text-anchor="end">'
+                       f"{_esc(tick_label(t))}</text>")
+        for t in self.xt:
+            x = self.px(t)
+            out.append(f'<line y1="{self.y0}" y2="{self.y1}" x1="{x:.1f}" x2="{x:.1f}" stroke="#e5e5e5"/>'
+                       f'<text x="{x:.1f}" y="{self.y1 + 13}" font-size="10" text-anchor="middle">'
+                       f"{_esc(tick_label(t))}</text>")
+        out.append(f'<text x="{(self.x0 + self.x1) / 2:.1f}" y="15" font-size="12" font-weight="600" '
+                   f'text-anchor="middle">{_esc(title)}</text>')
+        if x_label:
+            out.append(f'<text x="{(self.x0 + self.x1) / 2:.1f}" y="{self.h - 6}" font-size="10.5" '
+                       f'text-anchor="middle">{_esc(x_label)}</text>')
+        if y_label:
+            cy = (self.y0 + self.y1) / 2
+            out.append(f'<text x="11" y="{cy:.1f}" font-size="10.5" text-anchor="middle" '
+                       f'transform="rotate(-90 11 {cy:.1f})">{_esc(y_label)}</text>')
+        return out
+
+    def svg(self, body: list[str], label: str) -> str:
+        return (f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {self.w} {self.h}" width="{self.w}" '
+                f'height="{self.h}" role="img" aria-label="{_esc(label)}" {_FONT}>{"".join(body)}</svg>')
+
+
+def _finite(values: Sequence[float | None] | None) -> list[float]:
+    return [float(v) for v in values or [] if v is not None and math.isfinite(v)]
+
+
+def line_chart(series: list[Series], *, title: str, x_label: str, y_label: str = "", width: int = 380,
+               height: int = 250) -> str:
+    """Lines with markers and shaded bands; an empty frame saying so when no series has a point."""
+    xs = [v for s in series for v in _finite(s.x)]
+    ys = [v for s in series for v in _finite(s.y) + _finite(s.lo) + _finite(s.hi)]
+    if not xs or not ys:
+        f = _Frame(width, height, (0.0, 1.0), (0.0, 1.0))
+        return f.svg(f.axes(title, x_label, y_label) + [
+            f'<text x="{(f.x0 + f.x1) / 2:.1f}" y="{(f.y0 + f.y1) / 2:.1f}" font-size="11" text-anchor="middle" '
+            'fill="#666">not recorded</text>'], title)
+    f = _Frame(width, height, padded(min(xs), max(xs), 0.03), padded(min(ys), max(ys)))
+    body = f.axes(title, x_label, y_label)
+    for s in series:
+        pts = [(x, y) for x, y in zip(s.x, s.y) if math.isfinite(x) and math.isfinite(y)]
+        if s.lo is not None and s.hi is not None:
+            band = [(x, lo, hi) for x, lo, hi in zip(s.x, s.lo, s.hi) if math.isfinite(lo) and math.isfinite(hi)]
+            if len(band) > 1:
+                poly = [(f.px(x), f.py(hi)) for x, _, hi in band] + [(f.px(x), f.py(lo)) for x, lo, _ in band[::-1]]
+                body.append(f'<polygon points="{" ".join(f"{a:.1f},{b:.1f}" for a, b in poly)}" '
+                            f'fill="{s.color}" fill-opacity="0.2" stroke="none"/>')
+        if len(pts) > 1:
+            body.append(f'<polyline points="{" ".join(f"{f.px(x):.1f},{f.py(y):.1f}" for x, y in pts)}" '
+                        f'fill="none" stroke="{s.color}" stroke-width="1.6"/>')
+        body += [f'<circle cx="{f.px(x):.1f}" cy="{f.py(y):.1f}" r="2.3" fill="{s.color}">'
+                 f"<title>{_esc(s.label)}: {_esc(tick_label(y))} at {_esc(tick_label(x))}</title></circle>"
+                 for x, y in pts]
+    return f.svg(body, title)
+
+
+def bar_chart(categories: list[str], series: list[Series], *, y_label: str, title: str = "",
+              height: int = 260) -> str:
+    """Grouped bars: one group per category, one bar per series (``y`` per category, ``hi`` the
+    error bar's half-length or None), each labelled with its value; a NaN value draws no bar."""
+    vals = [v for s in series for v in _finite(s.y)]
+    tops = [y + (e if e is not None and math.isfinite(e) else 0) for s in series
+            for y, e in zip(s.y, s.hi or [None] * len(s.y)) if math.isfinite(y)]
+    lo, hi = min([0.0] + vals), max([1.0] + tops)
+    f = _Frame(max(420, 70 + len(categories) * (30 * len(series) + 36)), height, None,
+               (lo - 0.1 * (hi - lo) if lo < 0 else 0.0, hi + 0.12 * (hi - lo)))  # room for the value labels
+    body = f.axes(title, "", y_label)
+    group = (f.x1 - f.x0) / len(categories)
+    bar = min(34.0, 0.8 * group / max(1, len(series)))
+    for c, cat in enumerate(categories):
+        cx = f.x0 + (c + 0.5) * group
+        body.append(f'<text x="{cx:.1f}" y="{f.y1 + 14}" font-size="11" text-anchor="middle">{_esc(cat)}</text>')
+        for j, s in enumerate(series):
+            y = s.y[c]
+            if not math.isfinite(y):
+                continue
+            x = cx + (j - len(series) / 2) * bar
+            top, base = f.py(max(y, 0.0)), f.py(min(y, 0.0))
+            body.append(f'<rect x="{x:.1f}" y="{top:.1f}" width="{bar:.1f}" height="{max(base - top, 0.5):.1f}" '
+                        f'fill="{s.color}"><title>{_esc(s.label)}: {y:.1f}</title></rect>')
+            err = (s.hi or [None] * len(s.y))[c]
+            if err is not None and math.isfinite(err) and err > 0:
+                mid = x + bar / 2
+                body.append(f'<path d="M{mid:.1f},{f.py(y + err):.1f}V{f.py(y - err):.1f}'
+                            f'M{mid - 3:.1f},{f.py(y + err):.1f}h6M{mid - 3:.1f},{f.py(y - err):.1f}h6" '
+                            'stroke="#222" stroke-width="1"/>')
+            label_y = f.py(y + (err if err is not None and math.isfinite(err) else 0)) - 3
+            body.append(f'<text x="{x + bar / 2:.1f}" y="{label_y:.1f}" font-size="9" text-anchor="middle">'
+                        f"{y:.1f}</text>")
+    return f.svg(body, title or y_label)
+
+
+def legend(items: list[tuple[str, str]]) -> str:
+    """An HTML legend: (label, colour) swatches in a row."""
+    return '<div class="legend">' + "".join(
+        f'<span><i style="background:{c}"></i>{_esc(label)}</span>' for label, c in items) + "</div>"

@@ -1,0 +1,161 @@
+"""The HTML report (index.html): its content from hand-built run directories, the example
+episodes where arms disagree, escaping of model output, the inline SVG charts, and the page as
+headless Chromium renders it (no console error, every figure decoded or drawn, nothing fetched
+from outside the file)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from mlmt_bench.report.compare import build_comparison
+from mlmt_bench.report.episodes import find_disagreements
+from mlmt_bench.report.html import esc
+from mlmt_bench.report.runs import load_run
+from mlmt_bench.report.svg import Series, bar_chart, line_chart, nice_ticks, padded
+
+from headless_chromium import find_chromium, load_page
+from test_report import make_run
+
+# Model output that would run script, load an image or break the page if it were not escaped;
+# with a NUL and a lone surrogate (a broken generation) that UTF-8 cannot encode.
+HOSTILE = ('</pre></div><script>console.error("injected")</script><img src="x" onerror="console.error(1)">'
+           '<style>body{display:none}</style> & \x00 \ud800 done')
+
+
+def _episode(attempt: str, refine: str, ok: bool) -> list[dict]:
+    return [{"kind": "attempt", "policy": "solver", "text": attempt, "reward": 0.0, "verdict": "wrong", "tokens": 5,
+             "finish_reason": "stop"},
+            {"kind": "feedback", "policy": "critic", "text": "check the carry", "reward": None, "verdict": None,
+             "tokens": 4, "finish_reason": "stop"},
+            {"kind": "refine", "policy": "solver", "text": refine, "reward": float(ok),
+             "verdict": "ok" if ok else "wrong", "tokens": 5, "finish_reason": "stop"}]
+
+
+def _feedback_evals(scale: float) -> dict[int, dict]:
+    return {step: {"feedback_effect": scale * i / 10, "feedback_sensitivity": 0.1 * i, "leakage_rate": 0.0,
+                   "correction_rate": 0.2 * i, "regression_rate": 0.05, "i->i": 0.5 - 0.1 * i}
+            for i, step in enumerate((0, 10, 20))}
+
+
+@pytest.fixture()
+def experiment(tmp_path: Path) -> dict[str, list[Path]]:
+    """grpo (2 seeds) right on p0, p1 of 8 problems; mlmt (2 seeds) right on all 8 at the end,
+    with feedback metrics over training; samples at step 0 (stale) and at the final step."""
+    r = tmp_path / "runs"
+    grpo_t = [1, 1, 0, 0, 0, 0, 0, 0]
+    grpo = [make_run(r, f"grpo-2025010{s}T000000Z", seed=s, arm="grpo", feedback=False,
+                     curve=[(0, 0, 0.0, .125, .125), (10, 1000 + s, 1e12, .2, .2), (20, 2000 + 50 * s, 2e12, .25, .25)],
+                     t1=grpo_t, t2=grpo_t,
+                     samples={20: {"p2": [dict(_episode("12", "12", False)[0], verdict="wrong")]}})
+            for s in (0, 1)]
+    mlmt = [make_run(r, f"mlmt-2025010{s}T000000Z", seed=s, arm="mlmt",
+                     curve=[(0, 0, 0.0, .125, .25), (10, 3000, 3e12, .25, .6 + .1 * s),
+                            (20, 6000 + 100 * s, 6e12, .25, 1.0)],
+                     t1=grpo_t, t2=[1] * 8, eval_extra=_feedback_evals(1 + s),
+                     samples={0: {"p2": _episode("stale", "stale", False)},
+                              20: {"p2": _episode("7 + 5 = 13", HOSTILE, True),
+                                   "p3": _episode("9", "10", True)}})
+            for s in (0, 1)]
+    return {"grpo": grpo, "mlmt": mlmt}
+
+
+def test_disagreements_come_from_the_final_step_most_disputed_first(experiment):
+    loaded = {arm: [load_run(p) for p in paths] for arm, paths in experiment.items()}
+    ex = find_disagreements(loaded, limit=3)
+    # p2..p7: grpo 0% (both seeds), mlmt 100%; only p2 has a logged episode in both arms
+    # (grpo's p2 turns end wrong, mlmt's right); p3 has mlmt's only, so it shows no contrast
+    assert (ex.n_disputed, ex.n_covered) == (6, 1)
+    [d] = ex.shown
+    assert d.problem_id == "p2" and d.accuracy == {"grpo": 0.0, "mlmt": 1.0}
+    assert d.episodes["mlmt"].seed == 0 and d.episodes["mlmt"].correct
+    assert d.episodes["mlmt"].turns[2]["text"] == HOSTILE  # the final step's episode, not step 0's
+    assert not d.episodes["grpo"].correct
+
+
+def test_index_html_content_and_escaping(experiment, tmp_path):
+    out = tmp_path / "report"
+    summary = build_comparison(experiment, out, baseline="grpo", title="toy <b>")
+    page = (out / "index.html").read_text(encoding="utf-8")
+    assert summary["files"]["index.html"] == str(out / "index.html")
+    # self-contained: no script, no external reference; the PNG embedded, the other figures inline
+    # SVG: 5 feedback-metric panels (mlmt's eval records have them) and the transition bars
+    assert "<script" not in page
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)
+    assert len(re.findall(r'<img src="data:image/png;base64,', page)) == 1 and page.count("<svg ") == 6
+    # every run-supplied text escaped: the title and the model's output
+    assert "<title>toy &lt;b&gt;</title>" in page and "toy <b>" not in page
+    assert HOSTILE not in page and esc(HOSTILE[:40]) in page and "\x00" not in page
+    # the same numbers as comparison.md; the significant difference marked (sign flips over 6
+    # problems, all +1: p = 2/64); oracle-gated numbers labelled
+    md = (out / "comparison.md").read_text()
+    assert "100.0% ± 0.0" in md and ">100.0% ± 0.0<" in page
+    assert summary["paired"]["mlmt"]["p_value"] == pytest.approx(2 / 64)
+    assert re.search(r'<td class="num sig up">\+75\.0 pp \*<div class="sub">95% CI', page)
+    assert '<span class="badge">oracle-gated</span>' in page
+    # cost per method: trained tokens and wall seconds too (tok // 2 and 1.0 s in make_run)
+    assert re.search(r"<th>mlmt</th><td class=\"num\">6050 ± 71</td><td class=\"num\">3025 ± 35</td>", page)
+    assert "1 of them with logged episodes" in page
+
+
+def test_the_page_says_when_samples_cover_no_disagreement(tmp_path):
+    r = tmp_path / "runs"
+    a = make_run(r, "grpo-20250101T000000Z", seed=0, arm="grpo", feedback=False, curve=[(0, 0, 0.0, .5, .5)],
+                 t1=[1, 1, 0, 0], t2=[1, 1, 0, 0], samples={0: {"p0": _episode("1", "1", True)}})
+    b = make_run(r, "m-20250101T000000Z", seed=0, arm="m", curve=[(0, 0, 0.0, .5, .75)],
+                 t1=[1, 1, 0, 0], t2=[1, 1, 1, 0], samples={0: {"p0": _episode("1", "1", True)}})
+    build_comparison({"grpo": [a], "m": [b]}, tmp_path / "o")
+    page = (tmp_path / "o" / "index.html").read_text()
+    assert "1 problem where the arms" in page and "samples.jsonl covers none of the problems" in page
+    assert "No arm recorded feedback metrics" in page  # curves come from eval records; these have none
+
+
+def test_svg_charts_ticks_bands_and_escaping():
+    assert nice_ticks(*padded(0, 100)) == [0, 25, 50, 75, 100]
+    assert nice_ticks(*padded(0, 6100, 0.03)) == [0, 2000, 4000, 6000]
+    assert nice_ticks(-0.013, 0.0) == [-0.01, -0.005, 0.0]
+    nasty = '</svg><script>alert(1)</script>'
+    two_seeds = Series(nasty, "#1f77b4", [0, 1, 2], [1.0, 2.0, 3.0], [0.5, 1.5, 2.5], [1.5, 2.5, 3.5])
+    one_seed = Series("b", "#ff7f0e", [0, 1, 2], [3.0, 2.0, 1.0], [float("nan")] * 3, [float("nan")] * 3)
+    chart = line_chart([two_seeds, one_seed], title=nasty, x_label="tokens")
+    assert "<script" not in chart and chart.count("</svg>") == 1 and "&lt;script&gt;" in chart
+    assert chart.count("<polygon") == 1 and chart.count("<polyline") == 2 and chart.count("<circle") == 6
+    assert "not recorded" in line_chart([], title="t", x_label="x")
+    bars = bar_chart(["i→c", "c→i"], [Series(nasty, "#1f77b4", [0, 1], [10.0, float("nan")], None, [2.0, None])],
+                     y_label="%")
+    assert "<script" not in bars and bars.count('fill="#1f77b4"') == 1 and bars.count("<path") == 1
+
+
+CHROMIUM = find_chromium()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary (Debian: apt-get install chromium)")
+def test_index_html_in_headless_chromium(experiment, tmp_path):
+    out = tmp_path / "report"
+    build_comparison(experiment, out, baseline="grpo", title="toy")
+    report = load_page(CHROMIUM, out / "index.html", probes={
+        "scripts": "document.scripts.length",
+        "hostile_shown_as_text": "document.body.innerText.includes('<script>console.error(\"injected\")</script>')",
+        "significant_cells": "document.querySelectorAll('td.sig').length",
+        "tables": "document.querySelectorAll('table').length",
+        # every inline SVG figure laid out at a readable size and holding its marks
+        "svgs_drawn": "[...document.querySelectorAll('figure svg')].map(s => s.getBoundingClientRect().width > 300"
+                      " && s.querySelectorAll('polyline, rect[fill^=\"#\"]').length > 0)",
+        "body_visible": "getComputedStyle(document.body).display !== 'none'",
+    })
+    (tmp_path / "index.png").write_bytes(report.screenshot)
+    assert report.errors() == []
+    assert [(i["alt"], i["ok"]) for i in report.images] == [
+        ("eval acc@t2 against generated tokens and against FLOPs", True)]
+    assert report.images[0]["width"] > 1000
+    # nothing but the file and its embedded images: no network
+    assert report.requests[0] == (out / "index.html").resolve().as_uri()
+    assert all(u.startswith("data:image/png;base64,") for u in report.requests[1:])
+    assert report.title == "toy"
+    # significant: mlmt's gain over step 0 (8 of 8 problems up: p = 2/256), its difference from
+    # grpo in the metrics table and in the paired table (p = 2/64); grpo's gain (2 problems) is not
+    assert report.probes == {"scripts": 0, "hostile_shown_as_text": True, "significant_cells": 3, "tables": 3,
+                             "svgs_drawn": [True] * 6, "body_visible": True}
+    assert report.screenshot[:8] == b"\x89PNG\r\n\x1a\n" and len(report.screenshot) > 50_000
