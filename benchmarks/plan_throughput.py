@@ -29,7 +29,6 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 for p in (ROOT, ROOT / "benchmarks"):

@@ -16,7 +16,7 @@ import yaml
 from typer.testing import CliRunner
 
 from mlmt_bench.cli import app
-from mlmt_bench.models.configs import policy_shape, shape_from_registry_file, shape_of_path, shape_of_preset
+from mlmt_bench.models.configs import shape_from_registry_file, shape_of_path, shape_of_preset
 from mlmt_bench.spec import LoraSpec, validate_run
 
 from conftest import minimal_spec
@@ -167,7 +167,7 @@ def test_activation_estimate_is_calibrated_against_autograd(preset, dtype):
     from mlmt_bench.algorithms.update import TrainItem, sequence_logprobs
     from mlmt_bench.models.tiny import build_tiny_model
     from mlmt_bench.models.tokenizer import build_char_tokenizer
-    from mlmt_bench.plan import _act_bytes_per_token
+    from mlmt_bench.plan.memory import act_bytes_per_token
 
     tok = build_char_tokenizer()
     model = build_tiny_model(preset, tok, 0).to(dtype)
@@ -185,7 +185,7 @@ def test_activation_estimate_is_calibrated_against_autograd(preset, dtype):
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved = sum(v for k, v in storages.items() if k not in params)
     b = torch.finfo(dtype).bits // 8
-    estimate = rows * (prompt + new) * _act_bytes_per_token(shape, b, False) + rows * (new + 1) * shape.vocab * 4
+    estimate = rows * (prompt + new) * act_bytes_per_token(shape, b, False) + rows * (new + 1) * shape.vocab * 4
     assert 1.0 <= estimate / saved <= 1.3, estimate / saved
 
 
