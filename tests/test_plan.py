@@ -77,6 +77,17 @@ def test_the_308m_preset_is_the_issues_model(tiny_ckpt):
 # tokens per step
 
 
+def _two_problem_spec(ckpt, algo, params, new_tokens, feedback_tokens, steps, **over):
+    """A validated spec: 2 synthetic-arith problems per step, tiny solver and critic from ``ckpt``."""
+    d = minimal_spec(**over)
+    d["benchmark"] = {"name": "synthetic-arith", "train_limit": 2, "eval_limit": 2}
+    d["policies"] = {"solver": {"model": "tiny", "path": str(ckpt)}, "critic": {"model": "tiny", "path": str(ckpt)}}
+    d["algorithm"] = {"name": algo, "params": params}
+    d["backend"] = {"max_new_tokens": new_tokens, "feedback_max_new_tokens": feedback_tokens}
+    d["train"] = {"steps": steps, "problems_per_step": 2}
+    return validate_run(d, "test")
+
+
 class FullLengthBackend:
     """Every turn runs to its limit with plain characters, as the plan's upper bound assumes."""
 
@@ -95,14 +106,7 @@ def test_step_tokens_are_those_of_a_rollout_at_full_length(tiny_ckpt, tmp_path, 
     from mlmt_bench.plan import plan_run, resolve_device, load_table
     from mlmt_bench.rollout.episodes import Actors, Sampling, rollout
 
-    d = minimal_spec()
-    d["benchmark"] = {"name": "synthetic-arith", "train_limit": 2, "eval_limit": 4}
-    d["policies"] = {"solver": {"model": "tiny", "path": str(tiny_ckpt)},
-                     "critic": {"model": "tiny", "path": str(tiny_ckpt)}}
-    d["algorithm"] = {"name": algo, "params": params}
-    d["backend"] = {"max_new_tokens": 12, "feedback_max_new_tokens": 7}
-    d["train"] = {"steps": 3, "problems_per_step": 2}
-    spec = validate_run(d, "test")
+    spec = _two_problem_spec(tiny_ckpt, algo, params, 12, 7, steps=3)
     table = load_table()
     plan = plan_run(spec, resolve_device("cpu", table), 1, table)
 
@@ -338,16 +342,8 @@ def test_a_steps_flops_are_what_the_trainer_counts(tiny_ckpt, tmp_path, algo, pa
     from mlmt_bench.plan import load_table, plan_run, resolve_device
     from mlmt_bench.tracking import RunDir
 
-    d = minimal_spec()
-    d["output_dir"] = str(tmp_path / "runs")
-    d["benchmark"] = {"name": "synthetic-arith", "train_limit": 2, "eval_limit": 2}
-    d["policies"] = {"solver": {"model": "tiny", "path": str(tiny_ckpt)},
-                     "critic": {"model": "tiny", "path": str(tiny_ckpt)}}
-    d["algorithm"] = {"name": algo, "params": params}
-    d["backend"] = {"max_new_tokens": 10, "feedback_max_new_tokens": 6}
-    d["train"] = {"steps": 1, "problems_per_step": 2}
-    d["eval"] = {"every": 0, "feedback_metrics": False, "samples": 0}
-    spec = validate_run(d, "test")
+    spec = _two_problem_spec(tiny_ckpt, algo, params, 10, 6, steps=1, output_dir=str(tmp_path / "runs"),
+                             eval={"every": 0, "feedback_metrics": False, "samples": 0})
     table = load_table()
     planned = sum(plan_run(spec, resolve_device("cpu", table), 1, table)["per_step"]["flops"].values())
 

@@ -15,13 +15,7 @@ from mlmt_bench.rollout.hf_backend import HFBackend
 TEXTS = ["1+2=", "hello there, how", "x", "9-6+9+1 = ?", "abc" * 7, "what is 3*4", "zz", "Q: 12+7;", "the end", "0"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """These tests compare whole decodes; one thread keeps them fast on a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py: whole decodes, fast on 2 shared cores
 
 
 @pytest.fixture(scope="module")
