@@ -10,9 +10,12 @@ Both sides: the same 8 ``synthetic-arith`` train problems per step × G samples,
 new tokens (EOS suppressed until then with ``min_new_tokens``, so both generate the same number
 of tokens), temperature 1, top_p 1, no top-k, beta = 0 (no reference model), 1 optimisation
 epoch, clip 0.2, token-mean loss (TRL ``loss_type="dapo"``), AdamW (``adamw_torch``, not fused),
-grad-norm clip 1.0, constant learning rate, no gradient checkpointing, float32 on CPU, the same
-torch thread count. A step is everything between two consecutive steps of each trainer's own
-loop: rollout + reward + advantages + loss + backward + optimiser step + logging.
+grad-norm clip 1.0, constant learning rate, no gradient checkpointing, float32 on CPU (``--dtype``;
+both sides use the GPU when there is one), the same torch thread count. ``--decode static`` runs
+mlmt-bench's generation through the hf backend's static-cache path (TRL always uses ``generate``);
+``benchmarks/gpu_step_time.py`` drives this script on a GPU. A step is everything between two
+consecutive steps of each trainer's own loop: rollout + reward + advantages + loss + backward +
+optimiser step + logging.
 
 - mlmt-bench: the real code path — a :class:`RunSpec` → ``runner.build`` → ``runner.make_trainer``
   → ``Trainer.train()`` with ``train.steps = warmup + steps``; step times are the differences of
@@ -58,6 +61,13 @@ if str(ROOT) not in sys.path:
 
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def _peak_gpu_mb() -> float | None:
+    """Peak memory torch allocated on the GPU in this process (MiB), None without one."""
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2 ** 20 if torch.cuda.is_available() else None
 
 
 def _stats(xs: list[float]) -> dict[str, float]:
@@ -123,14 +133,15 @@ def run_mlmt(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "output_dir": str(work / "runs"),
         "benchmark": {"name": "synthetic-arith", "train_limit": args.prompts, "eval_limit": 1},
-        "policies": {"solver": {"model": "tiny", "path": args.model_dir, "lr": args.lr}},
-        "backend": {"name": "hf", "temperature": 1.0, "top_p": 1.0, "max_new_tokens": args.max_new_tokens},
+        "policies": {"solver": {"model": "tiny", "path": args.model_dir, "lr": args.lr, "dtype": args.dtype}},
+        "backend": {"name": "hf", "temperature": 1.0, "top_p": 1.0, "max_new_tokens": args.max_new_tokens,
+                    "options": {"decode": args.decode}},
         "algorithm": {"name": "grpo", "params": {"group_size": args.group_size, "beta": 0.0, "epochs": 1,
                                                  "clip_low": 0.2, "clip_high": 0.2, "loss_agg": "token_mean",
                                                  "scale": "std"}},
         "train": {"steps": total, "problems_per_step": args.prompts, "grad_accum": 1, "grad_clip": 1.0,
                   "weight_decay": 0.0, "schedule": "constant", "warmup_steps": 0, "checkpoint_every": 0,
-                  "threads": args.threads},
+                  "threads": args.threads, "deterministic": args.deterministic},
         "eval": {"every": 0, "limit": 1, "feedback_metrics": False, "samples": 0, "protocols": ["refine_all"]},
     }
     spec = validate_run(data, "grpo_step_time")
@@ -202,6 +213,7 @@ def run_mlmt(args: argparse.Namespace) -> dict[str, Any]:
                                                               zip(step_s, rollout_s, update_s)])},
         "total_train_call_s": elapsed,
         "peak_rss_mb": _peak_rss_mb(),
+        "peak_gpu_mb": _peak_gpu_mb(),
         "torch_threads": torch.get_num_threads(),
         "deterministic": spec.train.deterministic,
         "run_dir": str(run_dir.path),
@@ -254,7 +266,7 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
         return [float(verifier.score(problems[i], t).reward) + bonus(t) for i, t in zip(pid, texts)]
 
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
-    model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=getattr(torch, args.dtype))
     work = Path(tempfile.mkdtemp(prefix="grpo_step_time_trl_"))
     gen_kwargs = {"min_new_tokens": args.max_new_tokens} if args.force_length else None
     config = GRPOConfig(
@@ -283,9 +295,9 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
         logging_steps=1,
         save_strategy="no",
         report_to=[],
-        use_cpu=True,
-        bf16=False,
-        fp16=False,
+        use_cpu=not torch.cuda.is_available(),
+        bf16=args.dtype == "bfloat16",
+        fp16=args.dtype == "float16",
         gradient_checkpointing=False,
         shuffle_dataset=False,
         dataloader_num_workers=0,
@@ -359,6 +371,7 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
                      "other (callbacks, logging, loop)": _stats([s - c for s, c in zip(step_s, core)])},
         "total_train_call_s": elapsed,
         "peak_rss_mb": _peak_rss_mb(),
+        "peak_gpu_mb": _peak_gpu_mb(),
         "torch_threads": torch.get_num_threads(),
         "generation_config": {k: getattr(trainer.generation_config, k, None)
                               for k in ("max_new_tokens", "min_new_tokens", "do_sample", "temperature", "top_p",
@@ -388,23 +401,31 @@ def _child(args: argparse.Namespace, side: str, model_dir: str, out: Path, profi
            "--warmup", str(args.warmup), "--steps", str(args.steps), "--prompts", str(args.prompts),
            "--group-size", str(args.group_size), "--max-new-tokens", str(args.max_new_tokens),
            "--lr", str(args.lr), "--threads", str(args.threads), "--profile-top", str(args.profile_top),
-           "--reward", args.reward]
+           "--reward", args.reward, "--dtype", args.dtype, "--decode", args.decode]
+    if not args.deterministic:
+        cmd.append("--no-deterministic")
     if not args.force_length:
         cmd.append("--no-force-length")
     if profile:
         cmd.append("--profile")
     if args.keep_tmp:
         cmd.append("--keep-tmp")
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
+    return run_child(cmd, out, threads=args.threads, verbose=args.verbose, what=f"{side} run")
+
+
+def run_child(cmd: list[str], out: Path, *, threads: int, verbose: bool, what: str) -> dict[str, Any]:
+    """Run a benchmark child process (offline, ``threads`` CPU threads) and read the JSON it wrote to
+    ``out``, with the load average around it and its wall time."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
            "PYTHONWARNINGS": "ignore"}
     load_before = os.getloadavg()
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=str(ROOT), env=env, capture_output=not args.verbose, text=True)
+    proc = subprocess.run(cmd, cwd=str(ROOT), env=env, capture_output=not verbose, text=True)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         sys.stderr.write((proc.stdout or "") + (proc.stderr or ""))
-        raise SystemExit(f"{side} run failed (exit {proc.returncode})")
+        raise SystemExit(f"{what} failed (exit {proc.returncode})")
     res = json.loads(out.read_text())
     res.update(loadavg_before=list(load_before), loadavg_after=list(os.getloadavg()), process_wall_s=wall)
     return res
@@ -479,6 +500,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--threads", type=int, default=2, help="torch threads on both sides")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="both sides' model dtype (a GPU is used when there is one)")
+    p.add_argument("--decode", default="generate", choices=["generate", "static"],
+                   help="mlmt-bench's hf backend generation path (TRL always uses generate)")
+    p.add_argument("--no-deterministic", dest="deterministic", action="store_false",
+                   help="mlmt side: train.deterministic false (TRL does not ask for deterministic kernels)")
     p.add_argument("--reward", choices=["verifier", "dense", "both"], default="both",
                    help="verifier: the synthetic verifier's 0/1 reward (an untrained model scores ~0, so most "
                         "groups have zero advantage and mlmt skips their backward pass); dense: + a small "

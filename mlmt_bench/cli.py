@@ -136,6 +136,25 @@ def validate(
 
 @app.command()
 @_user_errors
+def plan(
+    spec: Path = typer.Argument(..., help="Run or experiment spec (YAML)."),
+    overrides: Optional[list[str]] = SetOption,
+    device: str = typer.Option("auto", "--device", help="auto (this machine), cpu, h200, h100-80gb, a100-80gb, ..."),
+    gpus: int = typer.Option(1, "--gpus", min=1, help="Data-parallel processes (each gets its share of the problems)."),
+    force: bool = typer.Option(False, "--force", help="Plan a spec even if it does not fit the device's memory."),
+) -> None:
+    """Parameters, tokens, FLOPs, peak memory and time of a run, estimated offline before it starts."""
+    from mlmt_bench.plan import plan_spec, refusal, render
+
+    result = plan_spec(spec, overrides or [], device=device, gpus=gpus)
+    _emit(result, lambda: typer.echo(render(result)))
+    why = refusal(result)
+    if why is not None and not force:
+        raise UserError(why)
+
+
+@app.command()
+@_user_errors
 def run(
     spec: Optional[Path] = typer.Argument(None, help="Run or experiment spec (YAML)."),
     overrides: Optional[list[str]] = SetOption,

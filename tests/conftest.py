@@ -20,6 +20,18 @@ def tiny_ckpt(tmp_path_factory) -> Path:
     return d
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a test module: tiny models gain nothing from threads, and on the
+    shared 2-core machine they made tests several times slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def minimal_spec(**over) -> dict:
     spec = {
         "name": "t",

@@ -24,13 +24,7 @@ def _items(n: int = 11, seed: int = 0) -> list[TrainItem]:
                       advantage=rng.gauss(0.0, 1.0), beta=0.1 * (i % 2)) for i in range(n)]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The tiny model gains nothing from threads, and on a shared machine they cost 4x."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,9 @@
 """Tiny Llama-architecture policies built from a preset (no download), for CPU runs and tests.
 
-The presets live in ``registry/models/tiny-*.yaml`` (the single source of the numbers):
-``tiny-0.5m``, ``tiny-2m``, ``tiny-8m``, ``tiny-20m``. The vocabulary, pad and EOS ids come
+The presets live in ``registry/models/*.yaml`` with ``kind: tiny`` (the single source of the
+numbers): ``tiny-0.5m``, ``tiny-2m``, ``tiny-8m``, ``tiny-20m``, and ``llama-308m`` (issue 14's
+GPU benchmark model). Files with ``kind: hf`` there hold hub models' architecture numbers for
+``mlmt-bench plan`` (:mod:`mlmt_bench.models.configs`). The vocabulary, pad and EOS ids come
 from the tokenizer; there is no BOS; input and output embeddings are tied.
 
 A preset is found, in order, in ``$MLMT_BENCH_REGISTRY/models/``, ``./registry/models/``, the
@@ -45,10 +47,19 @@ def registry_dirs() -> list[Path]:
 
 
 def preset_names() -> list[str]:
+    """Presets built from config (``kind: tiny``, the default); ``kind: hf`` files describe hub models."""
+    from mlmt_bench.bounded_input import load_yaml, read_text
+
     names: set[str] = set()
     for d in registry_dirs():
         if d.is_dir():
-            names.update(p.stem for p in d.glob("tiny-*.yaml"))
+            for p in d.glob("*.yaml"):
+                try:
+                    data = load_yaml(read_text(p), str(p))
+                except UserError:  # unreadable or invalid: not listed (load_preset names the problem)
+                    continue
+                if isinstance(data, dict) and data.get("kind", "tiny") == "tiny":
+                    names.add(p.stem)
     return sorted(names)
 
 
@@ -78,6 +89,9 @@ def load_preset(preset: str | os.PathLike[str]) -> dict[str, Any]:
     data = load_yaml(read_text(path), str(path))
     if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
         raise UserError(f"{path}: expected a mapping with a 'config:' mapping of LlamaConfig numbers")
+    if data.get("kind", "tiny") != "tiny":
+        raise UserError(f"{path}: kind {data.get('kind')!r} describes a hub model's architecture, not a preset "
+                        f"to build (use model: hf with path {data.get('hub', '?')!r})")
     unknown = sorted(str(k) for k in set(data["config"]) - set(CONFIG_KEYS))
     if unknown:
         raise UserError(f"{path}: config: unknown key(s) {shorten(', '.join(unknown), 200)} "

@@ -1,0 +1,162 @@
+"""``mlmt-bench plan SPEC``: what a run will cost, before it starts.
+
+Everything is read offline: the spec, each policy's architecture (:mod:`mlmt_bench.models.configs`:
+a preset, a local config.json, or a ``registry/models`` file for a hub name), the algorithm's own
+episode program (G attempts, K feedbacks, M refinements) and update schedule, the benchmark's
+prompts when its data is on disk (else an estimate, labelled). Nothing is downloaded or loaded.
+
+Reported, per GPU (a process under data parallelism gets ``problems_per_step / gpus`` problems):
+
+- parameters per policy, and the trainable ones (LoRA adapters counted from the wrapped layers);
+- per training step, as **upper bounds** (every turn runs to its ``max_new_tokens``): sequences,
+  prefill / generated / trained / extra-forward tokens and FLOPs by METHOD.md v2
+  (:mod:`mlmt_bench.metrics.cost`, as the trainer counts them: prompts as prefill, whole trained
+  sequences every epoch, every extra forward pass once: reference log-probs when β > 0, old
+  log-probs when epochs > 1, the learned value's features, self_distill's KL teacher);
+- the same for the whole run (``train.steps``, or fewer if the token budget ends it first at these
+  lengths) and its evaluations;
+- estimated peak memory: weights, LoRA adapters, gradients and AdamW states (in the parameters'
+  dtype; LoRA adapters are float32, peft's default), the frozen reference copy (full fine-tuning
+  with β > 0), the generation engine (vLLM: ``gpu_memory_utilization`` × device memory per model;
+  hf static decode: its KV-cache budget; hf generate: the KV cache of the largest call), and the
+  larger of the generation phase (prefill activations, KV of plain generate) and the training
+  phase (activations of the largest micro-batch as ``train.micro_batch_tokens`` and
+  ``grad_accum`` split the update, checkpointed with ``gradient_checkpointing``, and the float32
+  log-softmax over the vocabulary of the trained positions) and the log-prob phase before it
+  (π_ref / π_old logits), plus a fixed runtime overhead. Not included: allocator
+  fragmentation, the learned value's feature pass, vLLM's own compile workspace, DAPO dynamic
+  sampling's extra rounds, other processes. Treat it as ±30 %.
+- estimated time from measured tokens/s (``mlmt_bench/data/throughput.yaml``, keyed by device and
+  model; the nearest model size on the device is scaled by parameter count).
+
+A spec whose estimated peak exceeds the device's memory is refused (one-line error, exit 2)
+unless ``--force``.
+
+Modules: :mod:`~mlmt_bench.plan.work` (turns and tokens of a step), :mod:`~mlmt_bench.plan.memory`
+(the memory estimate), :mod:`~mlmt_bench.plan.throughput` (devices, the table, time) and
+:mod:`~mlmt_bench.plan.text` (the printed plan); this one assembles them.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from mlmt_bench.errors import UserError
+from mlmt_bench.plan.memory import estimate_memory
+from mlmt_bench.plan.text import render
+from mlmt_bench.plan.throughput import GB, Device, backend_key, load_table, resolve_device, time_estimate
+from mlmt_bench.plan.work import (eval_work, evaluations, generated_turns, planned_policies, prompt_lengths, step_work,
+                                  trained_turns)
+
+__all__ = ["plan_run", "plan_spec", "refusal", "render", "load_table", "resolve_device", "Device"]
+
+
+def plan_run(spec: Any, device: Device, gpus: int = 1, table: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The plan of one validated :class:`~mlmt_bench.spec.RunSpec` (a JSON-able dict)."""
+    from mlmt_bench import registry
+
+    if gpus < 1:
+        raise UserError(f"--gpus must be ≥ 1, got {gpus}")
+    table = table if table is not None else load_table()
+    algo_cls = registry.algorithms.get(spec.algorithm.name)
+    params = algo_cls.Params.model_validate(spec.algorithm.params)
+    algorithm = algo_cls(params, spec.train.steps)
+    policies = planned_policies(spec, algorithm)
+    lengths = prompt_lengths(spec)
+    b = spec.backend
+    t_new, t_fb = b.max_new_tokens, b.feedback_max_new_tokens or b.max_new_tokens
+    n = max(1, math.ceil(spec.train.problems_per_step / gpus))
+    program = algorithm.program(0)
+    turns = generated_turns(program, n, lengths, t_new, t_fb)
+    trained = trained_turns(turns, spec.algorithm.name, policies, lengths)
+    value_tokens = 0.0
+    if getattr(algorithm, "value_model", None) is not None:  # features of each feedback's refinement context
+        refine = next((t for t in turns if t.kind == "refine"), None)
+        feedback = next((t for t in turns if t.kind == "feedback"), None)
+        if refine is not None and feedback is not None:
+            value_tokens = feedback.count * refine.prompt
+    step = step_work(turns, trained, params, value_tokens)
+    if spec.algorithm.name == "self_distill" and getattr(params, "distill", "") == "kl":
+        refine = next(t for t in turns if t.kind == "refine")  # the teacher reads the refinement in its context
+        step.add("forward", "solver", refine.count * (refine.prompt + refine.new))
+    model_params = {r: p.shape.params for r, p in policies.items()}
+
+    gen_per_step = sum(step.generated.values()) * gpus
+    steps = spec.train.steps
+    budget_steps = None
+    if spec.train.token_budget and gen_per_step:
+        budget_steps = math.ceil(spec.train.token_budget / gen_per_step)
+        steps = min(steps, budget_steps)
+    if spec.train.flop_budget:
+        flops_per_step = sum(step.flops(model_params).values()) * gpus
+        flop_steps = math.ceil(spec.train.flop_budget / flops_per_step) if flops_per_step else steps
+        budget_steps = flop_steps if budget_steps is None else min(budget_steps, flop_steps)
+        steps = min(steps, flop_steps)
+    n_eval_runs = evaluations(steps, spec.eval.every)
+    e = lengths.eval_problems or 0
+    eval_program = algorithm.eval_program()
+    eval_turns = generated_turns(eval_program, e, lengths, t_new, t_fb)
+    one_eval = eval_work(eval_program, e, lengths, t_new, t_fb, spec.eval.feedback_metrics)
+    train_total = step.scaled(steps)
+    eval_total = one_eval.scaled(n_eval_runs)
+
+    memory = estimate_memory(spec, policies, turns, trained, eval_turns, device)
+    time_est = time_estimate(table, device, policies, step, one_eval, steps, n_eval_runs, backend_key(spec))
+    return {
+        "spec": spec.name, "algorithm": spec.algorithm.name,
+        "device": {"kind": device.kind, "memory_bytes": device.memory, "description": device.description},
+        "gpus": gpus,
+        "policies": [{"role": r, "model": p.spec.path or p.shape.name, "source": p.shape.source,
+                      "params": p.shape.params, "trainable": p.trainable, "lora_params": p.lora_params,
+                      "dtype": p.spec.dtype, "shared_with_solver": p.shared,
+                      "fine_tuning": ("LoRA r %d" % p.spec.lora.r) if p.spec.lora else "full",
+                      "updated": p.trains} for r, p in policies.items()],
+        "program": {"problems_per_step": spec.train.problems_per_step, "problems_per_gpu": n,
+                    "attempts": program.attempts, "feedback": program.feedback, "feedbacks": program.feedbacks,
+                    "refinements": program.refinements, "max_new_tokens": t_new, "feedback_max_new_tokens": t_fb},
+        "prompt_tokens": {"attempt": lengths.attempt, "feedback_extra": lengths.feedback_extra,
+                          "refine_extra": lengths.refine_extra, "source": lengths.source},
+        "per_step": {"sequences": {f"{t.kind} ({t.role})": t.count for t in turns},
+                     "tokens": vars(step), "flops": step.flops(model_params)},
+        "run": {"steps": steps, "steps_in_spec": spec.train.steps, "budget_steps": budget_steps,
+                "evaluations": n_eval_runs, "eval_problems": e,
+                "train_tokens": vars(train_total), "eval_tokens": vars(eval_total),
+                "train_flops": train_total.flops(model_params), "eval_flops": eval_total.flops(model_params)},
+        "memory": memory,
+        "time": time_est,
+        "upper_bounds": "every turn runs to its max_new_tokens; every trained turn is trained "
+                        "(zero-advantage groups are skipped in practice)",
+    }
+
+
+def plan_spec(path: Path, overrides: list[str], device: str = "auto", gpus: int = 1) -> dict[str, Any]:
+    """Plan a run spec, or every arm of an experiment spec."""
+    from mlmt_bench import spec as specs
+
+    table = load_table()
+    dev = resolve_device(device, table)
+    loaded = specs.load_any(path, overrides)
+    if isinstance(loaded, tuple):
+        exp, arms = loaded
+        plans = {arm: plan_run(s, dev, gpus, table) for arm, s in arms.items()}
+        return {"kind": "experiment", "spec": str(path), "name": exp.name, "arms": plans,
+                "fits": all(p["memory"]["fits"] for p in plans.values())}
+    result = plan_run(loaded, dev, gpus, table)
+    return {"kind": "run", "spec": str(path), **result, "fits": result["memory"]["fits"]}
+
+
+def refusal(result: dict[str, Any]) -> str | None:
+    """The one-line reason a planned spec does not fit, or None."""
+    plans = result["arms"].items() if result["kind"] == "experiment" else [(None, result)]
+    for arm, p in plans:
+        m = p["memory"]
+        if not m["fits"]:
+            biggest = max(((k, v) for phase in m["items"].values() for k, v in phase.items()), key=lambda kv: kv[1])
+            where = f"arm {arm}: " if arm else ""
+            unit = "process" if p["device"]["kind"] == "cpu" else "GPU"
+            return (f"{result['spec']}: {where}estimated peak memory {m['peak'] / GB:.1f} GB per {unit} exceeds the "
+                    f"{m['device'] / GB:.0f} GB of {p['device']['kind']} (largest part: {biggest[0]} "
+                    f"{biggest[1] / GB:.1f} GB); use --force to plan it anyway")
+    return None

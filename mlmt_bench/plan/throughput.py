@@ -1,0 +1,108 @@
+"""Devices and the measured throughput table behind ``mlmt-bench plan``'s time estimates.
+
+The table (``mlmt_bench/data/throughput.yaml``) has the devices (``--device`` keys, their memory)
+and rows of measured generated / trained tokens per second for one model on one device; a model
+of another size is estimated from the row of the nearest size on that device, scaled by
+parameter count.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlmt_bench.errors import UserError
+from mlmt_bench.plan.work import Work
+
+GB = 1e9
+TABLE = Path(__file__).resolve().parents[1] / "data" / "throughput.yaml"
+
+
+@dataclass
+@dataclass
+class Device:
+    kind: str
+    memory: float | None  # bytes
+    description: str
+    gpu: bool
+
+
+def load_table(path: Path = TABLE) -> dict[str, Any]:
+    from mlmt_bench.bounded_input import load_yaml, read_text
+
+    data = load_yaml(read_text(path), str(path))
+    if not isinstance(data, dict) or "devices" not in data or "rows" not in data:
+        raise UserError(f"{path}: expected 'devices:' and 'rows:'")
+    return data
+
+
+def resolve_device(name: str, table: dict[str, Any]) -> Device:
+    """``auto`` (this machine's first CUDA GPU, else its CPU), or a device key of the table."""
+    devices = table["devices"]
+    if name == "auto":
+        import torch
+
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
+            lowered = props.name.lower().replace(" ", "")
+            kind = next((k for k, d in devices.items() if d.get("match") and d["match"] in lowered), "cuda")
+            return Device(kind, float(props.total_memory), f"{props.name} (this machine)", True)
+        name = "cpu"
+    if name not in devices:
+        raise UserError(f"--device {name!r}: unknown device (known: auto, {', '.join(devices)})")
+    d = devices[name]
+    memory = d.get("memory_gb")
+    if name == "cpu":
+        import psutil
+
+        memory = psutil.virtual_memory().total / GB
+    return Device(name, None if memory is None else float(memory) * GB, d.get("description", name), name != "cpu")
+
+
+def backend_key(spec: Any) -> str:
+    if spec.backend.name == "vllm":
+        return "vllm"
+    return "hf-static" if spec.backend.options.get("decode") == "static" else "hf-generate"
+
+
+def throughput(table: dict[str, Any], device: str, params: int, backend: str) -> dict[str, Any] | None:
+    """Generated and trained tokens/s for a model of ``params`` on ``device``: the row of the nearest
+    model size (log scale), scaled by parameter count (both phases are bound by reading or
+    multiplying every weight once per token). None if the table has no row for the device."""
+    rows = [r for r in table["rows"] if r["device"] == device]
+    if not rows:
+        return None
+    row = min(rows, key=lambda r: abs(math.log(r["params"] / params)))
+    scale = row["params"] / params
+    gen_key = backend if backend in row["gen"] else next(k for k in ("vllm", "hf-static", "hf-generate")
+                                                          if k in row["gen"])
+    note = "" if gen_key == backend else f" (no {backend} figure: {gen_key}'s, so likely slower than {backend} will be)"
+    return {"gen": row["gen"][gen_key] * scale, "train": row["train"] * scale, "row": row["model"],
+            "row_params": row["params"], "scale": scale, "backend": gen_key + note, "source": row["source"]}
+
+
+def time_estimate(table, device, policies, step: Work, one_eval: Work, steps: int, n_eval: int, backend: str):
+    rates = {r: throughput(table, device.kind, p.shape.params, backend) for r, p in policies.items()}
+    if any(v is None for v in rates.values()):
+        return {"available": False,
+                "why": f"no measured throughput for device {device.kind!r} in {TABLE.name}; add a row "
+                       f"(benchmarks/plan_throughput.py prints them)"}
+
+    def seconds(w: Work) -> float:
+        s = 0.0
+        for r, v in w.generated.items():
+            s += v / rates[r]["gen"]
+        for r, v in w.trained.items():
+            s += v / rates[r]["train"]
+        for r, v in w.forward.items():
+            s += v / (3 * rates[r]["train"])  # a forward is about a third of forward + backward
+        return s
+
+    per_step = seconds(step)
+    per_eval = seconds(one_eval)
+    return {"available": True, "per_step_s": per_step, "train_s": per_step * steps, "per_eval_s": per_eval,
+            "eval_s": per_eval * n_eval, "total_s": per_step * steps + per_eval * n_eval,
+            "basis": {r: {k: v[k] for k in ("row", "row_params", "scale", "backend", "gen", "train", "source")}
+                      for r, v in rates.items()}}

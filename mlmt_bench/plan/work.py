@@ -1,0 +1,280 @@
+"""What one training step (and one evaluation) of a run generates, trains on and reads again.
+
+From the algorithm's own episode program and roles, the spec's lengths and the benchmark's
+prompts (measured with the solver's tokenizer when it can be read offline, else estimated from
+characters): the generated turns of a step, the sequences each updated role trains on, and the
+tokens of each kind as the trainer counts them (:class:`Work`), all as upper bounds (every turn
+runs to its ``max_new_tokens``, every trained turn has a gradient).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlmt_bench.errors import UserError
+from mlmt_bench.metrics import cost
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass
+@dataclass
+class PlannedPolicy:
+    """A policy as the plan sees it: its spec, its architecture, and whether it is updated."""
+
+    role: str
+    spec: Any  # PolicySpec
+    shape: Any  # ModelShape
+    lora_params: int
+    trains: bool  # updated at some step
+    shared: bool = False  # the critic is the solver's model
+
+    @property
+    def bytes(self) -> int:
+        return DTYPE_BYTES[self.spec.dtype]
+
+    @property
+    def trainable(self) -> int:
+        if not self.trains:
+            return 0
+        return self.lora_params if self.spec.lora is not None else self.shape.params
+
+
+@dataclass
+class Lengths:
+    """Mean prompt tokens of each turn, beyond the generated text they embed."""
+
+    attempt: float
+    feedback_extra: float  # critic prompt without the attempt's text
+    refine_extra: float  # the refinement's user message and chat markup, without the feedback text
+    #                      (the EOS that closes the attempt is counted with the attempt)
+    null_feedback: float  # tokens of g∅
+    eval_problems: int | None
+    source: str
+
+
+@dataclass
+class Turn:
+    """One kind of generated turn in a step: who, how many, prompt and generated tokens each."""
+
+    kind: str
+    role: str
+    count: int
+    prompt: float
+    new: int
+    trained: bool = False
+
+
+@dataclass
+class Work:
+    """Tokens per role (as the trainer counts them): prefill and generated of every generated
+    sequence, trained sequence tokens (prompt + completion, every epoch), extra forward passes."""
+
+    prefill: dict[str, float] = field(default_factory=dict)
+    generated: dict[str, float] = field(default_factory=dict)
+    trained: dict[str, float] = field(default_factory=dict)
+    forward: dict[str, float] = field(default_factory=dict)
+
+    def add(self, kind: str, role: str, tokens: float) -> None:
+        if tokens:
+            d = getattr(self, kind)
+            d[role] = d.get(role, 0.0) + tokens
+
+    def scaled(self, k: float) -> Work:
+        return Work(*({r: v * k for r, v in getattr(self, f).items()} for f in ("prefill", "generated", "trained",
+                                                                                 "forward")))
+
+    def flops(self, params: dict[str, int]) -> dict[str, float]:
+        return {"generation": sum(cost.generation_flops(params[r], int(self.prefill.get(r, 0)), int(v))
+                                  for r, v in self.generated.items()),
+                "training": sum(cost.training_flops(params[r], int(v)) for r, v in self.trained.items()),
+                "forward": sum(cost.forward_flops(params[r], int(v)) for r, v in self.forward.items())}
+
+
+def planned_policies(spec: Any, algorithm: Any) -> dict[str, PlannedPolicy]:
+    """The policies the algorithm builds (its roles: trained, frozen, shared with the solver), with
+    whether each is updated at some step of the run."""
+    from mlmt_bench.models.configs import policy_shape
+
+    roles = algorithm.roles()
+    updated = set().union(*(algorithm.updates(s) for s in range(min(max(1, spec.train.steps), 1000))))
+    out: dict[str, PlannedPolicy] = {}
+    for role in ("solver", "critic"):
+        mode = roles.mode(role)
+        if mode == "absent":
+            continue
+        if mode == "shared":
+            solver = out["solver"]
+            out[role] = PlannedPolicy(role, solver.spec, solver.shape, solver.lora_params,
+                               solver.spec.trainable and role in updated, shared=True)
+            continue
+        pspec = getattr(spec.policies, role)
+        if pspec is None:
+            raise UserError(f"policies.{role}: required by algorithm {spec.algorithm.name}")
+        shape = policy_shape(role, pspec, spec.base)
+        out[role] = PlannedPolicy(role, pspec, shape, shape.lora_params(pspec.lora),
+                           mode == "trained" and pspec.trainable and role in updated)
+    return out
+
+
+def _offline_tokenizer(policy: Any) -> Any:
+    """The policy's tokenizer if it can be read without a download, else None."""
+    if policy.model == "tiny" and not policy.path:
+        from mlmt_bench.models.tokenizer import build_char_tokenizer
+
+        return build_char_tokenizer()
+    if policy.path and Path(policy.path).expanduser().is_dir():
+        try:
+            from transformers import AutoTokenizer
+
+            return AutoTokenizer.from_pretrained(str(Path(policy.path).expanduser()))
+        except (OSError, ValueError):
+            return None
+    return None
+
+
+#: estimate for a tokenizer that cannot be read offline: characters per token, chat-template tokens per message
+_CHARS_PER_TOKEN, _TEMPLATE_TOKENS = 4.0, 32
+
+
+def prompt_lengths(spec: Any) -> Lengths:
+    """Mean prompt tokens from up to 256 training problems, measured with the solver's tokenizer when
+    it can be read offline, else estimated from characters."""
+    from mlmt_bench import registry
+    from mlmt_bench.runner import templates_for
+
+    b = spec.benchmark
+    why = "empty split"
+    saved = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")  # never download to plan
+    try:
+        bench = registry.benchmarks.get(b.name)(path=b.path, **b.options)
+        tpl = templates_for(spec, bench)
+        problems = bench.load(b.train_split)[: min(b.train_limit or 256, 256)]
+        try:
+            n_eval = len(bench.load(b.eval_split))
+        except UserError:
+            n_eval = None
+    except UserError as exc:
+        problems, tpl, n_eval, why = [], None, None, str(exc)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    limit = spec.eval.limit or b.eval_limit
+    n_eval = min(n_eval, limit) if n_eval is not None and limit else (limit or n_eval)
+    if not problems:
+        return Lengths(256, 256 + _TEMPLATE_TOKENS, 24 + _TEMPLATE_TOKENS, 24, n_eval,
+                       f"guessed (benchmark data not on disk: {why.splitlines()[0][:120]})")
+    tok = _offline_tokenizer(spec.policies.solver)
+    if tok is not None:
+        from mlmt_bench.rollout.chat import chat_ids, continuation_ids
+        from mlmt_bench.rollout.episodes import attempt_prompt
+
+        def user(text: str) -> int:
+            return len(chat_ids(tok, [{"role": "user", "content": text}], add_generation_prompt=True))
+
+        attempt = sum(len(attempt_prompt(tok, tpl, p)) for p in problems) / len(problems)
+        feedback = sum(user(tpl.render_feedback(p, "")) for p in problems) / len(problems)
+        history = [{"role": "user", "content": tpl.render_attempt(problems[0])}, {"role": "assistant", "content": ""}]
+        refine = len(continuation_ids(tok, history, [{"role": "user", "content": tpl.render_refine("")}]))
+        null = len(tok(tpl.null_feedback, add_special_tokens=False)["input_ids"])
+        return Lengths(attempt, feedback, refine, null, n_eval,
+                       f"measured with the solver's tokenizer on {len(problems)} {b.name} problems")
+
+    def est(text: str) -> float:
+        return len(text) / _CHARS_PER_TOKEN
+
+    attempt = sum(est(tpl.render_attempt(p)) for p in problems) / len(problems) + _TEMPLATE_TOKENS
+    feedback = sum(est(tpl.render_feedback(p, "")) for p in problems) / len(problems) + _TEMPLATE_TOKENS
+    return Lengths(attempt, feedback, est(tpl.render_refine("")) + _TEMPLATE_TOKENS, est(tpl.null_feedback), n_eval,
+                   f"estimated from {len(problems)} {b.name} problems at {_CHARS_PER_TOKEN:g} characters per token "
+                   f"+ {_TEMPLATE_TOKENS} chat-template tokens per message (the tokenizer is not read offline)")
+
+
+#: how each algorithm trains each kind of generated turn: on the context it was generated from
+#: ("own"), or as a response to the problem alone ("as_attempt": refinements joining the group in
+#: critique_grpo, distilled in self_distill). A plugin's algorithm is planned as training every
+#: turn on its own context (an upper bound).
+TRAINED_TURNS: dict[str, dict[str, str]] = {
+    "grpo": {"attempt": "own"},
+    "self_correct": {"attempt": "own", "refine": "own"},
+    "mlmt": {"attempt": "own", "feedback": "own", "refine": "own"},
+    "critique_grpo": {"attempt": "own", "refine": "as_attempt"},
+    "self_distill": {"attempt": "own", "feedback": "own", "refine": "as_attempt"},
+}
+_EVERY_TURN = {"attempt": "own", "feedback": "own", "refine": "own"}
+
+
+def generated_turns(program: Any, n: int, lengths: Lengths, t_new: int, t_fb: int) -> list[Turn]:
+    """The generated turns of one rollout over ``n`` problems (``program``: the algorithm's Program)."""
+    g, k, m = program.attempts, program.feedbacks, program.refinements
+    out = [Turn("attempt", "solver", n * g, lengths.attempt, t_new)]
+    if program.feedback == "none":
+        return out
+    if program.feedback == "critic":
+        out.append(Turn("feedback", "critic", n * g * k, lengths.feedback_extra + t_new, t_fb))
+        fb = t_fb
+    else:
+        fb = lengths.null_feedback if program.feedback == "null" else t_fb  # oracle text: bounded by t_fb
+    refine_prompt = lengths.attempt + t_new + 1 + lengths.refine_extra + fb
+    out.append(Turn("refine", "solver", n * g * k * m, refine_prompt, t_new))
+    return out
+
+
+def trained_turns(turns: list[Turn], algorithm: str, policies: dict[str, PlannedPolicy],
+                  lengths: Lengths) -> list[Turn]:
+    """The sequences each updated role trains on in a step (upper bound: every one has a gradient):
+    the turns of :data:`TRAINED_TURNS` with the context they are trained in."""
+    how = TRAINED_TURNS.get(algorithm, _EVERY_TURN)
+    out = []
+    for t in turns:
+        mode = how.get(t.kind)
+        if mode is None or not (t.role in policies and policies[t.role].trains):
+            continue
+        prompt = lengths.attempt if mode == "as_attempt" else t.prompt
+        out.append(Turn(t.kind, t.role, t.count, prompt, t.new, trained=True))
+    return out
+
+
+def step_work(turns: list[Turn], trained: list[Turn], params: Any, value_contexts: float) -> Work:
+    """Tokens of one step as the trainer counts them: prefill and generated per generated turn;
+    trained sequences (prompt + completion) every epoch; extra forward passes over them once each
+    for π_ref (β > 0, or self_correct's β₂) and π_old (epochs > 1); ``value_contexts`` tokens for
+    the learned value's features (METHOD.md v2)."""
+    w = Work()
+    for t in turns:
+        w.add("prefill", t.role, t.count * t.prompt)
+        w.add("generated", t.role, t.count * t.new)
+    epochs = getattr(params, "epochs", 1)
+    ref = getattr(params, "beta", 0) > 0 or getattr(params, "beta2", 0) > 0
+    for t in trained:
+        seq = t.count * (t.prompt + t.new)
+        w.add("trained", t.role, seq * epochs)
+        w.add("forward", t.role, seq * (int(ref) + int(epochs > 1)))
+    if value_contexts:
+        w.add("forward", "solver", value_contexts)
+    return w
+
+
+def eval_work(program: Any, e: int, lengths: Lengths, t_new: int, t_fb: int, feedback_metrics: bool) -> Work:
+    turns = generated_turns(program, e, lengths, t_new, t_fb)
+    w = step_work(turns, [], None, 0)
+    if program.feedback in ("critic", "oracle") and feedback_metrics:
+        refine = next(t for t in turns if t.kind == "refine")
+        null_prompt = refine.prompt - t_fb + lengths.null_feedback
+        w.add("prefill", "solver", e * null_prompt)
+        w.add("generated", "solver", e * t_new)
+        w.add("forward", "solver", e * (refine.prompt + null_prompt + 2 * t_new))  # feedback sensitivity
+    return w
+
+
+def evaluations(steps: int, every: int) -> int:
+    """Evaluations the trainer runs: before the first step, every ``every`` steps, and after the last."""
+    marks = {s for s in range(1, steps + 1) if every and s % every == 0} | ({steps} if steps else set())
+    return 1 + len(marks)

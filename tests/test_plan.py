@@ -1,0 +1,381 @@
+"""`mlmt-bench plan`: offline architectures (registry/models), per-step tokens that match a real
+rollout, a memory model calibrated against what autograd keeps, refusal of specs that do not fit,
+and the paper-scale and verl-baseline specs validated and planned without a download."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from mlmt_bench.cli import app
+from mlmt_bench.models.configs import shape_from_registry_file, shape_of_path, shape_of_preset
+from mlmt_bench.spec import LoraSpec, validate_run
+
+from conftest import minimal_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+HUB_FILES = sorted((ROOT / "registry" / "models").glob("*-instruct.yaml"))
+PAPER_SPECS = sorted((ROOT / "registry" / "runs").glob("paper-*.yaml")) + \
+    sorted((ROOT / "registry" / "runs").glob("verl-gsm8k-*.yaml"))
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("path", HUB_FILES, ids=lambda p: p.stem)
+def test_hub_configs_build_their_published_size(path):
+    data = yaml.safe_load(path.read_text())
+    shape = shape_from_registry_file(path)
+    published = float(data["published_params_billions"]) * 1e9
+    assert abs(shape.params - published) / published < 0.01, (shape.params, published)
+    assert shape.name == data["hub"] and "Source:" in path.read_text()
+
+
+def test_hub_names_resolve_offline_and_unknown_ones_say_what_to_add():
+    assert shape_of_path("Qwen/Qwen2.5-1.5B-Instruct").params == 1_543_714_304
+    assert shape_of_path("qwen/qwen2.5-1.5b-instruct").hidden == 1536
+    from mlmt_bench.errors import UserError
+
+    with pytest.raises(UserError, match="registry/models"):
+        shape_of_path("someone/not-a-model")
+
+
+def test_lora_count_matches_peft(tiny_ckpt):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    shape = shape_of_path(str(tiny_ckpt))
+    for lora in (LoraSpec(r=8, target_modules=["q_proj", "v_proj"]), LoraSpec(r=4, target_modules="all-linear")):
+        model = AutoModelForCausalLM.from_pretrained(str(tiny_ckpt))
+        peft = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, target_modules=lora.target_modules,
+                                                task_type="CAUSAL_LM"))
+        assert shape.lora_params(lora) == peft.get_nb_trainable_parameters()[0]
+
+
+def test_qwen_0_5b_with_verls_adapter_has_the_size_verls_log_printed():
+    """verl's GSM8K log: "PeftModelForCausalLM contains 511.63M parameters" (r 32, all-linear)."""
+    shape = shape_of_path("Qwen/Qwen2.5-0.5B-Instruct")
+    assert round((shape.params + shape.lora_params(LoraSpec(r=32, target_modules="all-linear"))) / 1e6, 2) == 511.63
+
+
+def test_the_308m_preset_is_the_issues_model(tiny_ckpt):
+    shape = shape_of_preset("llama-308m")
+    assert shape.params == 308_435_968 and (shape.layers, shape.hidden) == (24, 1024)
+    # a checkpoint directory is read from its config.json: same count as the loaded model
+    from mlmt_bench.models.tiny import load_checkpoint, num_parameters
+
+    assert shape_of_path(str(tiny_ckpt)).params == num_parameters(load_checkpoint(tiny_ckpt)[0])
+
+
+# ----------------------------------------------------------------------------------------------
+# tokens per step
+
+
+def _two_problem_spec(ckpt, algo, params, new_tokens, feedback_tokens, steps, **over):
+    """A validated spec: 2 synthetic-arith problems per step, tiny solver and critic from ``ckpt``."""
+    d = minimal_spec(**over)
+    d["benchmark"] = {"name": "synthetic-arith", "train_limit": 2, "eval_limit": 2}
+    d["policies"] = {"solver": {"model": "tiny", "path": str(ckpt)}, "critic": {"model": "tiny", "path": str(ckpt)}}
+    d["algorithm"] = {"name": algo, "params": params}
+    d["backend"] = {"max_new_tokens": new_tokens, "feedback_max_new_tokens": feedback_tokens}
+    d["train"] = {"steps": steps, "problems_per_step": 2}
+    return validate_run(d, "test")
+
+
+class FullLengthBackend:
+    """Every turn runs to its limit with plain characters, as the plan's upper bound assumes."""
+
+    def generate(self, model, tokenizer, prompts, *, max_new_tokens, **_):
+        from mlmt_bench.rollout.backend import Generation
+
+        ids = tokenizer.encode("a" * max_new_tokens, add_special_tokens=False)
+        return [Generation(list(ids), [0.0] * len(ids), "length", "a" * max_new_tokens) for _ in prompts]
+
+
+@pytest.mark.parametrize("algo,params", [("grpo", {"group_size": 3}),
+                                         ("self_correct", {"group_size": 2}),
+                                         ("mlmt", {"group_size": 3, "feedbacks": 2, "refinements": 2})])
+def test_step_tokens_are_those_of_a_rollout_at_full_length(tiny_ckpt, tmp_path, algo, params):
+    from mlmt_bench import runner as run
+    from mlmt_bench.plan import plan_run, resolve_device, load_table
+    from mlmt_bench.rollout.episodes import Actors, Sampling, rollout
+
+    spec = _two_problem_spec(tiny_ckpt, algo, params, 12, 7, steps=3)
+    table = load_table()
+    plan = plan_run(spec, resolve_device("cpu", table), 1, table)
+
+    comp = run.build(spec, progress=False)
+    algorithm = comp.algorithm
+    actors = Actors(comp.policies["solver"], comp.policies["critic"], FullLengthBackend(), comp.templates,
+                    comp.verifier, getattr(comp.benchmark, "oracle_feedback", None))
+    ro = rollout(algorithm.program(0), actors, comp.train_problems[:2], Sampling(1.0, 1.0, 12, 7))
+    prefill, generated = {}, {}
+    for t in ro.turns:
+        if t.policy in ("solver", "critic"):
+            prefill[t.policy] = prefill.get(t.policy, 0) + len(t.prompt_ids)
+            generated[t.policy] = generated.get(t.policy, 0) + len(t.ids)
+    tokens = plan["per_step"]["tokens"]
+    assert tokens["generated"] == pytest.approx(generated)
+    assert tokens["prefill"] == pytest.approx(prefill)
+    g = params["group_size"]
+    k, m = params.get("feedbacks", 1), params.get("refinements", 1)
+    expected = {"grpo": {"attempt (solver)": 2 * g},
+                "self_correct": {"attempt (solver)": 2 * g, "refine (solver)": 2 * g},
+                "mlmt": {"attempt (solver)": 2 * g, "feedback (critic)": 2 * g * k, "refine (solver)": 2 * g * k * m}}
+    assert plan["per_step"]["sequences"] == expected[algo]
+    # trained tokens: every trained turn's whole sequence (upper bound), FLOPs by metrics/cost.py
+    trained = {"solver": sum(len(t.prompt_ids) + len(t.ids) for t in ro.turns
+                             if t.policy == "solver" and (algo != "grpo" or t.kind == "attempt"))}
+    if algo == "mlmt":
+        trained["critic"] = sum(len(t.prompt_ids) + len(t.ids) for t in ro.turns if t.policy == "critic")
+    assert tokens["trained"] == pytest.approx(trained)
+    from mlmt_bench.metrics import cost
+
+    p = plan["policies"][0]["params"]
+    assert plan["per_step"]["flops"]["training"] == pytest.approx(sum(cost.training_flops(p, int(v))
+                                                                      for v in trained.values()))
+
+
+def test_extra_forward_passes_are_counted(tiny_ckpt):
+    from mlmt_bench.plan import load_table, plan_run, resolve_device
+
+    def forward(params):
+        d = minimal_spec(algorithm={"name": "grpo", "params": {"group_size": 4, **params}})
+        d["policies"] = {"solver": {"model": "tiny", "path": str(tiny_ckpt)}}
+        table = load_table()
+        plan = plan_run(validate_run(d, "t"), resolve_device("cpu", table), 1, table)
+        return plan["per_step"]["tokens"]["forward"].get("solver", 0), plan["per_step"]["tokens"]["trained"]["solver"]
+
+    assert forward({})[0] == 0
+    f, trained = forward({"beta": 0.1, "epochs": 2})  # trained twice; reference and old log-probs once each
+    assert f == pytest.approx(trained)
+    f, trained = forward({"beta": 0.1})
+    assert f == pytest.approx(trained)
+
+
+# ----------------------------------------------------------------------------------------------
+# memory
+
+
+@pytest.mark.parametrize("preset,dtype", [("tiny-2m", torch.float32), ("tiny-2m", torch.bfloat16),
+                                          ("tiny-8m", torch.float32)])
+def test_activation_estimate_is_calibrated_against_autograd(preset, dtype):
+    """What the plan counts per trained token (activations + the float32 log-softmax it keeps)
+    against the bytes of the tensors autograd saves for backward in the trainer's forward."""
+    from mlmt_bench.algorithms.update import TrainItem, sequence_logprobs
+    from mlmt_bench.models.tiny import build_tiny_model
+    from mlmt_bench.models.tokenizer import build_char_tokenizer
+    from mlmt_bench.plan.memory import act_bytes_per_token
+
+    tok = build_char_tokenizer()
+    model = build_tiny_model(preset, tok, 0).to(dtype)
+    shape = shape_of_preset(preset)
+    rows, prompt, new = 8, 30, 40
+    items = [TrainItem(list(range(10, 10 + prompt)), list(range(20, 20 + new)), 1.0) for _ in range(rows)]
+    storages: dict[int, int] = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        sequence_logprobs(model, items, tok.pad_token_id)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = sum(v for k, v in storages.items() if k not in params)
+    b = torch.finfo(dtype).bits // 8
+    estimate = rows * (prompt + new) * act_bytes_per_token(shape, b, False) + rows * (new + 1) * shape.vocab * 4
+    assert 1.0 <= estimate / saved <= 1.3, estimate / saved
+
+
+def test_a_spec_that_does_not_fit_is_refused_unless_forced(write_spec):
+    solver = {"model": "hf", "path": "meta-llama/Llama-3.2-3B-Instruct", "dtype": "float32"}
+    spec = write_spec({**minimal_spec(), "policies": {"solver": solver},
+                       "backend": {"max_new_tokens": 1024}, "train": {"problems_per_step": 64, "grad_accum": 256}})
+    res = runner.invoke(app, ["plan", str(spec), "--device", "a100-40gb"])
+    assert res.exit_code == 2
+    err = res.stderr.strip()
+    assert err.startswith("error: ") and "\n" not in err and "exceeds" in err and "--force" in err
+    assert "DOES NOT FIT" in res.stdout
+    forced = runner.invoke(app, ["plan", str(spec), "--device", "a100-40gb", "--force"])
+    assert forced.exit_code == 0 and "DOES NOT FIT" in forced.stdout
+    as_json = runner.invoke(app, ["--json", "plan", str(spec), "--device", "h200"])
+    plan = json.loads(as_json.stdout)
+    assert as_json.exit_code == 0 and plan["fits"] and plan["policies"][0]["params"] == 3_212_749_824
+
+
+def test_unknown_device_and_hub_model_are_one_line_errors(write_spec):
+    spec = write_spec({**minimal_spec(), "policies": {"solver": {"model": "hf", "path": "org/unknown"}}})
+    res = runner.invoke(app, ["plan", str(spec), "--device", "h200"])
+    assert res.exit_code == 2 and "registry/models" in res.stderr and res.stderr.count("\n") == 1
+    res = runner.invoke(app, ["plan", str(spec), "--device", "tpu"])
+    assert res.exit_code == 2 and "unknown device" in res.stderr
+
+
+def test_time_comes_from_the_nearest_measured_row_scaled_by_parameters(tiny_ckpt):
+    from mlmt_bench.plan import load_table, plan_run, resolve_device
+
+    table = {"devices": {"cpu": {}}, "rows": [
+        {"device": "cpu", "model": "small", "params": 1000, "gen": {"hf-generate": 100.0}, "train": 300.0,
+         "source": "test"},
+        {"device": "cpu", "model": "big", "params": 10 ** 9, "gen": {"hf-generate": 1.0}, "train": 1.0,
+         "source": "test"}]}
+    d = minimal_spec()
+    d["policies"] = {"solver": {"model": "tiny", "path": str(tiny_ckpt)}}
+    spec = validate_run(d, "t")
+    plan = plan_run(spec, resolve_device("cpu", load_table()), 1, table)
+    p = plan["policies"][0]["params"]
+    t = plan["per_step"]["tokens"]
+    scale = 1000 / p  # the tiny model (0.5M) is nearer 1000 than 1e9 on a log scale
+    expected = t["generated"]["solver"] / (100 * scale) + t["trained"]["solver"] / (300 * scale)
+    assert plan["time"]["per_step_s"] == pytest.approx(expected)
+    assert plan["time"]["basis"]["solver"]["row"] == "small"
+
+
+# ----------------------------------------------------------------------------------------------
+# the paper-scale and verl specs
+
+
+_PLAN_ALL = """
+import json, sys
+from mlmt_bench import spec as specs
+from mlmt_bench.plan import plan_spec
+out = {}
+for path in sys.argv[1:]:
+    specs.load_any(path)  # what `mlmt-bench validate` checks
+    out[path] = plan_spec(path, [], device="h200")
+print(json.dumps(out, default=str))
+"""
+
+
+def test_paper_scale_specs_validate_and_plan_offline():
+    """All of them in one subprocess with the hub unreachable: nothing may be downloaded."""
+    assert len(PAPER_SPECS) == 6
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9",
+           "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    p = subprocess.run([sys.executable, "-c", _PLAN_ALL, *map(str, PAPER_SPECS)], env=env, capture_output=True,
+                       text=True, timeout=900)
+    assert p.returncode == 0, p.stderr
+    results = json.loads(p.stdout)
+    for path, result in results.items():
+        assert result["fits"], path
+        plans = result["arms"].values() if result["kind"] == "experiment" else [result]
+        for plan in plans:
+            assert plan["memory"]["fits"] and plan["time"]["available"], path
+            for pol in plan["policies"]:
+                assert pol["params"] > 4e8 and "registry/models" in pol["source"], path
+            assert sum(plan["run"]["train_flops"].values()) > 1e16, path
+    arms = results[str(ROOT / "registry" / "runs" / "paper-math500.yaml")]["arms"]
+    assert {a: [p["params"] for p in plan["policies"]] for a, plan in arms.items()} == {
+        "mlmt-2x1b": [1_235_814_400, 1_235_814_400], "mlmt-2x1b-fixed_feedback": [1_235_814_400, 1_235_814_400],
+        "grpo-3b": [3_212_749_824]}
+
+
+def test_plan_command_on_a_paper_spec(tmp_path):
+    res = runner.invoke(app, ["plan", str(ROOT / "registry" / "runs" / "verl-gsm8k-qwen2.5-0.5b-grpo-lora.yaml"),
+                              "--device", "h200"])
+    assert res.exit_code == 0, res.stderr
+    assert "Qwen/Qwen2.5-0.5B-Instruct: 494M parameters, LoRA r 32 (adapter 17.6M)" in res.stdout
+    assert "memory per GPU" in res.stdout and "time (estimate)" in res.stdout
+
+
+@pytest.mark.parametrize("path", HUB_FILES + [ROOT / "registry" / "models" / "llama-308m.yaml"], ids=lambda p: p.stem)
+def test_config_arithmetic_equals_counting_a_model_built_on_the_meta_device(path):
+    from transformers import AutoConfig
+
+    from mlmt_bench.models import configs
+
+    data = yaml.safe_load(path.read_text())
+    if data.get("kind") == "hf":
+        cfg = dict(data["config"])
+        cfg.pop("torch_dtype", None)
+        config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    else:
+        from mlmt_bench.models.tiny import tiny_config
+        from mlmt_bench.models.tokenizer import build_char_tokenizer
+
+        config = tiny_config(path.stem, build_char_tokenizer())
+    assert configs._llama_family_counts(config) == configs._meta_counts(config)
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "llama-biases"])
+def test_config_arithmetic_covers_norms_and_biases(kind):
+    from transformers import AutoConfig
+
+    from mlmt_bench.models import configs
+
+    common = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2)
+    config = (AutoConfig.for_model("qwen3", head_dim=24, tie_word_embeddings=False, **common) if kind == "qwen3" else
+              AutoConfig.for_model("llama", attention_bias=True, mlp_bias=True, **common))
+    assert configs._llama_family_counts(config) == configs._meta_counts(config)
+
+
+class _CountingVerifier:
+    """A different reward for every response, so every group has a spread and every turn trains."""
+
+    def __init__(self):
+        self.n = 0
+
+    def score_batch(self, problems, responses):
+        from mlmt_bench.types import Verdict
+
+        out = []
+        for _ in responses:
+            self.n += 1
+            out.append(Verdict(float(self.n % 7) / 7, False, "", "wrong"))
+        return out
+
+
+@pytest.mark.parametrize("algo,params", [("grpo", {"group_size": 3, "beta": 0.1, "epochs": 2}),
+                                         ("self_correct", {"group_size": 2}),
+                                         ("mlmt", {"group_size": 2, "feedbacks": 2})])
+def test_a_steps_flops_are_what_the_trainer_counts(tiny_ckpt, tmp_path, algo, params):
+    """One real training step at full length, every turn with a gradient: the trainer's FLOP counter
+    (METHOD.md v2, metrics/cost.py) equals the plan's per-step FLOPs."""
+    from mlmt_bench import runner as run
+    from mlmt_bench.plan import load_table, plan_run, resolve_device
+    from mlmt_bench.tracking import RunDir
+
+    spec = _two_problem_spec(tiny_ckpt, algo, params, 10, 6, steps=1, output_dir=str(tmp_path / "runs"),
+                             eval={"every": 0, "feedback_metrics": False, "samples": 0})
+    table = load_table()
+    planned = sum(plan_run(spec, resolve_device("cpu", table), 1, table)["per_step"]["flops"].values())
+
+    comp = run.build(spec, progress=False)
+    comp.backend.generate = FullLengthBackend().generate
+    comp.verifier = _CountingVerifier()
+    run_dir = RunDir.create(spec.output_dir, spec.name, "", spec.seed)
+    trainer = run.make_trainer(spec, comp, run_dir)
+    trainer.train(None)
+    assert trainer.counters.step == 1
+    assert trainer.counters.flops == pytest.approx(planned, rel=1e-9)
+
+
+def test_throughput_rows_from_the_benchmark_feed_the_time_estimate(capsys, tiny_ckpt):
+    """benchmarks/plan_throughput.py prints table rows; plan reads them as it reads the committed ones."""
+    saved_path, threads = list(sys.path), torch.get_num_threads()
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import plan_throughput
+
+        assert plan_throughput.main(["--presets", "tiny-0.5m", "--prompts", "2", "--max-new-tokens", "4",
+                                     "--repeats", "1"]) == 0
+    finally:
+        sys.path[:] = saved_path
+        torch.set_num_threads(threads)
+    rows = yaml.safe_load(capsys.readouterr().out)
+    assert len(rows) == 1 and rows[0]["model"] == "tiny-0.5m" and rows[0]["device"] == "cpu"
+    assert rows[0]["gen"]["hf-generate"] > 0 and rows[0]["gen"]["hf-static"] > 0 and rows[0]["train"] > 0
+    from mlmt_bench.plan import load_table, plan_run, resolve_device
+
+    d = minimal_spec(backend={"options": {"decode": "static"}})
+    d["policies"] = {"solver": {"model": "tiny", "path": str(tiny_ckpt)}}
+    plan = plan_run(validate_run(d, "t"), resolve_device("cpu", load_table()), 1,
+                    {"devices": {"cpu": {}}, "rows": rows})
+    assert plan["time"]["available"] and plan["time"]["basis"]["solver"]["backend"] == "hf-static"

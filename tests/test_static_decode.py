@@ -1,0 +1,447 @@
+"""The hf backend's static-cache decode path (mlmt_bench/rollout/static_decode.py) against plain
+``generate``: identical ids and finish reasons, log-probs to 1e-5, and a sampling distribution that
+passes a chi-square test (and whose test fails for a wrong temperature)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mlmt_bench.errors import UserError
+from mlmt_bench.models.tiny import build_tiny_model
+from mlmt_bench.models.tokenizer import build_char_tokenizer, encode
+from mlmt_bench.rollout.hf_backend import HFBackend
+
+TEXTS = ["1+2=", "hello there, how", "x", "9-6+9+1 = ?", "abc" * 7, "what is 3*4", "zz", "Q: 12+7;", "the end", "0"]
+
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py: whole decodes, fast on 2 shared cores
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_char_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def prompts(tok):
+    return [encode(tok, s) for s in TEXTS]
+
+
+def _boost_eos(model, tok, factor: float = 8.0):
+    """Make EOS likely (an untrained model rarely emits it), so rows stop at different steps."""
+    with torch.no_grad():
+        model.get_output_embeddings().weight[tok.eos_token_id] *= factor
+    return model
+
+
+def _llama(tok):
+    return _boost_eos(build_tiny_model("tiny-0.5m", tok, seed=0), tok)
+
+
+def _from_config(tok, kind: str):
+    """Tiny qwen2 (q/k/v biases, grouped-query attention), qwen3 (q/k norms) and mistral models."""
+    import transformers
+
+    common = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None,
+                  tie_word_embeddings=False)
+    if kind == "qwen2":
+        cfg = transformers.Qwen2Config(**common)
+        cls = transformers.Qwen2ForCausalLM
+    elif kind == "qwen3":
+        cfg = transformers.Qwen3Config(head_dim=16, **common)
+        cls = transformers.Qwen3ForCausalLM
+    else:
+        cfg = transformers.MistralConfig(sliding_window=None, **common)
+        cls = transformers.MistralForCausalLM
+    torch.manual_seed(1)
+    model = cls(cfg)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    return _boost_eos(model, tok, 4.0)
+
+
+def _lora(tok):
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(2)
+    return get_peft_model(_llama(tok), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                  init_lora_weights=False, task_type="CAUSAL_LM"))
+
+
+MODELS = {"llama": _llama, "qwen2": lambda t: _from_config(t, "qwen2"), "qwen3": lambda t: _from_config(t, "qwen3"),
+          "mistral": lambda t: _from_config(t, "mistral"), "llama-lora": _lora}
+
+
+def _compare(a, b, tol: float = 1e-5) -> None:
+    assert [g.ids for g in a] == [g.ids for g in b]
+    assert [g.finish_reason for g in a] == [g.finish_reason for g in b]
+    assert [g.text for g in a] == [g.text for g in b]
+    for x, y in zip(a, b):
+        assert len(x.logprobs) == len(y.logprobs) == len(x.ids)
+        assert max((abs(p - q) for p, q in zip(x.logprobs, y.logprobs)), default=0.0) <= tol
+
+
+def _both(model, tok, prompts, static_options=None, batch_size=256, **kw):
+    plain = HFBackend(batch_size=batch_size).generate(model, tok, prompts, **kw)
+    static = HFBackend(batch_size=batch_size, decode="static", **(static_options or {})).generate(
+        model, tok, prompts, **kw)
+    return plain, static
+
+
+@pytest.mark.parametrize("arch", sorted(MODELS))
+@pytest.mark.parametrize("buckets", [False, True])
+def test_greedy_ids_and_logprobs_match_generate(tok, prompts, arch, buckets):
+    model = MODELS[arch](tok)
+    plain, static = _both(model, tok, prompts, {"buckets": buckets}, max_new_tokens=30, temperature=0.0, seed=0)
+    reasons = {g.finish_reason for g in plain}
+    assert reasons == {"stop", "length"}, "the fixture should stop some rows by EOS and run others to the limit"
+    _compare(plain, static)
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9), (1.3, 0.5)])
+@pytest.mark.parametrize("buckets", [False, True])
+def test_seeded_sampling_matches_generate(tok, prompts, temperature, top_p, buckets):
+    """The multinomial sampler consumes the RNG as generate does: same draws for a seed."""
+    model = _llama(tok)
+    plain, static = _both(model, tok, prompts, {"buckets": buckets}, max_new_tokens=30, temperature=temperature,
+                          top_p=top_p, seed=11)
+    assert {g.finish_reason for g in plain} == {"stop", "length"}
+    _compare(plain, static)
+
+
+def test_chunks_of_batch_size_match_generate(tok, prompts):
+    plain, static = _both(_llama(tok), tok, prompts, batch_size=3, max_new_tokens=12, temperature=1.0, seed=5)
+    _compare(plain, static)
+
+
+def test_kv_budget_splits_rows_without_changing_greedy_results(tok, prompts):
+    model = _llama(tok)
+    backend = HFBackend(decode="static", max_cache_mb=0.3, buckets=True)
+    plain = HFBackend().generate(model, tok, prompts, max_new_tokens=30, temperature=0.0)
+    static = backend.generate(model, tok, prompts, max_new_tokens=30, temperature=0.0)
+    _compare(plain, static)
+    dec = backend.decoder(model)
+    assert max(rows for rows, _ in dec.states) < len(prompts), "the budget should have split the rows"
+    assert sum(s.nbytes for s in dec.states.values()) <= 0.3 * 2 ** 20
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_stop_strings_match_generate(tok, prompts, temperature):
+    model = _llama(tok)
+    plain = HFBackend().generate(model, tok, prompts, max_new_tokens=30, temperature=temperature, seed=3)
+    # stop strings taken from the middle of two rows' own text, so they do occur
+    long_rows = [g.text for g in plain if len(g.text) >= 12]
+    stop = [long_rows[0][5:7], long_rows[1][8:9]]
+    plain, static = _both(model, tok, prompts, max_new_tokens=30, temperature=temperature, seed=3, stop=stop)
+    assert sum(g.finish_reason == "stop" and not g.ids[-1] == tok.eos_token_id for g in plain) >= 2
+    _compare(plain, static)
+    # ending rows early (checks every 4 steps) does not change where they end
+    static4 = HFBackend(decode="static", sync_every=4).generate(model, tok, prompts, max_new_tokens=30,
+                                                               temperature=temperature, seed=3, stop=stop)
+    _compare(plain, static4)
+
+
+def test_stop_strings_are_matched_in_the_generated_text_only(tok, prompts):
+    """The one documented difference from generate: generate's StopStringCriteria also matches a stop
+    string that begins in the prompt ("hello there, how" + "w" ends with "ww"); the static path, like
+    vLLM, looks at the generated text only."""
+    model = _llama(tok)
+    plain = HFBackend().generate(model, tok, prompts, max_new_tokens=30, temperature=0.0)
+    assert TEXTS[1].endswith("w") and plain[1].text.startswith("www")
+    plain, static = _both(model, tok, prompts, max_new_tokens=30, temperature=0.0, stop=["ww"])
+    assert plain[1].text == "w"  # generate stopped after one token, and the row is not seen as stopped
+    assert static[1].text == "ww" and static[1].finish_reason == "stop"
+    assert [g.ids for i, g in enumerate(plain) if i != 1] == [g.ids for i, g in enumerate(static) if i != 1]
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 7])
+def test_short_limits_and_one_token_prompts(tok, max_new):
+    model = _llama(tok)
+    prompts = [[tok.convert_tokens_to_ids("a")], encode(tok, "12+3="), [tok.convert_tokens_to_ids("7")]]
+    for temperature in (0.0, 0.9):
+        plain, static = _both(model, tok, prompts, max_new_tokens=max_new, temperature=temperature, seed=2)
+        _compare(plain, static)
+        assert all(len(g.ids) <= max_new for g in static)
+
+
+def test_generation_config_min_new_tokens_and_repetition_penalty(tok, prompts):
+    model = _llama(tok)
+    model.generation_config.min_new_tokens = 6
+    model.generation_config.repetition_penalty = 1.4
+    for temperature in (0.0, 1.0):
+        plain, static = _both(model, tok, prompts, max_new_tokens=20, temperature=temperature, seed=4)
+        assert min(len(g.ids) for g in plain) >= 6
+        _compare(plain, static)
+
+
+def test_unsupported_generation_config_is_refused(tok, prompts):
+    model = _llama(tok)
+    model.generation_config.no_repeat_ngram_size = 3
+    with pytest.raises(UserError, match="no_repeat_ngram_size"):
+        HFBackend(decode="static").generate(model, tok, prompts, max_new_tokens=4)
+
+
+def test_unsupported_architecture_is_refused(tok, prompts):
+    import transformers
+
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=1, n_head=2))
+    with pytest.raises(UserError, match="decode: generate"):
+        HFBackend(decode="static").generate(model, tok, prompts, max_new_tokens=4)
+
+
+@pytest.mark.parametrize("options,match", [({"decode": "fast"}, "decode"), ({"decode": "static", "graphs": "yes"},
+                                                                            "graphs"),
+                                           ({"decode": "static", "sampler": "gumbel"}, "sampler"),
+                                           ({"decode": "static", "max_cache_mb": -1}, "max_cache_mb"),
+                                           ({"decode": "static", "sync_every": 0}, "sync_every")])
+def test_bad_options_are_one_line_errors(options, match):
+    with pytest.raises(UserError, match=match):
+        HFBackend(**options)
+
+
+def test_graphs_need_cuda(tok, prompts):
+    with pytest.raises(UserError, match="CUDA"):
+        HFBackend(decode="static", graphs=True).generate(_llama(tok), tok, prompts, max_new_tokens=2)
+
+
+def test_weights_updated_in_place_are_used_without_rebuilding(tok, prompts):
+    """The decoder object (and its KV states) outlive an optimiser step; the next call uses the new weights."""
+    model = _llama(tok)
+    backend = HFBackend(decode="static", buckets=True)
+    before = backend.generate(model, tok, prompts, max_new_tokens=16, temperature=0.0)
+    decoder = backend.decoder(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-2)
+    ids = torch.tensor([prompts[1] + prompts[4]])
+    model(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+    backend.sync_weights(model)
+    after = backend.generate(model, tok, prompts, max_new_tokens=16, temperature=0.0)
+    assert backend.decoder(model) is decoder and decoder.states
+    assert [g.ids for g in after] != [g.ids for g in before], "the update should change greedy outputs"
+    _compare(HFBackend().generate(model, tok, prompts, max_new_tokens=16, temperature=0.0), after)
+    # a parameter with new storage (not an in-place update) is noticed too
+    with torch.no_grad():
+        layer = model.model.layers[0].mlp.up_proj
+        layer.weight = torch.nn.Parameter(layer.weight.detach().clone() * 1.5)
+    _compare(HFBackend().generate(model, tok, prompts, max_new_tokens=16, temperature=0.0),
+             backend.generate(model, tok, prompts, max_new_tokens=16, temperature=0.0))
+    backend.close()  # the runner closes the backend at the end of a run: caches and graphs go
+    assert not backend.decoders
+
+
+# ----------------------------------------------------------------------------------------------
+# CUDA-graph semantics, on the CPU
+
+
+class _ReplayedClosure:
+    """Stands in for a CUDA graph: ``replay()`` reruns the recorded step with the Python values it
+    had at capture, as a graph replays its kernels; only what the step reads from buffers changes."""
+
+    def __init__(self, run):
+        self.run = run
+
+    def replay(self):
+        self.run()
+
+
+def _fake_capture_graph(self, prepare, run):
+    prepare()
+    run()
+    return _ReplayedClosure(run)
+
+
+def _graph_decoder(monkeypatch, model, **kw):
+    from mlmt_bench.rollout.static_decode import StaticDecoder
+
+    monkeypatch.setattr(StaticDecoder, "_capture_graph", _fake_capture_graph)
+    return StaticDecoder(model, graphs=True, buckets=True, max_cache_mb=None, sync_every=kw.pop("sync_every", 8),
+                         sampler="race", max_rows=256, **kw)
+
+
+def _as_records(decoder, tok, prompts, stop=None, seed=None, **kw):
+    from mlmt_bench.rollout.hf_backend import _records
+    from mlmt_bench.rollout.stops import StopStrings
+
+    stops = StopStrings(tok, stop) if stop else None
+    if seed is not None:
+        torch.manual_seed(seed)
+    ids, lps = decoder.generate(prompts, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, stops=stops, **kw)
+    return _records(ids, lps, tok.eos_token_id, tok.pad_token_id, tok, stops)
+
+
+def test_replayed_steps_read_every_changing_value_from_buffers(monkeypatch, tok, prompts):
+    """Decoding by replaying one recorded step per (state, active length) gives generate's greedy
+    rows: nothing that changes from step to step (slot, position, step index, finished rows, cache
+    mask) is a Python value baked into the step."""
+    model = _llama(tok)
+    dec = _graph_decoder(monkeypatch, model)
+    plain = HFBackend().generate(model, tok, prompts, max_new_tokens=30, temperature=0.0)
+    _compare(plain, _as_records(dec, tok, prompts, max_new_tokens=30, temperature=0.0, top_p=1.0))
+    captured = dec.stats.graphs_captured
+    assert captured >= 2 and dec.stats.graph_replays >= 20
+    # a second call with other prompts of the same buckets reuses every graph
+    other = [p[::-1] for p in prompts]
+    _compare(HFBackend().generate(model, tok, other, max_new_tokens=30, temperature=0.0),
+             _as_records(dec, tok, other, max_new_tokens=30, temperature=0.0, top_p=1.0))
+    assert dec.stats.graphs_captured == captured
+    # stop strings end rows between replays (one that cannot begin in the prompt: see the next test)
+    text = plain[0].text
+    stop = [next(text[i:i + 2] for i in range(1, len(text) - 1) if text[i] != text[i + 1])]
+    assert stop[0] not in TEXTS[0] + text[:1]
+    _compare(HFBackend().generate(model, tok, prompts, max_new_tokens=30, temperature=0.0, stop=stop),
+             _as_records(dec, tok, prompts, max_new_tokens=30, temperature=0.0, top_p=1.0, stop=stop))
+
+
+def test_replayed_sampling_steps_match_eager_ones(monkeypatch, tok, prompts):
+    """With graphs captured (first call), a seeded call draws exactly what the eager race sampler
+    draws: temperature, top-p and the random draws come from buffers and the RNG, not from Python."""
+    from mlmt_bench.rollout.static_decode import StaticDecoder
+
+    model = _llama(tok)
+    dec = _graph_decoder(monkeypatch, model)
+    kw = dict(max_new_tokens=24, temperature=0.8, top_p=0.9)
+    _as_records(dec, tok, prompts, **kw)  # captures
+    replays = dec.stats.graph_replays
+    graphed = _as_records(dec, tok, prompts, seed=7, **kw)
+    assert dec.stats.graph_replays > replays
+    eager = StaticDecoder(model, graphs=False, buckets=True, max_cache_mb=None, sync_every=8, sampler="race",
+                          max_rows=256)
+    _compare(_as_records(eager, tok, prompts, seed=7, **kw), graphed)
+    # another temperature reuses the same graphs (it is a buffer)
+    captured = dec.stats.graphs_captured
+    _compare(_as_records(eager, tok, prompts, seed=8, max_new_tokens=24, temperature=1.3, top_p=0.9),
+             _as_records(dec, tok, prompts, seed=8, max_new_tokens=24, temperature=1.3, top_p=0.9))
+    assert dec.stats.graphs_captured == captured
+
+
+def test_a_replaced_parameter_drops_the_graphs(monkeypatch, tok, prompts):
+    model = _llama(tok)
+    dec = _graph_decoder(monkeypatch, model)
+    _as_records(dec, tok, prompts, max_new_tokens=12, temperature=0.0, top_p=1.0)
+    assert dec._graphs
+    with torch.no_grad():  # an in-place update keeps them
+        model.model.layers[0].mlp.up_proj.weight.mul_(1.01)
+    dec.check_params()
+    assert dec._graphs and dec.stats.recaptures == 0
+    layer = model.model.layers[0].mlp.up_proj
+    layer.weight = torch.nn.Parameter(layer.weight.detach().clone())
+    dec.check_params()
+    assert not dec._graphs and dec.stats.recaptures == 1
+    _compare(HFBackend().generate(model, tok, prompts, max_new_tokens=12, temperature=0.0),
+             _as_records(dec, tok, prompts, max_new_tokens=12, temperature=0.0, top_p=1.0))
+
+
+# ----------------------------------------------------------------------------------------------
+# the sampling distribution
+
+
+def _first_token_counts(model, tok, prompt, n, *, temperature, top_p=1.0, seed, sampler):
+    """Counts of the first generated token over ``n`` copies of ``prompt`` (the decoder's raw ids:
+    Generation records drop a trailing <pad>, which an untrained model sometimes samples)."""
+    decoder = HFBackend(decode="static", batch_size=n, sampler=sampler).decoder(model)
+    torch.manual_seed(seed)
+    ids, _ = decoder.generate([prompt] * n, max_new_tokens=1, temperature=temperature, top_p=top_p,
+                              eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    return torch.bincount(ids[:, 0], minlength=len(tok)).double()
+
+
+def _chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Chi-square goodness of fit, pooling the tokens whose expected count is below 5."""
+    from scipy.stats import chisquare
+
+    n = counts.sum()
+    expected = probs.double() * n
+    big = expected >= 5
+    obs = torch.cat([counts[big], counts[~big].sum().reshape(1)])
+    exp = torch.cat([expected[big], expected[~big].sum().reshape(1)])
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    return float(chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
+
+
+def _spread_model(tok):
+    """A model whose next token after "7*8=" is spread over a few dozen tokens (about 20 above 1 %),
+    the prompt, and the model's logits there (float32)."""
+    model = build_tiny_model("tiny-0.5m", tok, seed=3)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(1.5)
+        prompt = encode(tok, "7*8=")
+        logits = model(input_ids=torch.tensor([prompt])).logits[0, -1].float()
+    return model, prompt, logits
+
+
+@pytest.mark.parametrize("sampler", ["multinomial", "race"])
+def test_first_token_distribution_follows_the_tempered_softmax(tok, sampler):
+    model, prompt, logits = _spread_model(tok)
+    temperature = 0.8
+    counts = _first_token_counts(model, tok, prompt, 10000, temperature=temperature, seed=0, sampler=sampler)
+    probs = torch.softmax(logits / temperature, -1)
+    assert (probs > 0.01).sum() >= 10
+    assert _chi2_pvalue(counts, probs) > 1e-3
+    # the same test rejects the distribution at the wrong temperature
+    assert _chi2_pvalue(counts, torch.softmax(logits / 1.0, -1)) < 1e-6
+
+
+@pytest.mark.parametrize("sampler", ["multinomial", "race"])
+def test_top_p_keeps_the_nucleus_and_its_renormalised_weights(tok, sampler):
+    model, prompt, logits = _spread_model(tok)
+    temperature, top_p = 1.0, 0.7
+    probs = torch.softmax(logits / temperature, -1)
+    order = torch.argsort(probs, descending=True)
+    cum = torch.cumsum(probs[order], 0)
+    keep = order[: int((cum < top_p).sum()) + 1]  # the smallest set whose mass reaches top_p
+    nucleus = torch.zeros_like(probs)
+    nucleus[keep] = probs[keep] / probs[keep].sum()
+    assert 3 <= len(keep) < (probs > 1e-4).sum()
+    counts = _first_token_counts(model, tok, prompt, 10000, temperature=temperature, top_p=top_p, seed=1,
+                                 sampler=sampler)
+    outside = torch.ones_like(probs, dtype=torch.bool)
+    outside[keep] = False
+    assert counts[outside].sum() == 0
+    assert _chi2_pvalue(counts[keep], nucleus[keep]) > 1e-3
+    # the same test rejects the distribution without top-p
+    assert _chi2_pvalue(counts, probs) < 1e-6
+
+
+# ----------------------------------------------------------------------------------------------
+# in the trainer
+
+
+def test_mlmt_training_is_identical_with_the_static_path(tiny_ckpt, tmp_path):
+    """Two mlmt steps (solver and critic, attempts, feedback and refinements) with decode: static
+    give the same rollouts, rewards and losses as with plain generate: the CPU sampler draws what
+    generate draws, and in-place weight updates reach the next step's generation."""
+    from conftest import minimal_spec
+    from support import ParityVerifier
+
+    from mlmt_bench import runner
+    from mlmt_bench.spec import validate_run
+    from mlmt_bench.tracking import RunDir
+
+    records = {}
+    for decode in ("generate", "static"):
+        d = minimal_spec()
+        d["output_dir"] = str(tmp_path / decode)
+        d["policies"] = {"solver": {"model": "tiny", "path": str(tiny_ckpt), "lr": 1e-2},
+                         "critic": {"model": "tiny", "path": str(tiny_ckpt), "lr": 1e-2}}
+        d["algorithm"] = {"name": "mlmt", "params": {"group_size": 4}}
+        d["backend"] = {"max_new_tokens": 12, "options": {"decode": decode}}
+        d["eval"] = {"every": 0, "feedback_metrics": False, "limit": 4}
+        spec = validate_run(d, "test")
+        runner.configure_torch(spec)
+        torch.set_num_threads(1)
+        comp = runner.build(spec, progress=False)
+        comp.verifier = ParityVerifier()
+        run_dir = RunDir.create(spec.output_dir, spec.name, "", spec.seed)
+        runner.make_trainer(spec, comp, run_dir).train(None)
+        records[decode] = [r for r in run_dir.metrics() if r["kind"] == "train"]
+    keys = ("gen_tokens", "reward_mean", "loss/solver", "loss/critic", "len/attempt", "len/feedback", "len/refine")
+    assert len(records["static"]) == 2
+    for a, b in zip(records["generate"], records["static"]):
+        for k in keys:
+            assert k in a, k
+            assert a[k] == pytest.approx(b[k], abs=1e-6), k
+    assert records["generate"][1]["loss/solver"] != records["generate"][0]["loss/solver"]
