@@ -233,13 +233,15 @@ def report(
     sweep: Optional[str] = typer.Option(None, "--sweep", metavar="STORAGE", help="Report on an Optuna sweep instead: "
                                         "its storage URL or SQLite .db file (history, importances, best spec)."),
     study: Optional[str] = typer.Option(None, "--study", help="With --sweep: the study, if the storage holds several."),
+    at_flops: Optional[float] = typer.Option(None, "--at-flops", min=0, help="Compare every run at its last evaluation "
+                                             "within this many FLOPs (equal FLOPs from runs with a token budget)."),
 ) -> None:
     """Compare runs: final metrics with 95% bootstrap CIs, McNemar tests, accuracy vs tokens (or, with --sweep, a sweep's history, importances and best spec)."""
     if sweep is not None:
         from mlmt_bench.report.sweep_report import report_sweep
 
-        if runs or arm:
-            raise UserError("--sweep reports on a study: give no run directories or --arm with it")
+        if runs or arm or at_flops is not None:
+            raise UserError("--sweep reports on a study: give no run directories, --arm or --at-flops with it")
         found = report_sweep(sweep, out, study)
         _emit(found, lambda: typer.echo(f"wrote {', '.join(found['files'].values())}"))
         return
@@ -255,7 +257,7 @@ def report(
         if not sep or not name or not path:
             raise UserError(f"--arm {a}: expected NAME=RUN_DIR")
         named.setdefault(name, []).append(Path(path))
-    summary = report_from_dirs(list(runs), out, baseline, arms=named)
+    summary = report_from_dirs(list(runs), out, baseline, arms=named, at_flops=at_flops)
     _emit(summary, lambda: typer.echo(f"wrote {', '.join(summary['files'].values())}"))
 
 

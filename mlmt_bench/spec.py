@@ -360,6 +360,15 @@ def _validate_run(data: dict[str, Any], source: str) -> RunSpec:
     for where, reg, name in checks:
         if name not in reg:
             raise UserError(f"{source}: {where}: {reg.unknown_message(name)}")
+    from mlmt_bench.rollout.backend import reject_unknown_options
+
+    try:
+        backend_cls = registry.backends.get(spec.backend.name)
+        reject_unknown_options(backend_cls, spec.backend.name, spec.backend.options)
+        if callable(getattr(backend_cls, "check_values", None)):
+            backend_cls.check_values(**spec.backend.options)
+    except UserError as exc:
+        raise UserError(f"{source}: {exc}") from None
     params_model = algorithm_params_model(spec.algorithm.name)
     try:
         params = params_model.model_validate(spec.algorithm.params)

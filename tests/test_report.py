@@ -291,3 +291,28 @@ def test_curves_pool_each_runs_last_eval_into_one_final_point(tmp_path):
     assert c["sd"].tolist() == pytest.approx([0.0, np.std([.5, .75], ddof=1), np.std([.5, 1.0], ddof=1)])
     c = aggregate_curves([load_run(a)], "gen_tokens")
     assert np.isnan(c["sd"]).all()  # one seed: no spread, no band
+
+
+def test_reading_runs_at_a_flops_budget(tmp_path):
+    """--at-flops B: each run's last evaluation with flops <= B stands in for its final one
+    (metrics, per-problem outcomes, curve), and the report says where each run was read."""
+    curve = [(0, 0, 0.0, .1, .1), (5, 100, 1e9, .2, .25), (10, 200, 2e9, .5, .5)]
+    a = make_run(tmp_path, "a-20250101T000000Z", seed=0, arm="grpo", curve=curve, t1=[1, 1, 0, 0], t2=[1, 1, 0, 0],
+                 feedback=False)
+    b = make_run(tmp_path, "b-20250101T000000Z", seed=0, arm="sc", curve=curve, t1=[1, 1, 1, 0], t2=[1, 1, 1, 1],
+                 spec="name: sc\nalgorithm: {name: self_correct}\n")
+    r = load_run(a, at_flops=1.5e9)
+    assert r.read_at == {"flops_budget": 1.5e9, "step": 5, "flops": 1e9, "gen_tokens": 100, "reached": True}
+    assert r.final["step"] == 5 and r.final["acc@t2"] == .25 and [c["step"] for c in r.curve] == [0, 5]
+    assert r.outcomes("t2") == {f"p{i}": 0.0 for i in range(4)}  # step 5's rows (all wrong), not the final step's
+    assert load_run(a, at_flops=5e9).read_at["reached"] is False and load_run(a, at_flops=0.0).final["step"] == 0
+    assert load_run(a).read_at is None and load_run(a).final["kind"] == "final"
+
+    summary = build_comparison({"grpo": [a], "sc": [b]}, tmp_path / "out", at_flops=1.5e9)
+    assert summary["at_flops"] == 1.5e9 and summary["arms"]["grpo"]["metrics"]["acc@t2"]["mean"] == .25
+    text = (tmp_path / "out" / "comparison.md").read_text()
+    assert "Read at equal FLOPs (1.5e+09)" in text and "grpo read at s0: step 5, 1e+09 FLOPs, 100 tokens" in text
+    assert "sc: self_correct switches stage" in text and "grpo: self_correct" not in text
+    assert "has no final record" not in text
+    with pytest.raises(UserError, match="no evaluation within"):
+        load_run(a, at_flops=-1.0)

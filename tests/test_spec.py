@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from typer.testing import CliRunner
 
@@ -196,3 +198,18 @@ def test_overrides_an_experiment_cannot_apply_are_errors(write_spec):
         bad = _experiment(write_spec, a={field: 1 if field == "seed" else "x"})
         code, err = validate(bad)
         assert code == 2 and f"arms.a: {field}: an arm cannot set it" in err, err
+
+
+@pytest.mark.parametrize(("backend", "options", "message"), [
+    ("hf", {"batch_sise": 8}, "unknown option(s) for hf: batch_sise (known: batch_size, decode"),
+    ("hf", {"decode": "fast"}, "options.decode must be one of generate, static, got 'fast'"),
+    ("hf", {"batch_size": 0}, "options.batch_size must be an integer"),
+    ("vllm", {"gpu_mem": 0.5}, "unknown option(s) for vllm: gpu_mem (known: gpu_memory_utilization"),
+])
+def test_backend_options_are_checked_when_the_spec_is(write_spec, backend, options, message):
+    """A misspelt or impossible backend option fails `validate`, not (or silently ignored in) a run."""
+    from mlmt_bench.spec import load_any
+
+    spec = minimal_spec(backend={"name": backend, "options": options})
+    with pytest.raises(UserError, match=re.escape(message)):
+        load_any(write_spec(spec))

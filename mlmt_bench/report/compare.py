@@ -178,6 +178,7 @@ def build_comparison(
     *,
     baseline: str | None = "grpo",
     title: str = "",
+    at_flops: float | None = None,
 ) -> dict[str, Any]:
     """Compare arms and write ``comparison.md``, ``acc_vs_tokens.png`` and ``index.html`` into ``out_dir``.
 
@@ -194,6 +195,7 @@ def build_comparison(
               "paired": {arm: {"n_problems", "diff", "lo", "hi", "p_value", "mcnemar": {seed: {b, c,
                          p_value}}}}}
     (accuracies as fractions; McNemar b = arm right & baseline wrong, c = arm wrong & baseline right).
+    at_flops: compare every run at its last evaluation within this many FLOPs (runs.load_run).
     """
     if not runs or not any(runs.values()):
         raise UserError("nothing to compare: no run directories given")
@@ -201,13 +203,13 @@ def build_comparison(
     if empty:
         raise UserError(f"arm {empty[0]!r} has no run directories")
     out_dir = Path(out_dir)
-    loaded = {arm: [load_run(p) for p in paths] for arm, paths in runs.items()}
+    loaded = {arm: [load_run(p, at_flops=at_flops) for p in paths] for arm, paths in runs.items()}
     protocol = check_one_protocol(loaded)
 
-    notes: list[str] = []
+    notes: list[str] = _read_at_notes(loaded, at_flops) if at_flops is not None else []
     for arm, results in loaded.items():
         for r in results:
-            if not r.has_final:
+            if not r.has_final and at_flops is None:
                 notes.append(f"`{r.path}` ({arm}) has no final record (status: {r.status or 'unknown'}); "
                              f"its last eval (step {r.final.get('step', '?')}) is used.")
             if not r.problems:
@@ -222,7 +224,7 @@ def build_comparison(
         baseline = None
 
     summary: dict[str, Any] = {"title": title, "baseline": baseline, "protocol": protocol, "arms": {},
-                               "paired": {}, "notes": notes}
+                               "paired": {}, "notes": notes, "at_flops": at_flops}
     for arm, results in loaded.items():
         summary["arms"][arm] = _summarise_arm(results)
 
@@ -251,6 +253,24 @@ def build_comparison(
     return summary
 
 
+def _read_at_notes(loaded: dict[str, list[RunRecord]], budget: float) -> list[str]:
+    """Where each run was read at a FLOPs budget, and which runs make that reading inexact."""
+    notes = [f"Read at equal FLOPs: every run at its last evaluation within {budget:.3g} FLOPs (its final record "
+             "is not used). Runs evaluated every k steps are read up to k steps before the budget."]
+    for arm, results in loaded.items():
+        at = ", ".join(f"s{r.seed}: step {r.read_at['step']}, {r.read_at['flops']:.3g} FLOPs, "
+                       f"{r.read_at['gen_tokens']:,} tokens" for r in results if r.read_at)
+        notes.append(f"{arm} read at {at}.")
+        short = [f"s{r.seed}" for r in results if r.read_at and not r.read_at["reached"]]
+        if short:
+            notes.append(f"{arm}: runs {', '.join(short)} ended before spending {budget:.3g} FLOPs; "
+                         "their last evaluation is used.")
+        if any(r.algorithm == "self_correct" for r in results):
+            notes.append(f"{arm}: self_correct switches stage at a share of its budget, so reading it at a "
+                         "smaller FLOPs budget is not the same as stopping it there.")
+    return notes
+
+
 def _fmt_gain(g: dict[str, Any] | None) -> str:
     if not g:
         return DASH
@@ -263,6 +283,9 @@ def render_markdown(summary: dict[str, Any]) -> str:
     arms = list(summary["arms"])
     baseline = summary["baseline"]
     lines = [f"# {summary['title'] or 'Comparison'}", ""]
+    if summary.get("at_flops") is not None:
+        lines += [f"**Read at equal FLOPs ({summary['at_flops']:.3g})**: each run at its last evaluation within "
+                  "that budget (see Notes).", ""]
     n_seeds = ", ".join(f"{a}: {len(summary['arms'][a]['runs'])}" for a in arms)
     proto = ", ".join(f"{k} = {json.dumps(v)}" for k, v in summary.get("protocol", {}).items())
     lines += [
@@ -334,6 +357,7 @@ def report_from_dirs(
     *,
     arms: dict[str, list[Path]] | None = None,
     title: str = "",
+    at_flops: float | None = None,
 ) -> dict[str, Any]:
     """``mlmt-bench report RUN_DIR... --out DIR [--arm NAME=RUN_DIR ...]``: group, then compare.
 
@@ -344,4 +368,4 @@ def report_from_dirs(
         grouped.setdefault(arm, []).extend(Path(d) for d in dirs)
     if not title and len(paths) == 1 and (Path(paths[0]) / "experiment.json").is_file():
         title = strip_stamp(Path(paths[0]).name)
-    return build_comparison(grouped, Path(out_dir), baseline=baseline, title=title)
+    return build_comparison(grouped, Path(out_dir), baseline=baseline, title=title, at_flops=at_flops)

@@ -32,8 +32,12 @@ class RunRecord:
     problems: per-problem correctness at the final eval step, ``{problem_id: {"t1", "t2",
               "t2_null"}}``; empty when the run wrote no eval_problems.jsonl.
     first:    the same at the first evaluation (step 0: the arm's starting point).
+    algorithm: the algorithm's registry name (spec.resolved.yaml), None when not recorded.
     protocol: what a report must not mix: benchmark and options, evaluated split, evaluation
               settings (from spec.resolved.yaml; empty when the run has none).
+    read_at:  when the run is read at a FLOPs budget B (``load_run(..., at_flops=B)``):
+              ``{"flops_budget": B, "step", "flops", "gen_tokens", "reached"}``, the evaluation used
+              (the last one with flops <= B; ``reached``: the run spent B or more in all), else None.
     """
 
     path: Path
@@ -49,6 +53,8 @@ class RunRecord:
     problems: dict[str, dict[str, Any]] = field(default_factory=dict)
     first: dict[str, dict[str, Any]] = field(default_factory=dict)
     protocol: dict[str, Any] = field(default_factory=dict)
+    read_at: dict[str, Any] | None = None
+    algorithm: str | None = None
 
     def outcomes(self, turn: str = "t2", at: str = "final") -> dict[str, float]:
         """``{problem id: 0/1}`` of ``turn`` ("t1", "t2", "t2_null") at the final or first evaluation."""
@@ -94,8 +100,14 @@ def _read_records(path: Path) -> list[tuple[int, dict[str, Any]]]:
     return out
 
 
-def load_run(path: Path | str) -> RunRecord:
-    """Read one run directory; a :class:`UserError` (one line) if it cannot be compared."""
+def load_run(path: Path | str, at_flops: float | None = None) -> RunRecord:
+    """Read one run directory; a :class:`UserError` (one line) if it cannot be compared.
+
+    ``at_flops``: read the run as if it had stopped at that FLOPs budget: its ``final`` and
+    ``problems`` become those of its last evaluation within the budget, and the curve ends there.
+    This equals a run stopped by ``train.flop_budget`` only for an algorithm whose steps do not
+    depend on the budget (not ``self_correct``, whose stage switch is a share of it); a report
+    says which evaluation each run was read at (``read_at``)."""
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"{path}: not a directory")
@@ -130,6 +142,9 @@ def load_run(path: Path | str) -> RunRecord:
     has_final = final is not None
     if final is None:
         final = curve[-1]
+    read_at = None
+    if at_flops is not None:
+        curve, final, read_at = _cut_at_flops(curve, final, float(at_flops), metrics_path)
 
     final_step = final.get("step") if is_num(final.get("step")) else None
     by_step = _problems_by_step(path / "eval_problems.jsonl")
@@ -148,8 +163,23 @@ def load_run(path: Path | str) -> RunRecord:
         status=manifest.get("status"), manifest=manifest,
         final=final, has_final=has_final, curve=curve,
         final_step=int(final_step) if final_step is not None else None,
-        problems=problems, first=first, protocol=_protocol(path / "spec.resolved.yaml"),
+        problems=problems, first=first, read_at=read_at, **_from_spec(path / "spec.resolved.yaml"),
     )
+
+
+def _cut_at_flops(curve: list[dict[str, Any]], final: dict[str, Any], budget: float,
+                  where: Path) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    """The curve up to the last evaluation with flops <= ``budget``, that evaluation, and where it is."""
+    within = [rec for rec in curve if is_num(rec.get("flops")) and rec["flops"] <= budget]
+    if not within:
+        raise UserError(f"{where}: no evaluation within {budget:.3g} FLOPs (the runs log no flops, or "
+                        "the budget is below the first evaluation)")
+    at = within[-1]
+    spent = final.get("flops") if is_num(final.get("flops")) else curve[-1].get("flops")
+    reached = bool(is_num(spent) and spent >= budget)
+    info = {"flops_budget": budget, "step": at.get("step"), "flops": at["flops"],
+            "gen_tokens": at.get("gen_tokens"), "reached": reached}
+    return within, at, info
 
 
 def _problems_by_step(path: Path) -> dict[int, dict[str, dict[str, Any]]]:
@@ -175,9 +205,10 @@ PROTOCOL_FIELDS = (("benchmark", "name"), ("benchmark", "options"), ("benchmark"
                    ("benchmark", "eval_limit"), ("eval", "limit"), ("eval", "temperature"))
 
 
-def _protocol(path: Path) -> dict[str, Any]:
+def _from_spec(path: Path) -> dict[str, Any]:
+    """``{"protocol": {...}, "algorithm": name}`` from a run's spec.resolved.yaml (empty, None without it)."""
     if not path.is_file():
-        return {}
+        return {"protocol": {}, "algorithm": None}
     import yaml
 
     try:
@@ -185,13 +216,15 @@ def _protocol(path: Path) -> dict[str, Any]:
     except (OSError, yaml.YAMLError) as exc:
         raise UserError(f"{path}: unreadable ({str(exc).splitlines()[0]})") from None
     if not isinstance(spec, dict):
-        return {}
+        return {"protocol": {}, "algorithm": None}
     out = {}
     for section, key in PROTOCOL_FIELDS:
         part = spec.get(section)
         if isinstance(part, dict) and key in part:
             out[f"{section}.{key}"] = part[key]
-    return out
+    algorithm = spec.get("algorithm")
+    name = algorithm.get("name") if isinstance(algorithm, dict) else None
+    return {"protocol": out, "algorithm": str(name) if name is not None else None}
 
 
 # ---------------------------------------------------------------------------------------------

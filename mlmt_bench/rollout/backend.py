@@ -44,3 +44,22 @@ class Backend(Protocol):
     def sync_weights(self, model: Any) -> None: ...
 
     def close(self) -> None: ...
+
+
+def known_options(backend_cls: type) -> list[str]:
+    """The ``backend.options`` a backend class takes: its constructor's named parameters."""
+    import inspect
+
+    params = inspect.signature(backend_cls.__init__).parameters.values()
+    return [p.name for p in params if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+
+
+def reject_unknown_options(backend_cls: type, name: str, options: dict[str, Any]) -> None:
+    """A one-line error naming ``options`` the backend does not take (a typo is never ignored)."""
+    from mlmt_bench.errors import UserError
+
+    known = known_options(backend_cls)
+    unknown = sorted(str(k) for k in options if k not in known)
+    if unknown:
+        raise UserError(f"backend.options: unknown option(s) for {name}: {', '.join(unknown)} "
+                        f"(known: {', '.join(known)})")

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from mlmt_bench.errors import UserError
-from mlmt_bench.rollout.backend import Generation
+from mlmt_bench.rollout.backend import Generation, reject_unknown_options
 from mlmt_bench.rollout.stops import StopStrings
 
 DECODE_MODES = ("generate", "static")
@@ -43,7 +43,23 @@ class HFBackend:
     name = "hf"
 
     def __init__(self, batch_size: int = 256, decode: str = "generate", graphs: Any = "auto", buckets: Any = "auto",
-                 max_cache_mb: Any = "auto", sync_every: Any = "auto", sampler: str = "auto", **_: Any) -> None:
+                 max_cache_mb: Any = "auto", sync_every: Any = "auto", sampler: str = "auto", **unknown: Any) -> None:
+        reject_unknown_options(HFBackend, "hf", unknown)
+        self.check_values(batch_size=batch_size, decode=decode, graphs=graphs, buckets=buckets,
+                          max_cache_mb=max_cache_mb, sync_every=sync_every, sampler=sampler)
+        self.batch_size = batch_size
+        self.decode = decode
+        self.static_options = dict(graphs=graphs, buckets=buckets, max_cache_mb=max_cache_mb, sync_every=sync_every,
+                                   sampler=sampler)
+        self.decoders: dict[int, Any] = {}  # id(model) -> StaticDecoder (which holds the model)
+
+    @staticmethod
+    def check_values(*, decode: str = "generate", graphs: Any = "auto", buckets: Any = "auto",
+                     max_cache_mb: Any = "auto", sync_every: Any = "auto", sampler: str = "auto",
+                     batch_size: Any = 256) -> None:
+        """One-line errors for option values this backend cannot use (``mlmt-bench validate`` calls it)."""
+        if not (isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size >= 1):
+            raise UserError(f"backend hf: options.batch_size must be an integer ≥ 1, got {batch_size!r}")
         if decode not in DECODE_MODES:
             raise UserError(f"backend hf: options.decode must be one of {', '.join(DECODE_MODES)}, got {decode!r}")
         for name, value in (("graphs", graphs), ("buckets", buckets)):
@@ -57,11 +73,6 @@ class HFBackend:
                             f"got {max_cache_mb!r}")
         if sync_every != "auto" and not (isinstance(sync_every, int) and sync_every >= 1):
             raise UserError(f"backend hf: options.sync_every must be auto or an integer ≥ 1, got {sync_every!r}")
-        self.batch_size = batch_size
-        self.decode = decode
-        self.static_options = dict(graphs=graphs, buckets=buckets, max_cache_mb=max_cache_mb, sync_every=sync_every,
-                                   sampler=sampler)
-        self.decoders: dict[int, Any] = {}  # id(model) -> StaticDecoder (which holds the model)
 
     def sync_weights(self, model: Any) -> None:
         """Nothing to copy: generation uses the training model object itself. The static decoder's

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from mlmt_bench.errors import UserError
-from mlmt_bench.rollout.backend import Generation
+from mlmt_bench.rollout.backend import Generation, reject_unknown_options
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +95,7 @@ class VLLMBackend:
         engine_kwargs: dict[str, Any] | None = None,
         **unknown: Any,
     ) -> None:
-        if unknown:
-            raise UserError(f"backend.options: unknown option(s) for vllm: {', '.join(sorted(unknown))} "
-                            "(known: gpu_memory_utilization, dtype, enforce_eager, max_model_len, "
-                            "enable_prefix_caching, seed, lora_mode, inprocess, work_dir, engine_kwargs)")
+        reject_unknown_options(VLLMBackend, "vllm", unknown)
         if lora_mode != "merged":
             raise UserError(f"backend.options.lora_mode: only 'merged' is supported, got {lora_mode!r}")
         if not 0.0 < float(gpu_memory_utilization) <= 1.0:
