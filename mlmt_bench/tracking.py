@@ -97,19 +97,10 @@ def _json_default(obj: Any) -> Any:
 
 def read_jsonl_lines(path: Path) -> list[tuple[int, Any]]:
     """(line number, record) of a JSONL file this module wrote; a torn last line (a crash
-    mid-write) is ignored, any other bad line is a file:line UserError."""
-    records = []
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            records.append((i, json.loads(line)))
-        except json.JSONDecodeError:
-            if i == len(lines):
-                break
-            raise UserError(f"{path}:{i}: not valid JSON") from None
-    return records
+    mid-write) is ignored, any other bad line is a file:line UserError (:mod:`mlmt_bench.jsonl`)."""
+    from mlmt_bench.jsonl import iter_jsonl
+
+    return list(iter_jsonl(path, torn_tail_ok=True))
 
 
 def read_jsonl(path: Path) -> list[Any]:

@@ -261,7 +261,7 @@ def test_load_run_errors(tmp_path):
     (bad / "manifest.json").write_text(json.dumps({"name": "x", "seed": 0}))
     (bad / "metrics.jsonl").write_text('{"kind": "eval", "step": 0, "acc@t1": 0.5}\n{"kind": "ev\n'
                                        '{"kind": "final", "step": 0}\n')
-    with pytest.raises(UserError, match=r"metrics\.jsonl:2: not valid JSON") as exc:
+    with pytest.raises(UserError, match=r"metrics\.jsonl:2: invalid JSON") as exc:
         load_run(bad)
     assert "\n" not in str(exc.value)
 

@@ -38,8 +38,13 @@ def test_torn_last_line_is_ignored_but_corruption_inside_is_an_error(tmp_path):
     p = tmp_path / "m.jsonl"
     p.write_text('{"a": 1}\n{"a": 2')
     assert read_jsonl(p) == [{"a": 1}]
+    p.write_bytes('{"a": 1}\n{"b": "\u00e9"}'.encode()[:-3])  # cut inside a two-byte character
+    assert read_jsonl(p) == [{"a": 1}]
     p.write_text('{"a": 1}\nnot json\n{"a": 3}\n')
-    with pytest.raises(UserError, match=r"m.jsonl:2: not valid JSON"):
+    with pytest.raises(UserError, match=r"m.jsonl:2: invalid JSON"):
+        read_jsonl(p)
+    p.write_text('{"a": 1}\n{"a": 2\n')  # a complete (newline-ended) last line is not torn: an error
+    with pytest.raises(UserError, match=r"m.jsonl:2: invalid JSON"):
         read_jsonl(p)
 
 

@@ -35,10 +35,14 @@ import threading
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from mlmt_bench.benchmarks.base import Benchmark
 from mlmt_bench.errors import UserError
+from mlmt_bench.jsonl import DECODE_ERRORS as _DECODE_ERRORS
+from mlmt_bench.jsonl import decode_error as _decode_error
+from mlmt_bench.jsonl import is_gzip as _is_gzip
+from mlmt_bench.jsonl import iter_jsonl
 from mlmt_bench.types import Problem
 
 ENV_VAR = "MLMT_BENCH_DATA"
@@ -104,11 +108,6 @@ class DataSpec:
 # ---------------------------------------------------------------------------------------
 
 
-def _is_gzip(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(2) == b"\x1f\x8b"
-
-
 def _open_text(path: Path) -> io.TextIOBase:
     if _is_gzip(path):
         return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
@@ -125,19 +124,6 @@ def _format_of(path: Path) -> str:
     raise UserError(f"{path}: unknown data file type (expected .jsonl, .json or .csv, optionally .gz)")
 
 
-_DECODE_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error, UnicodeDecodeError, OSError)
-
-
-def _decode_error(path: Path, line: int, exc: BaseException) -> UserError:
-    if isinstance(exc, EOFError):
-        why = "file is truncated (compressed stream ended early)"
-    elif isinstance(exc, UnicodeDecodeError):
-        why = "not valid UTF-8"
-    else:
-        why = f"cannot be read ({type(exc).__name__}: {exc})"
-    return UserError(f"{path}:{line}: corrupt data file: {why}".replace("\n", " "))
-
-
 def _check_row(path: Path, line: int, row: Any, required: Sequence[str]) -> dict[str, Any]:
     if not isinstance(row, dict):
         raise UserError(f"{path}:{line}: expected a JSON object per record, got {type(row).__name__}")
@@ -145,44 +131,6 @@ def _check_row(path: Path, line: int, row: Any, required: Sequence[str]) -> dict
     if missing:
         raise UserError(f"{path}:{line}: record lacks field(s) {', '.join(missing)}")
     return row
-
-
-def iter_jsonl(path: Path, max_line_bytes: int | None = None,
-               max_depth: int | None = None) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed value) of each non-blank line of a JSON Lines file (plain or gzip).
-    A line that is not JSON, or a file that cannot be decoded, is a one-line file:line UserError;
-    so is a line longer than ``max_line_bytes`` (newline included; read no further) or nested
-    deeper than ``max_depth`` (see :mod:`mlmt_bench.bounded_input`; None: no limit)."""
-    from mlmt_bench.bounded_input import check_json_depth, human_bytes, shorten
-
-    lineno = 0
-    limit = -1 if max_line_bytes is None else max_line_bytes + 1
-    try:
-        with (gzip.open(path, "rb") if _is_gzip(path) else open(path, "rb")) as f:
-            for lineno, raw in enumerate(iter(lambda: f.readline(limit), b""), 1):
-                if max_line_bytes is not None and len(raw) > max_line_bytes:
-                    raise UserError(f"{path}:{lineno}: line longer than {human_bytes(max_line_bytes)}")
-                try:  # line by line, so an undecodable byte is reported on its own line
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise _decode_error(path, lineno, exc) from None
-                if not line.strip():
-                    continue
-                try:
-                    value = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise UserError(f"{path}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
-                except RecursionError:
-                    raise UserError(f"{path}:{lineno}: invalid JSON (nested too deeply)") from None
-                except ValueError as exc:  # e.g. an integer of more than 4300 digits
-                    raise UserError(f"{path}:{lineno}: invalid JSON ({shorten(str(exc), 120)})") from None
-                if max_depth is not None:
-                    check_json_depth(value, f"{path}:{lineno}", max_depth)
-                yield lineno, value
-    except UserError:
-        raise
-    except _DECODE_ERRORS as exc:
-        raise _decode_error(path, lineno + 1, exc) from None
 
 
 def read_jsonl(path: Path, required: Sequence[str] = ()) -> list[dict[str, Any]]:

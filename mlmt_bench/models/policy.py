@@ -10,12 +10,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from mlmt_bench.errors import UserError
 from mlmt_bench.models.hf_quiet import quiet_transformers
+
+if TYPE_CHECKING:
+    from mlmt_bench.spec import PolicySpec
+
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -127,7 +131,7 @@ def _wrap_lora(model: Any, lora: Any) -> Any:
     return get_peft_model(model, cfg)
 
 
-def build_policy(role: str, spec: Any, path: str, device: str | None = None) -> Policy:
+def build_policy(role: str, spec: PolicySpec, path: str, device: str | None = None) -> Policy:
     """A :class:`Policy` from a ``PolicySpec`` and the resolved checkpoint ``path``."""
     model, tokenizer = _load(path, spec.dtype, device)
     n_params = sum(p.numel() for p in model.parameters())
@@ -145,13 +149,13 @@ def build_policy(role: str, spec: Any, path: str, device: str | None = None) -> 
                   n_params=n_params, init_path=path, dtype=spec.dtype, is_lora=is_lora)
 
 
-def load_hf_policy(role: str, spec: Any, base_dir: Path | None = None, device: str | None = None) -> Policy:
+def load_hf_policy(role: str, spec: PolicySpec, base_dir: Path | None = None, device: str | None = None) -> Policy:
     if not spec.path:
         raise UserError(f"policies.{role}.path: model 'hf' needs a hub name or directory")
     return build_policy(role, spec, spec.path, device)
 
 
-def load_tiny_policy(role: str, spec: Any, base_dir: Path | None = None, device: str | None = None) -> Policy:
+def load_tiny_policy(role: str, spec: PolicySpec, base_dir: Path | None = None, device: str | None = None) -> Policy:
     """The tiny model at ``path``, or else the shared base every role starts from."""
     path = spec.path or base_dir
     if path is None:

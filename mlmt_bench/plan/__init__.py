@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlmt_bench.errors import UserError
 from mlmt_bench.plan.memory import estimate_memory
@@ -52,8 +52,11 @@ from mlmt_bench.plan.work import (eval_work, evaluations, generated_turns, plann
 
 __all__ = ["plan_run", "plan_spec", "refusal", "render", "load_table", "resolve_device", "Device"]
 
+if TYPE_CHECKING:
+    from mlmt_bench.spec import RunSpec
 
-def plan_run(spec: Any, device: Device, gpus: int = 1, table: dict[str, Any] | None = None) -> dict[str, Any]:
+
+def plan_run(spec: RunSpec, device: Device, gpus: int = 1, table: dict[str, Any] | None = None) -> dict[str, Any]:
     """The plan of one validated :class:`~mlmt_bench.spec.RunSpec` (a JSON-able dict)."""
     from mlmt_bench import registry
 

@@ -7,12 +7,17 @@ for the trainer's forward (tests/test_plan.py).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlmt_bench.plan.throughput import GB, Device
 from mlmt_bench.plan.work import PlannedPolicy, Turn
 
 #: CUDA context, cuBLAS workspaces, allocator slack (GPU); Python + torch (CPU)
+
+if TYPE_CHECKING:
+    from mlmt_bench.spec import RunSpec
+
+
 RUNTIME_OVERHEAD = {"gpu": 1.0 * GB, "cpu": 0.5 * GB}
 
 
@@ -57,7 +62,7 @@ def micro_batch_shapes(trained: list[Turn], roles: list[str], grad_accum: int,
     return out
 
 
-def estimate_memory(spec: Any, policies: dict[str, PlannedPolicy], turns: list[Turn], trained: list[Turn],
+def estimate_memory(spec: RunSpec, policies: dict[str, PlannedPolicy], turns: list[Turn], trained: list[Turn],
                     eval_turns: list[Turn], device: Device) -> dict[str, Any]:
     """Bytes per phase (held throughout, generation, log-probs, update) and the peak, per GPU."""
     items: dict[str, dict[str, float]] = {"persistent": {}, "generation": {}, "logprobs": {}, "training": {}}

@@ -11,10 +11,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlmt_bench.errors import UserError
 from mlmt_bench.plan.work import Work
+
+if TYPE_CHECKING:
+    from mlmt_bench.spec import RunSpec
+
 
 GB = 1e9
 TABLE = Path(__file__).resolve().parents[1] / "data" / "throughput.yaml"
@@ -61,7 +65,7 @@ def resolve_device(name: str, table: dict[str, Any]) -> Device:
     return Device(name, None if memory is None else float(memory) * GB, d.get("description", name), name != "cpu")
 
 
-def backend_key(spec: Any) -> str:
+def backend_key(spec: RunSpec) -> str:
     if spec.backend.name == "vllm":
         return "vllm"
     return "hf-static" if spec.backend.options.get("decode") == "static" else "hf-generate"

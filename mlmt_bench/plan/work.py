@@ -12,10 +12,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlmt_bench.errors import UserError
 from mlmt_bench.metrics import cost
+
+if TYPE_CHECKING:
+    from mlmt_bench.spec import PolicySpec, RunSpec
+
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -26,7 +30,7 @@ class PlannedPolicy:
     """A policy as the plan sees it: its spec, its architecture, and whether it is updated."""
 
     role: str
-    spec: Any  # PolicySpec
+    spec: PolicySpec
     shape: Any  # ModelShape
     lora_params: int
     trains: bool  # updated at some step
@@ -94,7 +98,7 @@ class Work:
                 "forward": sum(cost.forward_flops(params[r], int(v)) for r, v in self.forward.items())}
 
 
-def planned_policies(spec: Any, algorithm: Any) -> dict[str, PlannedPolicy]:
+def planned_policies(spec: RunSpec, algorithm: Any) -> dict[str, PlannedPolicy]:
     """The policies the algorithm builds (its roles: trained, frozen, shared with the solver), with
     whether each is updated at some step of the run."""
     from mlmt_bench.models.configs import policy_shape
@@ -140,7 +144,7 @@ def _offline_tokenizer(policy: Any) -> Any:
 _CHARS_PER_TOKEN, _TEMPLATE_TOKENS = 4.0, 32
 
 
-def prompt_lengths(spec: Any) -> Lengths:
+def prompt_lengths(spec: RunSpec) -> Lengths:
     """Mean prompt tokens from up to 256 training problems, measured with the solver's tokenizer when
     it can be read offline, else estimated from characters."""
     from mlmt_bench import registry

@@ -12,8 +12,8 @@ failure never leaves a half-written OUT nor clobbers an existing one. Every inpu
 validated before any scoring starts; a bad one is a one-line
 :class:`~mlmt_bench.errors.UserError` naming ``file:line``, and so is a line longer than
 ``MAX_LINE_BYTES`` or nested deeper than ``MAX_DEPTH`` (:mod:`mlmt_bench.bounded_input`); IN
-must be a regular file (a device or FIFO is refused). IN is read by the benchmark
-data reader (:func:`~mlmt_bench.benchmarks.data.iter_jsonl`), so it may be gzip-compressed.
+must be a regular file (a device or FIFO is refused). IN is read by the one
+JSONL reader (:func:`~mlmt_bench.jsonl.iter_jsonl`), so it may be gzip-compressed.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from mlmt_bench.benchmarks.data import iter_jsonl
 from mlmt_bench.bounded_input import MAX_DEPTH, MAX_LINE_BYTES, check_regular_file, short_repr, shorten
 from mlmt_bench.errors import UserError
+from mlmt_bench.jsonl import iter_jsonl
 from mlmt_bench.types import VERDICT_KINDS, Problem, Verdict
 from mlmt_bench.verifiers.base import Verifier
 
