@@ -233,8 +233,11 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str], model: type[BaseModel]) -> dict[str, Any]:
-    """Apply ``--set`` overrides; a path that names no field of ``model`` is an error."""
-    out = copy.deepcopy(data)
+    """Apply ``--set`` overrides; a path that names no field of ``model`` is an error.
+
+    Works on an unshared copy: a YAML alias (``*anchor``) becomes its own copy, so setting a field
+    under one alias never changes the others (``copy.deepcopy`` would keep them one object)."""
+    out = _unshared(data)
     for text in overrides:
         parts, value = parse_override(text)
         _check_path(model, parts, text)
@@ -245,6 +248,16 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], model: type[Base
             node = node[p]
         node[parts[-1]] = value
     return out
+
+
+def _unshared(value: Any) -> Any:
+    """A deep copy in which no two places share a mapping or list (alias expansion is bounded by
+    :mod:`mlmt_bench.bounded_input` when the YAML is read)."""
+    if isinstance(value, dict):
+        return {k: _unshared(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unshared(v) for v in value]
+    return copy.deepcopy(value)
 
 
 def _check_path(model: type[BaseModel], parts: list[str], text: str) -> None:

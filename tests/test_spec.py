@@ -213,3 +213,12 @@ def test_backend_options_are_checked_when_the_spec_is(write_spec, backend, optio
     spec = minimal_spec(backend={"name": backend, "options": options})
     with pytest.raises(UserError, match=re.escape(message)):
         load_any(write_spec(spec))
+
+
+def test_set_under_a_yaml_alias_changes_only_that_place(write_spec):
+    """`critic: *solver` shares one mapping in the parsed YAML; --set policies.critic.lr must not
+    also change the solver's learning rate."""
+    text = ("name: t\nbenchmark: {name: synthetic-arith}\nalgorithm: {name: mlmt}\n"
+            "policies:\n  solver: &pol {model: tiny, lr: 1.0e-4}\n  critic: *pol\n")
+    spec = load_any(write_spec(text), ["policies.critic.lr=0.003"])
+    assert spec.policies.critic.lr == 0.003 and spec.policies.solver.lr == 1.0e-4
