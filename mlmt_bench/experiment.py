@@ -14,7 +14,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,8 +45,8 @@ def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool
     """Run every arm × seed (seed-major), then compare them.
 
     ``workers`` > 1 runs that many runs at once, each in its own process with
-    ``cpu_count // workers`` torch threads unless the spec sets ``train.threads``; the shared bases
-    are built first, one process per distinct base. ``resume`` names the directory of an earlier,
+    ``cpu_count // workers`` torch threads unless the spec sets ``train.threads``; each missing
+    shared base is built once, by one process, before the runs that need it. ``resume`` names the directory of an earlier,
     interrupted run of the same experiment: its finished runs are kept (their specs must equal
     this spec's), a run cut short is continued from its last checkpoint, the rest are started."""
     from mlmt_bench.report.compare import build_comparison
@@ -58,13 +58,15 @@ def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool
         arms = {a: _with_threads(s, workers) for a, s in arms.items()}
     exp_dir, record = _open_experiment(exp, arms, resume)
     t_start = time.perf_counter()
-    jobs = _pending_jobs(exp, arms, exp_dir, record)
+    jobs, seed_of = _pending_jobs(exp, arms, exp_dir, record)
     total, n_done = len(arms) * len(exp.seeds), len(arms) * len(exp.seeds) - len(jobs)
 
     def finished(job: _Job, run_name: str, wall_s: float) -> None:
         nonlocal n_done
         n_done += 1
-        record["arms"][job.arm].append(run_name)
+        seed_of[run_name] = job.seed  # each arm's runs are listed in seed order, whatever order they end in
+        runs = [*record["arms"][job.arm], run_name]
+        record["arms"][job.arm] = sorted(runs, key=lambda n: exp.seeds.index(seed_of[n]))
         record["wall_s"][f"{job.arm}/s{job.seed}"] = round(wall_s, 1)
         atomic_write_text(exp_dir / "experiment.json", json.dumps(record, indent=2))
         if progress:
@@ -142,9 +144,11 @@ def _comparable(spec: RunSpec) -> dict[str, Any]:
 
 
 def _pending_jobs(exp: ExperimentSpec, arms: dict[str, RunSpec], exp_dir: Path,
-                  record: dict[str, Any]) -> list[_Job]:
-    """The arm × seed runs still to do. A finished run in ``exp_dir`` counts only if its resolved spec
-    is this arm's; a run with a checkpoint but not finished is continued rather than redone."""
+                  record: dict[str, Any]) -> tuple[list[_Job], dict[str, int]]:
+    """The arm × seed runs still to do, and the seed of each finished run (by directory name). A
+    finished run in ``exp_dir`` counts only if its resolved spec is this arm's; a run with a
+    checkpoint but not finished is continued rather than redone. Sets ``record["arms"]`` to the
+    finished runs in seed order."""
     from mlmt_bench.spec import load_run_spec
 
     finished, partial = {}, {}
@@ -169,8 +173,9 @@ def _pending_jobs(exp: ExperimentSpec, arms: dict[str, RunSpec], exp_dir: Path,
             partial[key] = str(run_dir)
     for arm in arms:  # the record lists exactly the finished runs, in seed order
         record["arms"][arm] = [finished[(arm, s)] for s in exp.seeds if (arm, s) in finished]
-    return [_Job(arm, seed, _run_spec(spec, exp_dir, seed).model_dump_json(), partial.get((arm, seed)))
+    jobs = [_Job(arm, seed, _run_spec(spec, exp_dir, seed).model_dump_json(), partial.get((arm, seed)))
             for seed in exp.seeds for arm, spec in arms.items() if (arm, seed) not in finished]
+    return jobs, {name: seed for (_, seed), name in finished.items()}
 
 
 def _run_job(job: _Job, exp_name: str, progress: bool) -> tuple[str, float]:
@@ -195,34 +200,62 @@ def _build_base(spec_json: str) -> str:
 
 def _run_parallel(jobs: list[_Job], exp_name: str, workers: int,
                   finished: Callable[[_Job, str, float], None], progress: bool) -> None:
-    """Runs ``jobs`` in ``workers`` processes (spawned: no torch state is forked). The distinct shared
-    bases are built first, so that no two runs build the same one. On a failure the runs under way
-    finish, no new one starts, and the first error is raised."""
+    """Runs ``jobs`` in ``workers`` processes (spawned: no torch state is forked), keeping every
+    process busy. Missing shared bases are built by up to half the processes (all, when no run can
+    start), each by one process only; the others take the first job (in seed-major order) whose
+    base is in the cache. On a failure the work under way finishes, nothing new starts, and the
+    first error is raised."""
     from mlmt_bench import runner
+    from mlmt_bench.models.shared_base import is_cached
 
-    bases: dict[str, str] = {}
-    for job in jobs:
+    base_of: dict[int, str | None] = {}
+    configs: dict[str, Any] = {}
+    missing: dict[str, str] = {}  # base key -> a job spec that needs it, in job order
+    for i, job in enumerate(jobs):
         spec = RunSpec.model_validate_json(job.spec_json)
-        if spec.base is not None and job.resume_dir is None:
-            bases.setdefault(runner.base_config(spec).key(), job.spec_json)
+        cfg = runner.base_config(spec) if spec.base is not None and job.resume_dir is None else None
+        base_of[i] = cfg.key() if cfg is not None else None
+        if cfg is not None and not is_cached(cfg):
+            configs[cfg.key()] = cfg
+            missing.setdefault(cfg.key(), job.spec_json)
+    queue = list(range(len(jobs)))
+    building: set[str] = set()
+    inflight: dict[Future, tuple[str, Any]] = {}
+    error: BaseException | None = None
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        for key in pool.map(_build_base, bases.values()):
-            if progress:
-                sys.stderr.write(f"shared base {key} ready\n")
-        futures = {pool.submit(_run_job, job, exp_name, False): job for job in jobs}
-        error: BaseException | None = None
-        for future in as_completed(futures):
-            try:
-                name, wall_s = future.result()
-            except BaseException as exc:  # noqa: BLE001 - re-raised once the runs under way are done
-                if error is None:
-                    error = exc
-                    pool.shutdown(wait=False, cancel_futures=True)
-                    job = futures[future]
+        while (queue and error is None) or inflight:
+            while error is None and len(inflight) < workers:
+                for key in [k for k in missing if k not in building and is_cached(configs[k])]:
+                    missing.pop(key)  # built meanwhile by another process (e.g. `mlmt-bench base`)
+                ready = next((i for i in queue if base_of[i] is None or base_of[i] not in missing), None)
+                key = next((k for k in missing if k not in building), None)
+                # long base builds start early, on half the processes, so that no run waits at the end
+                if key is not None and (ready is None or len(building) < max(1, workers // 2)):
+                    building.add(key)
+                    inflight[pool.submit(_build_base, missing[key])] = ("base", key)
+                elif ready is not None:
+                    queue.remove(ready)
+                    inflight[pool.submit(_run_job, jobs[ready], exp_name, False)] = ("run", ready)
+                else:
+                    break
+            done, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
+            for future in done:
+                kind, what = inflight.pop(future)
+                try:
+                    result = future.result()
+                except BaseException as exc:  # noqa: BLE001 - re-raised once the work under way is done
+                    if error is None:
+                        error = exc
+                        if progress:
+                            where = f"base {what}" if kind == "base" else f"{jobs[what].arm} seed {jobs[what].seed}"
+                            sys.stderr.write(f"{where} failed: {exc}; nothing new starts\n")
+                    continue
+                if kind == "base":
+                    missing.pop(what)
                     if progress:
-                        sys.stderr.write(f"{job.arm} seed {job.seed} failed: {exc}; no new run starts\n")
-                continue
-            finished(futures[future], name, wall_s)
-        if error is not None:
-            raise error
+                        sys.stderr.write(f"shared base {what} ready\n")
+                else:
+                    finished(jobs[what], *result)
+    if error is not None:
+        raise error

@@ -77,3 +77,24 @@ def test_resume_refuses_a_changed_spec_or_another_experiment(exp_spec, tmp_path)
         run_experiment(*load_experiment(exp_spec(z=1e-4)), progress=False, resume=exp_dir)
     with pytest.raises(UserError, match="not an experiment directory"):
         run_experiment(*load_experiment(exp_spec(a=1e-4)), progress=False, resume=tmp_path)
+
+
+def test_workers_build_each_shared_base_once_before_the_runs_that_need_it(tmp_path, write_spec, monkeypatch,
+                                                                             capfd):
+    """Two seeds, two arms sharing each seed's base: two bases, each built by one process (the
+    cache holds exactly those two), and every run records the base of its seed."""
+    monkeypatch.setenv("MLMT_BENCH_CACHE", str(tmp_path / "cache"))
+    base = {"name": "b", "benchmark": {"name": "synthetic-arith", "eval_limit": 4},
+            "policies": {"solver": {"model": "tiny"}}, "algorithm": {"name": "grpo", "params": {"group_size": 2}},
+            "train": {"steps": 1, "problems_per_step": 2}, "base": {"steps": 4, "batch": 2, "check_problems": 2}}
+    exp = {"name": "exp", "base": base, "seeds": [0, 1], "budget": "none", "output_dir": str(tmp_path / "runs"),
+           "arms": {"a": {}, "b": {"policies": {"solver": {"lr": 3.0e-4}}}}}
+    exp_spec, arms = load_experiment(write_spec(exp, "exp.yaml"))
+    out = run_experiment(exp_spec, arms, progress=True, workers=2)
+    built = sorted(p.name for p in (tmp_path / "cache").iterdir())
+    assert len(built) == 2 and not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".tmp")]
+    assert capfd.readouterr().err.count("shared base") == 2
+    for arm, names in out["experiment"]["arms"].items():
+        for seed, name in zip((0, 1), names):
+            manifest = json.loads(open(f"{out['run_dir']}/{name}/manifest.json").read())
+            assert manifest["seed"] == seed and manifest["base"]["key"] in built, (manifest["base"], built)

@@ -152,6 +152,12 @@ def synthetic_benchmark(name: str, options: dict[str, Any]) -> Any:
 # --------------------------------------------------------------------------- cache
 
 
+def is_cached(cfg: BaseConfig, cache_dir: Path | None = None) -> bool:
+    """Whether the base of ``cfg`` is built (in the cache)."""
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return _load(cache_dir / cfg.key()) is not None
+
+
 def ensure_base(cfg: BaseConfig, cache_dir: Path | None = None, progress: bool = True) -> Base:
     """The base of ``cfg`` (its seed set): built and checked on first use, reused afterwards."""
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
