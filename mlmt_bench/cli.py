@@ -118,12 +118,24 @@ def list_components(
 @app.command()
 @_user_errors
 def validate(
-    spec: Path = typer.Argument(..., help="Run or experiment spec (YAML)."),
+    spec: Path = typer.Argument(..., help="Run, experiment or sweep spec (YAML)."),
     overrides: Optional[list[str]] = SetOption,
 ) -> None:
     """Check a spec (fields, types, registry names, algorithm parameters) without running it."""
     from mlmt_bench import spec as specs
 
+    raw = specs.read_yaml(spec)
+    if "space" in raw and "run" in raw:  # a sweep spec: its run spec, and each parameter's end points
+        from mlmt_bench.sweep import grid_size, load_sweep
+
+        sweep = load_sweep(spec, overrides or [])
+        result = {"spec": str(spec), "kind": "sweep", "name": sweep.spec.name, "run": str(sweep.run_path),
+                  "parameters": list(sweep.space), "valid": True}
+        if sweep.spec.sampler == "grid":
+            result["grid_points"] = grid_size(sweep)
+        _emit(result, lambda: typer.echo(f"{spec}: valid sweep spec {result['name']!r} over "
+                                         f"{', '.join(result['parameters'])} (run spec {result['run']})"))
+        return
     loaded = specs.load_any(spec, overrides or [])
     if isinstance(loaded, tuple):
         exp, arms = loaded

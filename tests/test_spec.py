@@ -222,3 +222,19 @@ def test_set_under_a_yaml_alias_changes_only_that_place(write_spec):
             "policies:\n  solver: &pol {model: tiny, lr: 1.0e-4}\n  critic: *pol\n")
     spec = load_any(write_spec(text), ["policies.critic.lr=0.003"])
     assert spec.policies.critic.lr == 0.003 and spec.policies.solver.lr == 1.0e-4
+
+
+def test_validate_checks_a_sweep_spec_and_its_run_spec(write_spec, tmp_path):
+    """`validate SWEEP.yaml` checks the sweep (space paths, grid) and its run spec at each
+    parameter's end points, instead of calling it a run spec without a benchmark."""
+    write_spec(minimal_spec(), "run.yaml")
+    good = write_spec({"name": "s", "run": "run.yaml", "sampler": "grid", "pruner": "none", "n_trials": 4,
+                       "space": {"algorithm.params.loss": {"type": "categorical", "choices": ["clip", "cispo"]}}},
+                      "sweep.yaml")
+    res = runner.invoke(app, ["validate", str(good)])
+    assert res.exit_code == 0 and "valid sweep spec 's' over algorithm.params.loss" in res.stdout
+    bad = write_spec({"name": "s", "run": "run.yaml",
+                      "space": {"algorithm.params.loss": {"type": "categorical", "choices": ["clip", "cipso"]}}},
+                     "bad.yaml")
+    code, err = validate(bad)
+    assert code == 2 and "cipso" in err and len(err.splitlines()) == 1
