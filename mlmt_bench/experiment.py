@@ -46,9 +46,10 @@ def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool
 
     ``workers`` > 1 runs that many runs at once, each in its own process with
     ``cpu_count // workers`` torch threads unless the spec sets ``train.threads``; each missing
-    shared base is built once, by one process, before the runs that need it. ``resume`` names the directory of an earlier,
-    interrupted run of the same experiment: its finished runs are kept (their specs must equal
-    this spec's), a run cut short is continued from its last checkpoint, the rest are started."""
+    shared base is built once, by one process, before the runs that need it. ``resume`` names
+    the directory of an earlier, interrupted run of the same experiment: its finished runs are
+    kept (their specs must equal this spec's, the thread count aside), a run cut short is
+    continued from its last checkpoint, the rest are started."""
     from mlmt_bench.report.compare import build_comparison
 
     check_equal_budgets(exp, arms)

@@ -174,7 +174,8 @@ def _builtin() -> None:
     m("tiny", "mlmt_bench.models.policy:load_tiny_policy", "tiny Llama-architecture LM built from a preset config")
     # Generation backends (mlmt_bench/rollout/).
     k = backends.register
-    k("hf", "mlmt_bench.rollout.hf_backend:HFBackend", "transformers generate, or a static KV cache + CUDA graphs (options.decode: static)")
+    k("hf", "mlmt_bench.rollout.hf_backend:HFBackend",
+      "transformers generate, or a static KV cache + CUDA graphs (options.decode: static)")
     k("vllm", "mlmt_bench.rollout.vllm_backend:VLLMBackend", "vLLM offline engine (GPU only; pip install .[gpu])")
     # Algorithms (mlmt_bench/algorithms/).
     a = algorithms.register
