@@ -312,7 +312,8 @@ def test_reading_runs_at_a_flops_budget(tmp_path):
     assert summary["at_flops"] == 1.5e9 and summary["arms"]["grpo"]["metrics"]["acc@t2"]["mean"] == .25
     text = (tmp_path / "out" / "comparison.md").read_text()
     assert "Read at equal FLOPs (1.5e+09)" in text and "grpo read at s0: step 5, 1e+09 FLOPs, 100 tokens" in text
-    assert "sc: self_correct switches stage" in text and "grpo: self_correct" not in text
+    assert "sc: self_correct changes what a step does with the share of its budget" in text
+    assert "grpo: self_correct" not in text
     assert "has no final record" not in text
     with pytest.raises(UserError, match="no evaluation within"):
         load_run(a, at_flops=-1.0)

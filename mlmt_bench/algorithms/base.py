@@ -62,6 +62,13 @@ class Algorithm:
     """Base class: subclasses set ``Params`` and implement :meth:`program` and :meth:`credit`."""
 
     Params: ClassVar[type[BaseModel]]
+    #: How each kind of generated turn is trained (``mlmt-bench plan`` sizes the update from it): on
+    #: the context it was generated from ("own"), or as a response to the problem alone
+    #: ("as_attempt"); a kind not listed is not trained. Default: every turn on its own context.
+    trained_turns: ClassVar[dict[str, str]] = {"attempt": "own", "feedback": "own", "refine": "own"}
+    #: Whether a step's work depends on the share of the budget spent (``CreditInputs.frac_done``):
+    #: then a run read at a smaller budget (``report --at-flops``) is not one stopped there.
+    budget_dependent: ClassVar[bool] = False
 
     def __init__(self, params: Any, total_steps: int) -> None:
         self.params = params

@@ -36,6 +36,7 @@ class CritiqueGRPOParams(GRPOParams):
 
 class CritiqueGRPO(Algorithm):
     Params = CritiqueGRPOParams
+    trained_turns = {"attempt": "own", "refine": "as_attempt"}  # refinements join the problem's group
 
     def program(self, step: int) -> Program:
         return Program(attempts=self.params.group_size, feedback=self.params.critique_source)

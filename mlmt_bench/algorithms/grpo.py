@@ -9,6 +9,7 @@ from mlmt_bench.rollout.episodes import Program, Rollout
 
 class GRPO(Algorithm):
     Params = GRPOParams
+    trained_turns = {"attempt": "own"}
 
     def program(self, step: int) -> Program:
         return Program(attempts=self.params.group_size, feedback="none")

@@ -20,6 +20,8 @@ from mlmt_bench.rollout.episodes import Program, Rollout
 
 class SelfCorrect(Algorithm):
     Params = SelfCorrectParams
+    trained_turns = {"attempt": "own", "refine": "own"}
+    budget_dependent = True  # stage I is the first stage1_frac of the budget
 
     def program(self, step: int) -> Program:
         return Program(attempts=self.params.group_size, feedback="null", feedbacks=1, refinements=1)

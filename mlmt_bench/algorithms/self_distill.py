@@ -46,6 +46,7 @@ class SelfDistillParams(GRPOParams):
 
 class SelfDistill(Algorithm):
     Params = SelfDistillParams
+    trained_turns = {"attempt": "own", "feedback": "own", "refine": "as_attempt"}  # refinements distilled
 
     def program(self, step: int) -> Program:
         return Program(attempts=self.params.group_size, feedback=self.roles().feedback)

@@ -73,7 +73,7 @@ def plan_run(spec: RunSpec, device: Device, gpus: int = 1, table: dict[str, Any]
     n = max(1, math.ceil(spec.train.problems_per_step / gpus))
     program = algorithm.program(0)
     turns = generated_turns(program, n, lengths, t_new, t_fb)
-    trained = trained_turns(turns, spec.algorithm.name, policies, lengths)
+    trained = trained_turns(turns, algorithm, policies, lengths)
     value_tokens = 0.0
     if getattr(algorithm, "value_model", None) is not None:  # features of each feedback's refinement context
         refine = next((t for t in turns if t.kind == "refine"), None)

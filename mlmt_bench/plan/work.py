@@ -201,18 +201,6 @@ def prompt_lengths(spec: RunSpec) -> Lengths:
                    f"+ {_TEMPLATE_TOKENS} chat-template tokens per message (the tokenizer is not read offline)")
 
 
-#: how each algorithm trains each kind of generated turn: on the context it was generated from
-#: ("own"), or as a response to the problem alone ("as_attempt": refinements joining the group in
-#: critique_grpo, distilled in self_distill). A plugin's algorithm is planned as training every
-#: turn on its own context (an upper bound).
-TRAINED_TURNS: dict[str, dict[str, str]] = {
-    "grpo": {"attempt": "own"},
-    "self_correct": {"attempt": "own", "refine": "own"},
-    "mlmt": {"attempt": "own", "feedback": "own", "refine": "own"},
-    "critique_grpo": {"attempt": "own", "refine": "as_attempt"},
-    "self_distill": {"attempt": "own", "feedback": "own", "refine": "as_attempt"},
-}
-_EVERY_TURN = {"attempt": "own", "feedback": "own", "refine": "own"}
 
 
 def generated_turns(program: Any, n: int, lengths: Lengths, t_new: int, t_fb: int) -> list[Turn]:
@@ -231,11 +219,11 @@ def generated_turns(program: Any, n: int, lengths: Lengths, t_new: int, t_fb: in
     return out
 
 
-def trained_turns(turns: list[Turn], algorithm: str, policies: dict[str, PlannedPolicy],
+def trained_turns(turns: list[Turn], algorithm: Any, policies: dict[str, PlannedPolicy],
                   lengths: Lengths) -> list[Turn]:
     """The sequences each updated role trains on in a step (upper bound: every one has a gradient):
-    the turns of :data:`TRAINED_TURNS` with the context they are trained in."""
-    how = TRAINED_TURNS.get(algorithm, _EVERY_TURN)
+    the turns the algorithm's ``trained_turns`` lists, with the context they are trained in."""
+    how = algorithm.trained_turns
     out = []
     for t in turns:
         mode = how.get(t.kind)

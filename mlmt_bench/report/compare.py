@@ -265,10 +265,20 @@ def _read_at_notes(loaded: dict[str, list[RunRecord]], budget: float) -> list[st
         if short:
             notes.append(f"{arm}: runs {', '.join(short)} ended before spending {budget:.3g} FLOPs; "
                          "their last evaluation is used.")
-        if any(r.algorithm == "self_correct" for r in results):
-            notes.append(f"{arm}: self_correct switches stage at a share of its budget, so reading it at a "
-                         "smaller FLOPs budget is not the same as stopping it there.")
+        dependent = sorted({r.algorithm for r in results if _budget_dependent(r.algorithm)})
+        if dependent:
+            notes.append(f"{arm}: {', '.join(dependent)} changes what a step does with the share of its budget "
+                         "spent, so reading it at a smaller FLOPs budget is not the same as stopping it there.")
     return notes
+
+
+def _budget_dependent(algorithm: str | None) -> bool:
+    """The algorithm's ``budget_dependent`` flag (False when it is not registered here)."""
+    from mlmt_bench import registry
+
+    if algorithm is None or algorithm not in registry.algorithms:
+        return False
+    return bool(getattr(registry.algorithms.get(algorithm), "budget_dependent", False))
 
 
 def _fmt_gain(g: dict[str, Any] | None) -> str:

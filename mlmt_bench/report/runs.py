@@ -106,8 +106,8 @@ def load_run(path: Path | str, at_flops: float | None = None) -> RunRecord:
     ``at_flops``: read the run as if it had stopped at that FLOPs budget: its ``final`` and
     ``problems`` become those of its last evaluation within the budget, and the curve ends there.
     This equals a run stopped by ``train.flop_budget`` only for an algorithm whose steps do not
-    depend on the budget (not ``self_correct``, whose stage switch is a share of it); a report
-    says which evaluation each run was read at (``read_at``)."""
+    depend on the budget (``Algorithm.budget_dependent``: not ``self_correct``, whose stage switch
+    is a share of it); a report says which evaluation each run was read at (``read_at``)."""
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"{path}: not a directory")
