@@ -246,6 +246,7 @@ def _run_parallel(jobs: list[_Job], exp_name: str, workers: int,
                 try:
                     result = future.result()
                 except BaseException as exc:  # noqa: BLE001 - re-raised once the work under way is done
+                    building.discard(what)
                     if error is None:
                         error = exc
                         if progress:
@@ -254,6 +255,7 @@ def _run_parallel(jobs: list[_Job], exp_name: str, workers: int,
                     continue
                 if kind == "base":
                     missing.pop(what)
+                    building.discard(what)
                     if progress:
                         sys.stderr.write(f"shared base {what} ready\n")
                 else:
