@@ -60,7 +60,7 @@ h3{margin:1.4em 0 .4em;font-size:1.05em}
 nav a{margin-right:1em}p.lede{color:#444;max-width:75em}
 table{border-collapse:collapse;margin:.6em 0 1em;font-size:.92em}
 th,td{border:1px solid #d4d4d8;padding:.3em .6em;vertical-align:top}
-th{background:#f4f4f5;text-align:left}tr>th:first-child{max-width:22em}td.num{text-align:right;white-space:nowrap}
+.wide{overflow-x:auto;max-width:100%}th{background:#f4f4f5;text-align:left}tr>th:first-child{max-width:22em}td.num{text-align:right;white-space:nowrap}
 td.sig{font-weight:600}td.up{background:#e3f5e3}td.down{background:#fbe4e4}
 .sub{color:#555;font-size:.86em;font-weight:400}
 .badge{display:inline-block;font-size:.75em;padding:0 .45em;border-radius:.6em;margin-left:.3em;
@@ -164,7 +164,7 @@ def _metrics_table(summary: dict[str, Any]) -> str:
                         f"median over seeds</th>{''.join(cells)}</tr>")
     rows.append("<tr><th>problems × seeds in the CIs</th>"
                 + "".join(_td(fmt_units(summary["arms"][a])) for a in arms) + "</tr>")
-    return f"<table>{head}{''.join(rows)}</table>"
+    return f"<div class=wide><table>{head}{''.join(rows)}</table></div>"
 
 
 def _paired_table(summary: dict[str, Any]) -> str:
@@ -180,8 +180,8 @@ def _paired_table(summary: dict[str, Any]) -> str:
         rows.append(f"<tr><th>{esc(arm)}</th>{_td(str(p['n_problems']))}{diff}{p_cell}{_td(mc or DASH)}</tr>")
     if not rows:
         return "<p>(no other arm)</p>"
-    return ("<table><tr><th>arm</th><th>problems</th><th>difference (95% CI)</th><th>sign-flip p</th>"
-            "<th>McNemar b/c per seed</th></tr>" + "".join(rows) + "</table>")
+    return ("<div class=wide><table><tr><th>arm</th><th>problems</th><th>difference (95% CI)</th><th>sign-flip p</th>"
+            "<th>McNemar b/c per seed</th></tr>" + "".join(rows) + "</table></div>")
 
 
 def _cost_table(loaded: dict[str, list[RunRecord]]) -> str:
@@ -194,7 +194,7 @@ def _cost_table(loaded: dict[str, list[RunRecord]]) -> str:
             ms = dict(zip(("mean", "std"), mean_std(vals)), n=len(vals)) if vals else None
             cells.append(_td(fmt_mean_std(ms, kind)))
         rows.append(f"<tr><th>{esc(arm)}</th>{''.join(cells)}</tr>")
-    return f"<table>{head}{''.join(rows)}</table>"
+    return f"<div class=wide><table>{head}{''.join(rows)}</table></div>"
 
 
 def _turn(t: dict[str, Any]) -> str:
