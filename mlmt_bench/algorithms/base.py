@@ -70,6 +70,11 @@ class Algorithm:
     #: then a run read at a smaller budget (``report --at-flops``) is not one stopped there.
     budget_dependent: ClassVar[bool] = False
 
+    def teacher_turn(self) -> str | None:
+        """The kind of turn an extra solver forward reads in its own context each step (a
+        distillation teacher; ``mlmt-bench plan`` counts it), or None."""
+        return None
+
     def __init__(self, params: Any, total_steps: int) -> None:
         self.params = params
         self.total_steps = total_steps

@@ -48,6 +48,9 @@ class SelfDistill(Algorithm):
     Params = SelfDistillParams
     trained_turns = {"attempt": "own", "feedback": "own", "refine": "as_attempt"}  # refinements distilled
 
+    def teacher_turn(self) -> str | None:
+        return "refine" if self.params.distill == "kl" else None  # the KL teacher reads ŷ after (x, z, g)
+
     def program(self, step: int) -> Program:
         return Program(attempts=self.params.group_size, feedback=self.roles().feedback)
 

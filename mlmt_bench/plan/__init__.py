@@ -81,9 +81,10 @@ def plan_run(spec: RunSpec, device: Device, gpus: int = 1, table: dict[str, Any]
         if refine is not None and feedback is not None:
             value_tokens = feedback.count * refine.prompt
     step = step_work(turns, trained, params, value_tokens)
-    if spec.algorithm.name == "self_distill" and getattr(params, "distill", "") == "kl":
-        refine = next(t for t in turns if t.kind == "refine")  # the teacher reads the refinement in its context
-        step.add("forward", "solver", refine.count * (refine.prompt + refine.new))
+    teacher = algorithm.teacher_turn()
+    if teacher is not None:  # a distillation teacher reads that turn in its own context
+        turn = next(t for t in turns if t.kind == teacher)
+        step.add("forward", "solver", turn.count * (turn.prompt + turn.new))
     model_params = {r: p.shape.params for r, p in policies.items()}
 
     gen_per_step = sum(step.generated.values()) * gpus
