@@ -12,12 +12,10 @@ from typing import TYPE_CHECKING, Any
 from mlmt_bench.plan.throughput import GB, Device
 from mlmt_bench.plan.work import PlannedPolicy, Turn
 
-#: CUDA context, cuBLAS workspaces, allocator slack (GPU); Python + torch (CPU)
-
 if TYPE_CHECKING:
     from mlmt_bench.spec import RunSpec
 
-
+#: CUDA context, cuBLAS workspaces, allocator slack (GPU); Python + torch (CPU)
 RUNTIME_OVERHEAD = {"gpu": 1.0 * GB, "cpu": 0.5 * GB}
 
 
