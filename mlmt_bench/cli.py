@@ -231,6 +231,33 @@ def base(
                        f"{b['tokens']:,} tokens): validation acc@t1 {c.get('acc@t1', 0):.1%}, acc@t2 after its own "
                        f"feedback {c.get('acc@t2_critic', 0):.1%}, after g∅ {c.get('acc@t2_null', 0):.1%}, after the "
                        f"oracle's {c.get('acc@t2_oracle', 0):.1%}  {b['path']}")
+            for label, part in (("greedy", c), (f"T={(c.get('sampled') or {}).get('temperature')}", c.get("sampled"))):
+                line = critic_line(part or {})
+                if line:
+                    typer.echo(f"  critic, {label}: {line}")
+            typer.echo(f"  {'INVALID testbed: ' + '; '.join(b['invalid_because']) if b['invalid_because'] else 'valid testbed'}")
+
+    _emit(result, human)
+    runner.refuse_invalid_bases(result)
+
+
+def critic_line(check: dict) -> str:
+    """One line of a base check's critic validity (empty for a check without critic probes)."""
+    crit = check.get("critic") or {}
+    gold, slip, own = crit.get("gold") or {}, crit.get("slip") or {}, crit.get("own") or {}
+    if not gold:
+        return ""
+
+    def pct(x: Any) -> str:
+        return "–" if x is None else f"{100 * x:.1f}%"
+
+    gap = gold.get("shortcut_gap")
+    return (f"false alarms on gold {pct(gold.get('false_alarm_rate'))} (misconception ops "
+            f"{pct(gold.get('false_alarm_rate_in'))} vs others {pct(gold.get('false_alarm_rate_out'))}: gap "
+            f"{'–' if gap is None else f'{100 * gap:+.1f}'} pts); one slip: miss {pct(slip.get('miss_rate'))}, exact "
+            f"{pct(slip.get('exact_correction_rate'))}; own attempts: false alarms {pct(own.get('false_alarm_rate'))}, "
+            f"miss {pct(own.get('miss_rate'))}, exact {pct(own.get('exact_correction_rate'))}")
+
 
     _emit(result, human)
 

@@ -3,7 +3,10 @@
 One episode per problem (greedy by default): attempt z, feedback g, refinement ŷ. Refine-all
 accuracy is the headline (``acc@t2``); oracle-gated accuracy is reported separately. With
 feedback metrics on, every attempt is also refined with g∅, paired with the real feedback on
-the same (x, z): that gives ``feedback_effect`` and ``feedback_sensitivity``.
+the same (x, z): that gives ``feedback_effect`` and ``feedback_sensitivity``. With a model
+critic, the critic diagnostics of METHOD v3 (:mod:`mlmt_bench.metrics.critic`) judge its
+feedback on the current solver's attempts against the verifier (and the oracle, when the
+benchmark has one).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any, Sequence
 
 from mlmt_bench.algorithms.update import TrainItem
 from mlmt_bench.metrics import feedback as fbm
+from mlmt_bench.metrics.critic import DIAGNOSTICS, critic_diagnostics
 from mlmt_bench.models.forward import sequence_logprob_sums
 from mlmt_bench.metrics.turns import oracle_gated_accuracy, turn_metrics
 from mlmt_bench.rollout.episodes import Actors, Program, Rollout, Sampling, refine_prompt, rollout
@@ -51,10 +55,28 @@ def evaluate(program: Program, actors: Actors, problems: Sequence[Problem], samp
     elif program.feedback == "null":  # the refinement *is* the one after g∅ (self_correct, null_feedback)
         t2_null = list(t2)
         m["acc@t2_null"] = m["acc@t2"]
+    if program.feedback == "critic" and actors.verdict is not None:
+        m.update(diagnose_critic(ro, actors))
     m["gen_tokens_eval"] = sum(len(t.ids) for t in ro.turns)
     per_problem = [{"problem_id": p.id, "t1": a, "t2": b, "t2_null": c}
                    for p, a, b, c in zip(problems, t1, t2, t2_null)]
     return EvalResult(m, per_problem, _samples(ro, n_samples))
+
+
+def diagnose_critic(ro: Rollout, actors: Actors) -> dict[str, Any]:
+    """The critic diagnostics of a rollout's feedbacks on their attempts (``exact_correction_rate``
+    only where the benchmark has an oracle critic)."""
+    assert actors.verdict is not None
+    feedbacks = ro.of_kind("feedback")
+    attempts = [ro.turns[ro.turns[f].parent] for f in feedbacks]
+    says = [actors.verdict(ro.turns[f].text) for f in feedbacks]
+    correct = [bool(a.verdict.correct) if a.verdict else False for a in attempts]
+    exact = None
+    if actors.oracle is not None:
+        exact = [ro.turns[f].text.strip() == actors.oracle(ro.problems[a.problem], a.text).strip()
+                 for f, a in zip(feedbacks, attempts)]
+    d = critic_diagnostics(says, correct, exact)
+    return {k: d[k] for k in DIAGNOSTICS if d[k] is not None}
 
 
 def _feedback_metrics(ro: Rollout, actors: Actors, sampling: Sampling, verifier_name: str,

@@ -66,6 +66,8 @@ class PolicySpec(_Spec):
     trainable: bool = True
     gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass "
                                                             "(less memory, ~1/3 more compute)")
+    temperature: float | None = Field(None, ge=0.0, description="this role's sampling temperature in training "
+                                      "(METHOD v3: each role its own); default backend.temperature")
 
 
 class PoliciesSpec(_Spec):
@@ -119,6 +121,9 @@ class EvalSpec(_Spec):
     samples: int = Field(8, ge=0, description="full episodes written to samples.jsonl per evaluation")
     final_samples: bool = Field(True, description="the final evaluation writes every problem's episode to "
                                 "samples.jsonl (the report's examples where arms disagree), not only `samples`")
+    base_critic: bool = Field(False, description="equal test-time compute (METHOD v3): an arm that answers in one "
+                              "turn is also evaluated in the refine protocol with the frozen shared base as its "
+                              "critic (the report's `<arm> + base critic` row)")
 
 
 class RunSpec(_Spec):

@@ -86,7 +86,8 @@ def test_workers_build_each_shared_base_once_before_the_runs_that_need_it(tmp_pa
     monkeypatch.setenv("MLMT_BENCH_CACHE", str(tmp_path / "cache"))
     base = {"name": "b", "benchmark": {"name": "synthetic-arith", "eval_limit": 4},
             "policies": {"solver": {"model": "tiny"}}, "algorithm": {"name": "grpo", "params": {"group_size": 2}},
-            "train": {"steps": 1, "problems_per_step": 2}, "base": {"steps": 4, "batch": 2, "check_problems": 2}}
+            "train": {"steps": 1, "problems_per_step": 2}, "base": {"steps": 4, "batch": 2, "check_problems": 2,
+                                                                             "allow_invalid": True}}
     exp = {"name": "exp", "base": base, "seeds": [0, 1], "budget": "none", "output_dir": str(tmp_path / "runs"),
            "arms": {"a": {}, "b": {"policies": {"solver": {"lr": 3.0e-4}}}}}
     exp_spec, arms = load_experiment(write_spec(exp, "exp.yaml"))

@@ -8,11 +8,18 @@ conversation, each an :data:`Example` (token ids and the trained spans):
 - ``refine`` (after feedback): ``[user: problem, assistant: attempt, user: refine prompt with
   the oracle's feedback, assistant: revision]``; the revision copies the corrected step from
   the feedback and recomputes the steps after it (``apply_feedback(..., revision=True)``);
+  the feedback recomputes each step before judging it (``9-6=3 ok;3+9=12 wrong``, v3);
 - ``resolve`` (after the null feedback g∅): the same shape with ``g∅``, and the target a
   *genuine new attempt*: a fresh draw of the solver's own solution, never a copy of the attempt
   (so that single-level self-correction has something to learn);
 - ``critique``: ``[user: feedback prompt (problem + attempt), assistant: oracle feedback]``,
-  a share ``critic_noise`` of the targets replaced by wrong or unhelpful feedback.
+  a share ``critic_noise`` of the targets replaced by wrong or unhelpful feedback. **(v3)** The
+  attempts come from a mixture that carries no information about *which* operation is wrong
+  (``critique_mix``, :meth:`Curriculum.critique_attempt`): gold solutions, gold with one random
+  slip at a uniformly random step, and solutions of solvers with *other*, freshly drawn
+  misconception sets. Never the base's own misconceived solver: a critic taught on that one
+  solver's errors learns to flag the seed's misconception operations by their identity (it
+  recalls instead of checking), and breaks as soon as RL changes the solver's errors.
 
 How often the base solves right is set by ``misconceptions``: that share of the operations
 (e.g. ``+7``) it is taught one too high, everywhere it computes by itself (solutions, new
@@ -37,15 +44,15 @@ import re
 from typing import Any, Callable
 
 from mlmt_bench.benchmarks.synthetic import (
-    OK_FEEDBACK,
-    STEP_OK,
-    STEP_SEP,
     _gold_steps,
     _modulus,
     _slip,
     apply_op,
+    approve_all,
+    corrected_step,
     feedback_is_ok,
     format_solution,
+    format_step,
     parse_problem,
     solve,
     step_feedback,
@@ -67,11 +74,16 @@ class Misconceptions:
     The errors all go the same way, so two of them never cancel into a right answer.
     """
 
-    def __init__(self, rate: float, seed: int, ops: str, max_operand: int) -> None:
+    def __init__(self, rate: float, seed: int | str, ops: str, max_operand: int) -> None:
         rng = random.Random(f"bootstrap:{seed}:misconceptions")
         operations = [(op, b) for op in ops for b in range(1, max_operand + 1)]
         k = min(len(operations), int(round(rate * len(operations))))
         self.wrong: dict[tuple[str, int], int] = {o: 1 for o in rng.sample(operations, k)}
+
+    def hits(self, problem: Any) -> bool:
+        """Whether the problem uses one of these misconception operations."""
+        _, ops = parse_problem(problem.prompt)
+        return any((op, b) in self.wrong for op, b in ops)
 
     def op(self, a: int, op: str, b: int, modulus: int) -> int:
         return (apply_op(a, op, b, modulus) + self.wrong.get((op, b), 0)) % modulus
@@ -85,9 +97,12 @@ class Misconceptions:
 
 
 def counterfactual_feedback(problem: Any, feedback: str, rng: random.Random) -> str:
-    """``ok;...;wrong: a<op>b=r`` with ``r`` replaced by a nearby wrong value."""
-    head, _, value = feedback.rpartition("=")
-    return f"{head}={_slip(int(value), rng, _modulus(problem))}"
+    """``S1 ok;...;a<op>b=r wrong`` with ``r`` replaced by a nearby wrong value."""
+    flagged = corrected_step(feedback)
+    if flagged is None:
+        return feedback
+    i, (a, op, b, r) = flagged
+    return step_feedback(_gold_steps(problem), i, (a, op, b, _slip(r, rng, _modulus(problem))))
 
 
 def noisy_feedback(problem: Any, true_feedback: str, rng: random.Random, null_feedback: str) -> str:
@@ -98,21 +113,21 @@ def noisy_feedback(problem: Any, true_feedback: str, rng: random.Random, null_fe
     options: list[Callable[[], str]] = [lambda: null_feedback]
     i = rng.randrange(n)
     a, op, b, r = gold[i]
-    slipped = step_feedback(i + 1, (a, op, b, _slip(r, rng, modulus)))
+    slipped = step_feedback(gold, i + 1, (a, op, b, _slip(r, rng, modulus)))
     options.append(lambda: slipped)  # a wrong value (a false alarm if the attempt is right)
     if not feedback_is_ok(true_feedback):
-        options.append(lambda: f"{STEP_OK}{STEP_SEP}" * n + OK_FEEDBACK)  # a miss
-        flagged = true_feedback.split("wrong:")[0].count(STEP_OK)
-        others = [j for j in range(n) if j != flagged]
+        options.append(lambda: approve_all(gold))  # a miss
+        flagged = corrected_step(true_feedback)
+        others = [j for j in range(n) if flagged is None or j != flagged[0] - 1]
         if others:
             j = rng.choice(others)
-            options.append(lambda: step_feedback(j + 1, gold[j]))  # the wrong step
+            options.append(lambda: step_feedback(gold, j + 1, gold[j]))  # the wrong step
     return rng.choice(options)()
 
 
 def decision_chars(feedback: str) -> list[tuple[int, int]]:
     """[start, end) character spans of a walk feedback's verdicts and computed values."""
-    out = [(m.start(1), m.start(1) + 1) for m in re.finditer(r"(?:^|;)\s*(ok|wrong|answer)", feedback)]
+    out = [(m.start(1), m.start(1) + 1) for m in re.finditer(r"(?:^|[;\s])(ok|wrong|answer)", feedback)]
     out += [(m.start(1), m.end(1)) for m in re.finditer(r"[=#]\s*(-?\d+)", feedback)]
     return out
 
@@ -138,8 +153,9 @@ class Curriculum:
         self.problems = problems[: cfg.n_problems] if cfg.n_problems else problems
         if not self.problems:
             raise UserError(f"base: benchmark {cfg.benchmark!r} has no training problems")
-        self.beliefs = Misconceptions(cfg.misconceptions, seed, getattr(bench, "ops", "+-*"),
-                                      getattr(bench, "max_operand", 9))
+        self.ops = getattr(bench, "ops", "+-*")
+        self.max_operand = getattr(bench, "max_operand", 9)
+        self.beliefs = Misconceptions(cfg.misconceptions, seed, self.ops, self.max_operand)
         self.makers = {"solve": self.solve, "refine": self.refine, "resolve": self.resolve, "critique": self.critique}
 
     def example(self, kind: str, rng: random.Random) -> Example:
@@ -205,7 +221,7 @@ class Curriculum:
         """After the oracle's feedback: the revision; loss on it (and on the attempt when taught)."""
         p, attempt, right = self._attempt(rng, self.cfg.refine_correct_frac)
         feedback = self.bench.oracle_feedback(p, attempt)
-        if "wrong: " in feedback and "#" not in feedback and rng.random() < self.cfg.counterfactual_frac:
+        if corrected_step(feedback) and rng.random() < self.cfg.counterfactual_frac:
             feedback = counterfactual_feedback(p, feedback, rng)
         # The corrected step is copied from the feedback; the steps after it are the solver's own.
         target = self.bench.apply_feedback(p, attempt, feedback, revision=True, arithmetic=self.beliefs.op)
@@ -215,8 +231,9 @@ class Curriculum:
         # solver to read instead of recomputing its own (possibly wrong) belief.
         if self.cfg.feedback_token_weight != 1.0:
             chars = (-1, -1)
-            if "wrong: " in feedback and "#" not in feedback:
-                fixed = feedback.split("wrong: ", 1)[-1]
+            flagged = corrected_step(feedback)
+            if flagged:
+                fixed = format_step(flagged[1])
                 at = target.find(fixed)
                 if at >= 0:
                     chars = (at + fixed.rindex("=") + 1, at + len(fixed))
@@ -230,8 +247,26 @@ class Curriculum:
         p, attempt, right = self._attempt(rng, self.cfg.refine_correct_frac)
         return self._two_turns(p, attempt, self.templates.null_feedback, self.own_solution(p, rng), right)
 
+    def critique_attempt(self, p: Any, rng: random.Random) -> str:
+        """An attempt for a critique example, from ``cfg.critique_mix``: the gold solution, gold
+        with one random slip (``inject_errors`` with no second error: a uniformly random step), or
+        the solution of another solver, whose misconception set is drawn afresh for the example
+        (the same rate as the base's, with its random slips at ``solver_error_rate``). Over the
+        draws every operation is equally likely to be wrong, so its identity says nothing."""
+        mix = self.cfg.critique_mix
+        source = rng.choices(("gold", "slip", "other"), weights=(mix.gold, mix.slip, mix.other))[0]
+        gold = self.bench.solution(p)
+        if source == "gold":
+            return gold
+        if source == "slip":
+            return self.bench.inject_errors(gold, rng, second_error_rate=0.0)
+        other = Misconceptions(self.cfg.misconceptions, f"other:{rng.getrandbits(64)}", self.ops, self.max_operand)
+        attempt = other.solution(p)
+        return self.bench.inject_errors(attempt, rng) if rng.random() < self.cfg.solver_error_rate else attempt
+
     def critique(self, rng: random.Random) -> Example:
-        p, attempt, _ = self._attempt(rng, 1 - self.cfg.critic_wrong_frac)
+        p = rng.choice(self.problems)
+        attempt = self.critique_attempt(p, rng)
         feedback = self.bench.oracle_feedback(p, attempt)
         if rng.random() < self.cfg.critic_noise:
             feedback = noisy_feedback(p, feedback, rng, self.templates.null_feedback)

@@ -38,7 +38,7 @@ from mlmt_bench.errors import UserError
 from mlmt_bench.models.hf_quiet import quiet_transformers
 
 #: Bumped whenever a change here would change the weights a config produces (part of the key).
-BASE_FORMAT = 2
+BASE_FORMAT = 3
 
 
 class BaseMix(BaseModel):
@@ -55,6 +55,26 @@ class BaseMix(BaseModel):
     def _some(self) -> "BaseMix":
         if self.solve + self.refine + self.resolve + self.critique <= 0:
             raise ValueError("at least one mixture weight must be positive")
+        return self
+
+
+class CritiqueMix(BaseModel):
+    """Where the critique examples' attempts come from (METHOD v3: the testbed offers no shortcut).
+
+    Never the base's own misconceived solver: every source spreads its errors evenly over the
+    operations, so a critic can only learn to check the arithmetic, not to recall which
+    operations one solver gets wrong."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gold: float = Field(0.4, ge=0, description="gold solutions (the critic must approve them)")
+    slip: float = Field(0.3, ge=0, description="gold with one random slip at a uniformly random step")
+    other: float = Field(0.3, ge=0, description="solutions of solvers with other, freshly drawn misconception sets")
+
+    @model_validator(mode="after")
+    def _some(self) -> "CritiqueMix":
+        if self.gold + self.slip + self.other <= 0:
+            raise ValueError("at least one critique source weight must be positive")
         return self
 
 
@@ -84,12 +104,17 @@ class BaseConfig(BaseModel):
     counterfactual_frac: float = Field(
         0.3, ge=0, le=1, description="share of corrective feedbacks stating a made-up value that the revision follows")
     feedback_token_weight: float = Field(3.0, ge=0, description="loss weight of the revision tokens the feedback dictates")
-    critic_wrong_frac: float = Field(0.5, ge=0, le=1, description="share of critique attempts with injected errors")
+    critique_mix: CritiqueMix = Field(default_factory=CritiqueMix,
+                                      description="where the critique examples' attempts come from")
     critic_noise: float = Field(0.1, ge=0, le=1, description="share of critique targets replaced by wrong feedback")
     critic_token_weight: float = Field(3.0, ge=0, description="loss weight of the critic's verdicts and computed values")
     threads: int = Field(1, ge=1, description="torch CPU threads while training: the weights depend on it, so it is "
                                                "part of the key (1: the same weights whatever the machine's load)")
     check_problems: int = Field(200, ge=1, description="validation problems of the base's check")
+    check_temperature: float = Field(1.0, ge=0, description="the check also runs at this sampling temperature "
+                                                             "(both roles): what RL sees")
+    allow_invalid: bool = Field(False, description="run on a base that fails METHOD v3's critic-validity thresholds "
+                                                   "(every report then says so at the top); not part of the key")
 
     @field_validator("benchmark_options")
     @classmethod
@@ -108,7 +133,8 @@ class BaseConfig(BaseModel):
         """First 16 hex digits of the sha256 of the canonical config JSON and the format version."""
         if self.seed is None:
             raise ValueError("a base's key needs its seed (BaseConfig.with_seed)")
-        payload = json.dumps({"format": BASE_FORMAT, **self.model_dump(mode="json")}, sort_keys=True)
+        payload = json.dumps({"format": BASE_FORMAT, **self.model_dump(mode="json", exclude={"allow_invalid"})},
+                             sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -123,13 +149,27 @@ class Base:
     def model_dir(self) -> Path:
         return self.directory / "model"
 
+    def invalid_because(self) -> list[str]:
+        """Why the base fails METHOD v3's critic-validity thresholds (empty: it is valid)."""
+        return validity_failures(self.report.get("check") or {})
+
     def summary(self) -> dict[str, Any]:
-        """What a run records about its base: key, seed, preset, parameters, data and tokens."""
+        """What a run records about its base: key, seed, preset, parameters, data and tokens, and
+        whether it is a valid testbed."""
         r = self.report
         return {"key": r["key"], "seed": r["config"]["seed"], "preset": r["config"]["preset"], "params": r["params"],
                 "tokens": r["sft"]["tokens"], "trained_tokens": r["sft"]["trained_tokens"],
                 "flops": r["flops"], "steps_by_kind": r["steps_by_kind"], "config": r["config"],
-                "path": str(self.directory)}
+                "path": str(self.directory), "invalid_because": self.invalid_because()}
+
+    def require_valid(self, allow_invalid: bool) -> None:
+        """Refuse (one line, naming the numbers) a base that fails the thresholds, unless allowed."""
+        failures = self.invalid_because()
+        if failures and not allow_invalid:
+            r = self.report
+            raise UserError(f"base {r['key']} ({r['config']['preset']}, seed {r['config']['seed']}) is not a valid "
+                            f"testbed (METHOD v3): {'; '.join(failures)}; train a larger preset or more data, or set "
+                            "base.allow_invalid: true to run on it anyway (every report then says so)")
 
 
 def default_cache_dir() -> Path:
@@ -158,8 +198,18 @@ def is_cached(cfg: BaseConfig, cache_dir: Path | None = None) -> bool:
     return _load(cache_dir / cfg.key()) is not None
 
 
-def ensure_base(cfg: BaseConfig, cache_dir: Path | None = None, progress: bool = True) -> Base:
-    """The base of ``cfg`` (its seed set): built and checked on first use, reused afterwards."""
+def ensure_base(cfg: BaseConfig, cache_dir: Path | None = None, progress: bool = True, *,
+                require_valid: bool = True) -> Base:
+    """The base of ``cfg`` (its seed set): built and checked on first use, reused afterwards.
+    ``require_valid``: refuse a base that fails METHOD v3's thresholds unless ``cfg.allow_invalid``
+    (it is cached all the same: the check is part of the entry)."""
+    base = _ensure_built(cfg, cache_dir, progress)
+    if require_valid:
+        base.require_valid(cfg.allow_invalid)
+    return base
+
+
+def _ensure_built(cfg: BaseConfig, cache_dir: Path | None, progress: bool) -> Base:
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     key = cfg.key()
     final = cache_dir / key
@@ -174,7 +224,8 @@ def ensure_base(cfg: BaseConfig, cache_dir: Path | None = None, progress: bool =
         report = _build(cfg, bench, tmp, progress)
         report["key"] = key
         with torch_threads(cfg.threads):
-            report["check"] = check_base(Base(tmp, report), bench, cfg.check_problems)
+            report["check"] = check_base(Base(tmp, report), bench, cfg.check_problems,
+                                         temperature=cfg.check_temperature)
         (tmp / "base.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
         try:
             os.rename(tmp, final)
@@ -279,37 +330,73 @@ def _rich_bar() -> Any:
 # --------------------------------------------------------------------------- check
 
 
-def check_base(base: Base, bench: Any, n: int, *, backend: Any = None) -> dict[str, Any]:
-    """Greedy accuracies of the base on the first ``n`` **validation** problems, through the same
-    :func:`mlmt_bench.rollout.episodes.rollout` / :func:`mlmt_bench.evaluate.evaluate` every run uses.
+#: METHOD v3: a base whose critic false-alarms on more than 10% of gold solutions, or whose
+#: shortcut gap (false alarms on problems with a misconception operation minus the others)
+#: exceeds 5 points, is not a valid base. Judged on the greedy check.
+MAX_FALSE_ALARM = 0.10
+MAX_SHORTCUT_GAP = 0.05
+
+
+def check_base(base: Base, bench: Any, n: int, *, backend: Any = None, temperature: float = 1.0) -> dict[str, Any]:
+    """The base on the first ``n`` **validation** problems, through the same
+    :func:`mlmt_bench.rollout.episodes.rollout` / :func:`mlmt_bench.evaluate.evaluate` every run uses,
+    greedy and at the training ``temperature`` (both roles).
 
     The base plays solver and critic. ``acc@t1`` is the first attempt; ``acc@t2_critic`` the
     refinement after the base's own feedback (with its correction / regression rates and
     feedback effect), ``acc@t2_null`` after g∅ (a new attempt), ``acc@t2_oracle`` after the
-    oracle's feedback (what the refinement skill can do with perfect feedback).
+    oracle's feedback (what the refinement skill can do with perfect feedback). ``critic``: the
+    critic's validity (METHOD v3, :func:`critic_validity`); the same under ``"sampled"`` at
+    ``temperature``.
     """
     from mlmt_bench import registry
-    from mlmt_bench.evaluate import evaluate
     from mlmt_bench.models.tiny import load_checkpoint
-    from mlmt_bench.rollout.episodes import Actors, Program, Sampling
 
     problems = bench.load("validation")[:n]
     if not problems:
         raise UserError(f"base: benchmark {base.report['config']['benchmark']!r} has no validation problems")
-    verifier_name = bench.default_verifier
-    verifier = registry.verifiers.get(verifier_name)()
+    verifier = registry.verifiers.get(bench.default_verifier)()
     backend = backend or registry.backends.get("hf")()
     t0 = time.perf_counter()
     with quiet_transformers():
         model, tok = load_checkpoint(base.model_dir)
     policy = _Actor(model, tok)
-    length = max(len(bench.solution(p)) for p in problems) + 16  # characters: a solution, feedback or revision
-    sampling = Sampling(temperature=0.0, top_p=1.0, max_new_tokens=length, feedback_max_new_tokens=length)
-    actors = Actors(policy, policy, backend, bench.templates, verifier, bench.oracle_feedback)
+    cfg = base.report["config"]
+    beliefs = _beliefs(cfg, bench)
     out: dict[str, Any] = {"split": "validation", "n": len(problems)}
+    out.update(_check_at(policy, bench, verifier, backend, problems, beliefs, 0.0, cfg["seed"]))
+    sampled = _check_at(policy, bench, verifier, backend, problems, beliefs, temperature, cfg["seed"])
+    out["sampled"] = {"temperature": temperature, **sampled}
+    out["seconds"] = round(time.perf_counter() - t0, 2)
+    return out
+
+
+def _beliefs(cfg: dict[str, Any], bench: Any) -> Any:
+    from mlmt_bench.benchmarks.synthetic_curriculum import Misconceptions
+
+    return Misconceptions(cfg["misconceptions"], cfg["seed"], getattr(bench, "ops", "+-*"),
+                          getattr(bench, "max_operand", 9))
+
+
+def _check_at(policy: Any, bench: Any, verifier: Any, backend: Any, problems: list[Any], beliefs: Any,
+              temperature: float, seed: int) -> dict[str, Any]:
+    """Accuracies and critic validity at one temperature (0: greedy)."""
+    import torch
+
+    from mlmt_bench.evaluate import evaluate
+    from mlmt_bench.rollout.episodes import Actors, Program, Sampling
+
+    torch.manual_seed(seed)  # the sampled check is reproducible
+    length = max(len(bench.solution(p)) for p in problems) + 16  # characters: a solution or revision
+    # a feedback recomputes every step and judges it (synthetic.oracle_feedback): up to twice as long
+    sampling = Sampling(temperature=temperature, top_p=1.0, max_new_tokens=length, feedback_max_new_tokens=2 * length)
+    actors = Actors(policy, policy, backend, bench.templates, verifier, bench.oracle_feedback, bench.feedback_verdict)
+    out: dict[str, Any] = {}
+    own: dict[str, Any] = {}
     for source in ("critic", "oracle"):
-        res = evaluate(Program(attempts=1, feedback=source), actors, problems, sampling, verifier_name=verifier_name,
-                       feedback_metrics=(source == "critic"), n_samples=0, protocols=("refine_all",))
+        res = evaluate(Program(attempts=1, feedback=source), actors, problems, sampling,
+                       verifier_name=bench.default_verifier, feedback_metrics=(source == "critic"), n_samples=0,
+                       protocols=("refine_all",))
         m = res.metrics
         out["acc@t1"] = m["acc@t1"]
         out[f"acc@t2_{source}"] = m["acc@t2"]
@@ -317,7 +404,55 @@ def check_base(base: Base, bench: Any, n: int, *, backend: Any = None) -> dict[s
         out[f"regression_rate_{source}"] = m.get("regression_rate")
         if source == "critic":
             out.update({k: m.get(k) for k in ("acc@t2_null", "feedback_effect", "leakage_rate", "feedback_tokens")})
-    out["seconds"] = round(time.perf_counter() - t0, 2)
+            own = {k: m.get(k) for k in ("false_alarm_rate", "miss_rate", "exact_correction_rate",
+                                         "verdict_accuracy")}
+    out["critic"] = {**critic_validity(policy, bench, backend, problems, beliefs, sampling, seed), "own": own}
+    return out
+
+
+def critic_validity(critic: Any, bench: Any, backend: Any, problems: list[Any], beliefs: Any, sampling: Any,
+                    seed: int) -> dict[str, Any]:
+    """Does the critic check, or recall (METHOD v3, "The testbed must not offer shortcuts")?
+
+    Probes the critic on attempts no solver wrote: ``gold``, the gold solutions (every verdict
+    should approve: its false-alarm rate overall, on problems that use one of the seed's
+    misconception operations (``in``) and on the others (``out``), and the ``shortcut_gap`` in −
+    out); ``slip``, gold with one random slip at a uniformly random step (seeded: its miss and
+    exact-correction rates). ``own`` (added by the caller) is the same on the base solver's own
+    attempts. Rates in [0, 1].
+    """
+    import random
+
+    from mlmt_bench.metrics.critic import critic_diagnostics, shortcut_gap
+    from mlmt_bench.rollout.episodes import critique
+
+    gold = [bench.solution(p) for p in problems]
+    rng = random.Random(f"base-check:{seed}:slips")
+    slipped = [bench.inject_errors(g, rng, second_error_rate=0.0) for g in gold]
+    texts = critique(critic, backend, bench.templates, problems + problems, gold + slipped, sampling)
+    on_gold, on_slip = texts[: len(problems)], texts[len(problems):]
+    gap = shortcut_gap([bench.feedback_verdict(t) for t in on_gold], [beliefs.hits(p) for p in problems])
+    slip = critic_diagnostics([bench.feedback_verdict(t) for t in on_slip], [False] * len(problems),
+                              [t.strip() == bench.oracle_feedback(p, a).strip()
+                               for t, p, a in zip(on_slip, problems, slipped)])
+    return {"gold": {k: gap[k] for k in ("false_alarm_rate", "false_alarm_rate_in", "false_alarm_rate_out",
+                                         "shortcut_gap", "n_in", "n_out")},
+            "slip": {k: slip[k] for k in ("miss_rate", "exact_correction_rate")}}
+
+
+def validity_failures(check: dict[str, Any]) -> list[str]:
+    """What makes a checked base invalid under METHOD v3's thresholds (empty: valid), each a
+    phrase naming the number. Judged on the greedy check; a check without critic probes (a base
+    built before v3) is reported as such."""
+    gold = (check.get("critic") or {}).get("gold")
+    if not gold:
+        return ["its check has no critic probes (built before METHOD v3)"]
+    out = []
+    fa, gap = gold.get("false_alarm_rate"), gold.get("shortcut_gap")
+    if fa is not None and fa > MAX_FALSE_ALARM:
+        out.append(f"false-alarm rate on gold solutions {100 * fa:.1f}% > {100 * MAX_FALSE_ALARM:.0f}%")
+    if gap is not None and gap > MAX_SHORTCUT_GAP:
+        out.append(f"shortcut gap {100 * gap:+.1f} points > {100 * MAX_SHORTCUT_GAP:.0f}")
     return out
 
 

@@ -49,7 +49,16 @@ from mlmt_bench.report.formatting import (
     fmt_units as _fmt_units,
     mark as _mark,
 )
-from mlmt_bench.report.runs import RunRecord, acc_t2, group_runs, is_num, load_run, strip_stamp
+from mlmt_bench.report.runs import (
+    VALUE_EXERCISED_EV,
+    RunRecord,
+    acc_t2,
+    group_runs,
+    is_num,
+    load_run,
+    strip_stamp,
+    with_base_critic,
+)
 from mlmt_bench.tracking import atomic_write_text
 
 # reach_point compares acc >= target; the target is a mean of seed accuracies, so a seed that got
@@ -203,10 +212,12 @@ def build_comparison(
     if empty:
         raise UserError(f"arm {empty[0]!r} has no run directories")
     out_dir = Path(out_dir)
-    loaded = {arm: [load_run(p, at_flops=at_flops) for p in paths] for arm, paths in runs.items()}
+    loaded = with_base_critic_arms({arm: [load_run(p, at_flops=at_flops) for p in paths]
+                                    for arm, paths in runs.items()})
     protocol = check_one_protocol(loaded)
 
     notes: list[str] = _read_at_notes(loaded, at_flops) if at_flops is not None else []
+    notes += _value_notes(loaded)
     for arm, results in loaded.items():
         for r in results:
             if not r.has_final and at_flops is None:
@@ -224,7 +235,8 @@ def build_comparison(
         baseline = None
 
     summary: dict[str, Any] = {"title": title, "baseline": baseline, "protocol": protocol, "arms": {},
-                               "paired": {}, "notes": notes, "at_flops": at_flops}
+                               "paired": {}, "notes": notes, "at_flops": at_flops,
+                               "invalid_bases": invalid_bases(loaded)}
     for arm, results in loaded.items():
         summary["arms"][arm] = _summarise_arm(results)
 
@@ -251,6 +263,43 @@ def build_comparison(
     summary["files"] = {"comparison.md": str(md_path), "acc_vs_tokens.png": str(png_path),
                         "index.html": str(html_path)}
     return summary
+
+
+def with_base_critic_arms(loaded: dict[str, list[RunRecord]]) -> dict[str, list[RunRecord]]:
+    """Each arm followed by its ``<arm> + base critic`` arm where its runs evaluated with the frozen
+    base critic (METHOD v3, equal test-time compute)."""
+    out: dict[str, list[RunRecord]] = {}
+    for arm, results in loaded.items():
+        out[arm] = results
+        derived = [d for d in map(with_base_critic, results) if d is not None]
+        if derived:
+            out[f"{arm} + base critic"] = derived
+    return out
+
+
+def _value_notes(loaded: dict[str, list[RunRecord]]) -> list[str]:
+    """METHOD v3: "value not exercised" for every run whose mean explained variance stays below 0.1."""
+    notes = []
+    for arm, results in loaded.items():
+        low = [f"s{r.seed} ({r.final['value_ev_mean']:+.3f})" for r in results
+               if is_num(r.final.get("value_ev_mean")) and r.final["value_ev_mean"] < VALUE_EXERCISED_EV]
+        if low and not arm.endswith(" + base critic"):
+            notes.append(f"{arm}: value not exercised in {', '.join(low)}: the learned value's mean explained "
+                         f"variance stayed below {VALUE_EXERCISED_EV}, so its λ·V term carries little signal.")
+    return notes
+
+
+def invalid_bases(loaded: dict[str, list[RunRecord]]) -> list[str]:
+    """The shared bases of the runs that fail METHOD v3's validity thresholds (allowed by their
+    spec, ``base.allow_invalid``), one line each; a report puts them at its top."""
+    out: dict[str, str] = {}
+    for results in loaded.values():
+        for r in results:
+            base = r.manifest.get("base") or {}
+            if base.get("invalid_because"):
+                out[str(base.get("key"))] = (f"base `{base.get('key')}` ({base.get('preset')}, seed {base.get('seed')}): "
+                                             + "; ".join(base["invalid_because"]))
+    return list(out.values())
 
 
 def _read_at_notes(loaded: dict[str, list[RunRecord]], budget: float) -> list[str]:
@@ -293,6 +342,10 @@ def render_markdown(summary: dict[str, Any]) -> str:
     arms = list(summary["arms"])
     baseline = summary["baseline"]
     lines = [f"# {summary['title'] or 'Comparison'}", ""]
+    if summary.get("invalid_bases"):
+        lines += ["**Not a valid testbed (METHOD v3)**: these runs start from bases whose critic fails the "
+                  "validity thresholds (allowed by `base.allow_invalid`), so what they say about feedback "
+                  "is not a measurement of the method:", ""] + [f"- {b}" for b in summary["invalid_bases"]] + [""]
     if summary.get("at_flops") is not None:
         lines += [f"**Read at equal FLOPs ({summary['at_flops']:.3g})**: each run at its last evaluation within "
                   "that budget (see Notes).", ""]

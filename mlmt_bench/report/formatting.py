@@ -24,6 +24,12 @@ TABLE_METRICS: list[tuple[str, str, str]] = [
     ("feedback_sensitivity", "feedback_sensitivity (nats/token)", "nat"),
     ("leakage_rate", "leakage_rate", "pct"),
     ("feedback_tokens", "feedback_tokens (mean per feedback)", "num"),
+    ("false_alarm_rate", "critic false_alarm_rate (right attempts flagged)", "pct"),
+    ("miss_rate", "critic miss_rate (wrong attempts approved)", "pct"),
+    ("exact_correction_rate", "critic exact_correction_rate (first wrong step and its value)", "pct"),
+    ("verdict_accuracy", "critic verdict_accuracy", "pct"),
+    ("value_ev_mean", "value explained variance (mean over training steps)", "num3"),
+    ("test_tokens_per_problem", "test-time generated tokens per problem", "num"),
     ("gen_tokens", "generated tokens (training, at the end)", "tok"),
     ("flops", "FLOPs (training, at the end)", "flops"),
 ]
@@ -45,6 +51,8 @@ def fmt(value: float | None, kind: str) -> str:
         return f"{value:+.3f}"
     if kind == "num":
         return f"{value:.1f}"
+    if kind == "num3":
+        return f"{value:+.3f}"
     if kind == "tok":
         return fmt_count(value)
     if kind == "flops":
@@ -69,7 +77,7 @@ def fmt_spread(value: float | None, kind: str) -> str:
         return DASH
     if kind in ("pct", "pp"):
         return f"{100 * value:.1f}"
-    if kind == "nat":
+    if kind in ("nat", "num3"):
         return f"{value:.3f}"
     return fmt(value, kind)
 

@@ -44,6 +44,11 @@ FEEDBACK_CURVES = [
     ("leakage_rate", "leakage_rate (% of feedbacks)", 100.0),
     ("correction_rate", "correction_rate (% of wrong attempts fixed)", 100.0),
     ("regression_rate", "regression_rate (% of right attempts broken)", 100.0),
+    ("false_alarm_rate", "critic false_alarm_rate (% of right attempts flagged)", 100.0),
+    ("miss_rate", "critic miss_rate (% of wrong attempts approved)", 100.0),
+    ("exact_correction_rate", "critic exact_correction_rate (% of wrong attempts)", 100.0),
+    ("verdict_accuracy", "critic verdict_accuracy (%)", 100.0),
+    ("value_ev", "value explained variance (mean of the steps since the last evaluation)", 1.0),
 ]
 #: cost columns of the final records: (key, header, format kind of formatting.fmt)
 COST = [("gen_tokens", "generated tokens", "tok"), ("trained_tokens", "trained tokens", "tok"),
@@ -244,8 +249,13 @@ def render_html(summary: dict[str, Any], loaded: dict[str, list[RunRecord]], acc
     panels, drawn = figures.metric_panels_svg(loaded, FEEDBACK_CURVES)
     feedback = svg.legend(drawn) + f"<div class='panels'>{''.join(panels)}</div>" if panels else None
     transitions = figures.transitions_svg(loaded)
+    invalid = summary.get("invalid_bases") or []
     sections = [
         f"<h1>{esc(title)}</h1>",
+        *(["<p class='lede'><b>Not a valid testbed (METHOD v3)</b>: these runs start from bases whose critic fails "
+           "the validity thresholds (allowed by <code>base.allow_invalid</code>), so what they say about feedback is "
+           "not a measurement of the method:</p><ul>" + "".join(f"<li>{_md_inline(b)}</li>" for b in invalid)
+           + "</ul>"] if invalid else []),
         f"<p class='lede'>Final evaluation of each run, refine-all protocol unless labelled otherwise "
         f"({proto or 'protocol not recorded'}). Seeds per arm: {seeds}. Statistics treat the problem as the unit "
         "(METHOD.md v2): <i>mean ± std</i> is over seeds (sample std); a 95% CI resamples problems, each keeping "

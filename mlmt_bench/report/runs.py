@@ -8,6 +8,7 @@ per-problem correctness at every evaluation (step 0 included), ``manifest.json``
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -129,22 +130,29 @@ def load_run(path: Path | str, at_flops: float | None = None) -> RunRecord:
     records = _read_records(metrics_path)
     by_step: dict[int, dict[str, Any]] = {}
     final: dict[str, Any] | None = None
+    value_ev: dict[int, float] = {}
     for _, rec in records:
         kind = rec.get("kind")
         if kind == "eval":
             step = rec.get("step")
-            by_step[int(step) if is_num(step) else len(by_step)] = rec  # last logged per step wins
+            by_step[int(step) if is_num(step) else len(by_step)] = _with_derived(rec)  # last logged per step wins
         elif kind == "final":
-            final = rec
+            final = _with_derived(rec)
+        elif kind == "train" and is_num(rec.get(VALUE_EV)) and is_num(rec.get("step")):
+            value_ev[int(rec["step"])] = float(rec[VALUE_EV])
     if not by_step and final is None:
         raise UserError(f"{metrics_path}: no eval records (the run has not been evaluated yet)")
     curve = [by_step[s] for s in sorted(by_step)]
+    _attach_value_ev(curve, value_ev)
     has_final = final is not None
     if final is None:
         final = curve[-1]
     read_at = None
     if at_flops is not None:
         curve, final, read_at = _cut_at_flops(curve, final, float(at_flops), metrics_path)
+    if value_ev:
+        within = [v for s, v in value_ev.items() if not is_num(final.get("step")) or s <= final["step"]]
+        final = {**final, "value_ev_mean": float(sum(within) / len(within)) if within else None}
 
     final_step = final.get("step") if is_num(final.get("step")) else None
     by_step = _problems_by_step(path / "eval_problems.jsonl")
@@ -194,9 +202,63 @@ def _problems_by_step(path: Path) -> dict[int, dict[str, dict[str, Any]]]:
             raise UserError(f"{path}:{lineno}: record lacks step / problem_id / t1")
         t1 = bool(row["t1"])
         t2 = bool(row["t2"]) if row.get("t2") is not None else t1
-        null = row.get("t2_null")
-        by_step[int(step)][str(pid)] = {"t1": t1, "t2": t2, "t2_null": None if null is None else bool(null)}
+        null, bc = row.get("t2_null"), row.get("t2_base_critic")
+        by_step[int(step)][str(pid)] = {"t1": t1, "t2": t2, "t2_null": None if null is None else bool(null),
+                                        "t2_base_critic": None if bc is None else bool(bc)}
     return dict(by_step)
+
+
+#: the value model's out-of-sample skill, logged per training step (algorithms/value.py)
+VALUE_EV = "value/explained_variance"
+#: METHOD v3: a run whose mean explained variance stays below this is reported "value not exercised"
+VALUE_EXERCISED_EV = 0.1
+#: eval-record keys of the single-turn arm's refine evaluation with the frozen base critic
+BASE_CRITIC_PREFIX = "base_critic/"
+
+
+def _with_derived(rec: dict[str, Any]) -> dict[str, Any]:
+    """An eval (or final) record with what reports derive from it: test-time generated tokens per
+    problem (``test_tokens_per_problem``), also for its base-critic evaluation."""
+    out = dict(rec)
+    for prefix in ("", BASE_CRITIC_PREFIX):
+        tokens, n = rec.get(f"{prefix}gen_tokens_eval"), rec.get("n")
+        if is_num(tokens) and is_num(n) and n:
+            out[f"{prefix}test_tokens_per_problem"] = tokens / n
+    return out
+
+
+def _attach_value_ev(curve: list[dict[str, Any]], value_ev: dict[int, float]) -> None:
+    """Each evaluation gets ``value_ev``: the mean explained variance of the training steps since
+    the evaluation before it (its curve in the report)."""
+    prev = -1
+    for rec in curve:
+        step = rec.get("step")
+        if not is_num(step):
+            continue
+        window = [v for s, v in value_ev.items() if prev < s <= step]
+        if window:
+            rec["value_ev"] = sum(window) / len(window)
+        prev = int(step)
+
+
+def with_base_critic(run: RunRecord) -> RunRecord | None:
+    """The run read in its ``eval.base_critic`` evaluation (the ``<arm> + base critic`` row: the
+    same solver, refined after the frozen base's feedback), or None when it has none."""
+    if not any(k.startswith(BASE_CRITIC_PREFIX) for k in run.final):
+        return None
+
+    def read(rec: dict[str, Any]) -> dict[str, Any]:
+        own = {k: v for k, v in rec.items() if not k.startswith(BASE_CRITIC_PREFIX)
+               and k in ("kind", "step", "gen_tokens", "trained_tokens", "flops", "wall_s", "n", "value_ev_mean")}
+        return {**own, **{k[len(BASE_CRITIC_PREFIX):]: v for k, v in rec.items() if k.startswith(BASE_CRITIC_PREFIX)}}
+
+    def rows(by_pid: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        return {pid: {"t1": r["t1"], "t2": r["t2_base_critic"], "t2_null": None}
+                for pid, r in by_pid.items() if r.get("t2_base_critic") is not None}
+
+    return dataclasses.replace(run, arm=f"{run.arm} + base critic", final=read(run.final),
+                               curve=[read(r) for r in run.curve], problems=rows(run.problems),
+                               first=rows(run.first))
 
 
 #: Fields of a run spec that define what its numbers mean: runs that differ in one are never

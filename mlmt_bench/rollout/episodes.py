@@ -86,7 +86,10 @@ class Actor(Protocol):
 
 @dataclass
 class Actors:
-    """What a program needs to run. ``critic`` may be None for the none / null / oracle sources."""
+    """What a program needs to run. ``critic`` may be None for the none / null / oracle sources.
+    ``oracle``: the benchmark's rule-based critic (synthetic benchmarks); ``verdict``: how the
+    benchmark reads a feedback's verdict (:meth:`Benchmark.feedback_verdict`), for the critic
+    diagnostics."""
 
     solver: Actor
     critic: Actor | None
@@ -94,15 +97,24 @@ class Actors:
     templates: PromptTemplates
     verifier: Verifier
     oracle: Callable[[Problem, str], str] | None = None
+    verdict: Callable[[str], bool | None] | None = None
 
 
 @dataclass
 class Sampling:
+    """How turns are sampled. ``temperature`` is the solver's (attempts, refinements);
+    ``feedback_temperature`` the critic's (METHOD v3: each role has its own; None = the solver's)."""
+
     temperature: float
     top_p: float
     max_new_tokens: int
     feedback_max_new_tokens: int
     stop: list[str] | None = None
+    feedback_temperature: float | None = None
+
+    @property
+    def critic_temperature(self) -> float:
+        return self.temperature if self.feedback_temperature is None else self.feedback_temperature
 
 
 def merge_rollouts(a: Rollout, b: Rollout) -> Rollout:
@@ -116,9 +128,26 @@ def merge_rollouts(a: Rollout, b: Rollout) -> Rollout:
     return Rollout(a.problems + b.problems, a.turns + moved, tokens, a.seconds + b.seconds, prompts)
 
 
-def _generate(actor: Any, prompts: list[list[int]], sampling: Sampling, max_new: int, backend: Any) -> list[Any]:
+def _generate(actor: Any, prompts: list[list[int]], sampling: Sampling, max_new: int, backend: Any,
+              temperature: float | None = None) -> list[Any]:
     return backend.generate(actor.model, actor.tokenizer, prompts, max_new_tokens=max_new,
-                            temperature=sampling.temperature, top_p=sampling.top_p, stop=sampling.stop)
+                            temperature=sampling.temperature if temperature is None else temperature,
+                            top_p=sampling.top_p, stop=sampling.stop)
+
+
+def feedback_prompt(tokenizer: Any, templates: PromptTemplates, problem: Problem, attempt_text: str) -> list[int]:
+    """The critic's context for g: the problem and the attempt, in one user message."""
+    return chat_ids(tokenizer, [{"role": "user", "content": templates.render_feedback(problem, attempt_text)}],
+                    add_generation_prompt=True)
+
+
+def critique(critic: Actor, backend: Backend, templates: PromptTemplates, problems: Sequence[Problem],
+             attempts: Sequence[str], sampling: Sampling) -> list[str]:
+    """The critic's feedback texts on given attempt texts (one each, at the critic's temperature):
+    for probes of the critic on attempts no solver wrote (the base check's gold solutions)."""
+    prompts = [feedback_prompt(critic.tokenizer, templates, p, a) for p, a in zip(problems, attempts)]
+    gens = _generate(critic, prompts, sampling, sampling.feedback_max_new_tokens, backend, sampling.critic_temperature)
+    return [g.text for g in gens]
 
 
 def attempt_prompt(tokenizer: Any, templates: PromptTemplates, problem: Problem) -> list[int]:
@@ -167,11 +196,10 @@ def rollout(program: Program, actors: Actors, problems: Sequence[Problem], sampl
         prompts = []
         for ai in attempts:
             t = turns[ai]
-            msg = tpl.render_feedback(problems[t.problem], t.text)
-            prompts += [chat_ids(critic.tokenizer, [{"role": "user", "content": msg}], add_generation_prompt=True)] \
-                * program.feedbacks
+            prompts += [feedback_prompt(critic.tokenizer, tpl, problems[t.problem], t.text)] * program.feedbacks
             fb_parent += [ai] * program.feedbacks
-        gens = _generate(critic, prompts, sampling, sampling.feedback_max_new_tokens, actors.backend)
+        gens = _generate(critic, prompts, sampling, sampling.feedback_max_new_tokens, actors.backend,
+                         sampling.critic_temperature)
         for p, g in zip(prompts, gens):
             fb_prompts.append(p), fb_texts.append(g.text), fb_ids.append(g.ids), fb_lp.append(g.logprobs)
             fb_finish.append(g.finish_reason)
