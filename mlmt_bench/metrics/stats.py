@@ -188,3 +188,28 @@ def reach_point(curve_x: Sequence[float] | np.ndarray, curve_y: Sequence[float] 
             x0, y0 = float(curve_x[k - 1]), float(curve_y[k - 1])
             return x0 + (target - y0) / (float(y) - y0) * (float(x) - x0)
     return None
+
+
+def holm_adjust(p_values: Sequence[float] | np.ndarray) -> list[float]:
+    """Holm (1979) step-down adjustment of the p-values of one family of tests (METHOD.md v3: the
+    methods compared with one baseline).
+
+    With the ``m`` p-values sorted ascending, ``p_(1) <= ... <= p_(m)``, the adjusted value of the
+    ``i``-th is ``max_{j <= i} min(1, (m - j + 1) * p_(j))`` (the running maximum keeps the order);
+    rejecting the tests whose adjusted p is below alpha controls the family-wise error rate at
+    alpha under any dependence between the tests. Ties keep their input order.
+    returns: the adjusted p-values in the input order; [] for no tests.
+    """
+    p = np.asarray(p_values, dtype=float)
+    if p.ndim != 1:
+        raise ValueError(f"p_values must be 1-D, got shape {p.shape}")
+    if p.size == 0:
+        return []
+    if not np.isfinite(p).all() or (p < 0).any() or (p > 1).any():
+        raise ValueError(f"p-values must lie in [0, 1], got {p.tolist()}")
+    m = p.size
+    order = np.argsort(p, kind="stable")
+    scaled = np.minimum(1.0, (m - np.arange(m)) * p[order])
+    adjusted = np.empty(m)
+    adjusted[order] = np.maximum.accumulate(scaled)
+    return [float(v) for v in adjusted]
