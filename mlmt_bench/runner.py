@@ -134,6 +134,10 @@ def build(spec: RunSpec, progress: bool = True) -> Components:
             if mode == "frozen":
                 role_spec = role_spec.model_copy(update={"trainable": False})
             policies[role] = registry.models.get(role_spec.model)(role, role_spec, base_dir, device)
+    if policies["solver"] is not None:  # refinements trained as responses to x: the benchmark's full responses
+        from mlmt_bench.algorithms.base import ResponseToX
+
+        algorithm.response_to_x = ResponseToX(benchmark.full_response, policies["solver"].tokenizer)
     return Components(benchmark, templates_for(spec, benchmark), verifier, verifier_name, backend, policies,
                       algorithm, train, evals, base)
 

@@ -13,19 +13,21 @@ advantages as train items; it never writes into the rollout and never runs a mod
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
 import torch
 
 from mlmt_bench.algorithms import core
 from mlmt_bench.algorithms.params import Roles
 from mlmt_bench.algorithms.update import TrainItem
+from mlmt_bench.models.tokenizer import encode
 from mlmt_bench.rollout.episodes import Program, Rollout
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from mlmt_bench.algorithms.value import ValueModel
+    from mlmt_bench.types import Problem
 
 
 @dataclass
@@ -69,6 +71,10 @@ class Algorithm:
     #: Whether a step's work depends on the share of the budget spent (``CreditInputs.frac_done``):
     #: then a run read at a smaller budget (``report --at-flops``) is not one stopped there.
     budget_dependent: ClassVar[bool] = False
+    #: How a refinement trained as a response to x alone (``to_x``) reads as one: the benchmark's
+    #: :meth:`Benchmark.full_response`, tokenised by the solver's tokenizer. The runner hands it in
+    #: (mlmt_bench/runner.py, ``build``); None: the refinement's own ids.
+    response_to_x: ResponseToX | None = None
 
     def teacher_turn(self) -> str | None:
         """The kind of turn an extra solver forward reads in its own context each step (a
@@ -122,13 +128,15 @@ class Algorithm:
         return {p for p, rs in by_problem.items() if len(rs) > 1}
 
     # loss-variant helpers shared by every algorithm's credit ------------------------------
-    def solver_rewards(self, rollout: Rollout, indices: Sequence[int], inputs: CreditInputs) -> torch.Tensor:
-        """Verifier rewards of solver turns, with DAPO's overlong shaping when the params ask for it."""
+    def solver_rewards(self, rollout: Rollout, indices: Sequence[int], inputs: CreditInputs,
+                       lengths: Sequence[int] | None = None) -> torch.Tensor:
+        """Verifier rewards of solver turns, with DAPO's overlong shaping when the params ask for it
+        (on ``lengths``, default the turns' own: those of what is trained, e.g. full responses)."""
         r = rewards(rollout, indices)
         buffer = getattr(self.params, "overlong_buffer", 0)
         if buffer and inputs.max_new_tokens:
-            lengths = torch.tensor([len(rollout.turns[i].ids) for i in indices])
-            r = r + core.overlong_penalty(lengths, inputs.max_new_tokens, buffer, self.params.overlong_penalty)
+            n = torch.tensor(list(lengths) if lengths is not None else [len(rollout.turns[i].ids) for i in indices])
+            r = r + core.overlong_penalty(n, inputs.max_new_tokens, buffer, self.params.overlong_penalty)
         return r
 
     def items(self, rollout: Rollout, indices: Sequence[int], advantages: torch.Tensor | Sequence[float],
@@ -138,7 +146,7 @@ class Algorithm:
             keep = [k for k, i in enumerate(indices) if rollout.turns[i].finish_reason != "length"]
             advs = advantages.tolist() if isinstance(advantages, torch.Tensor) else list(advantages)
             indices, advantages = [indices[k] for k in keep], [advs[k] for k in keep]
-        return train_items(rollout, indices, advantages, beta, mode, to_x)
+        return train_items(rollout, indices, advantages, beta, mode, to_x, self.response_to_x)
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -168,7 +176,8 @@ def group_advantages(values: torch.Tensor, groups: Sequence[int], scale: str) ->
 
 
 def train_items(rollout: Rollout, indices: Sequence[int], advantages: torch.Tensor | Sequence[float],
-                beta: float, mode: int = core.POLICY, to_x: bool = False) -> list[TrainItem]:
+                beta: float, mode: int = core.POLICY, to_x: bool = False,
+                respond: ResponseToX | None = None) -> list[TrainItem]:
     """Train items of the turns at ``indices`` with a non-zero gradient (advantage ≠ 0 or a KL term).
 
     Dropping zero-advantage turns saves their forward/backward pass and takes them out of the
@@ -177,7 +186,11 @@ def train_items(rollout: Rollout, indices: Sequence[int], advantages: torch.Tens
 
     ``to_x``: each turn (a refinement) is trained as a response to the problem alone: its context
     becomes its attempt's prompt x, and its own context (x, z, g) is kept as the teacher's
-    (``TrainItem.teacher_prompt_ids``, for DISTILL).
+    (``TrainItem.teacher_prompt_ids``, for DISTILL). Its ids are those of its full response
+    (``respond``, :class:`ResponseToX`; the refinement's own without it), so that π_old, π_ref and
+    policy shaping read the full response. DISTILL keeps the refinement's own ids, the only
+    tokens its teacher (x, z, g) has distributions for, and puts the attempt's kept part before
+    them (the full response's text before the refinement) in the student's context x.
     """
     advs = advantages.tolist() if isinstance(advantages, torch.Tensor) else list(advantages)
     out = []
@@ -185,9 +198,48 @@ def train_items(rollout: Rollout, indices: Sequence[int], advantages: torch.Tens
         turn = rollout.turns[i]
         if not turn.ids or (a == 0.0 and beta <= 0):
             continue
-        prompt = rollout.turns[ancestor(rollout, i, 2)].prompt_ids if to_x else turn.prompt_ids
-        out.append(TrainItem(prompt, turn.ids, a, beta, mode, turn.prompt_ids if to_x else None))
+        if not to_x:
+            out.append(TrainItem(turn.prompt_ids, turn.ids, a, beta, mode))
+            continue
+        x = rollout.turns[ancestor(rollout, i, 2)].prompt_ids
+        full, kept = response_to_x(rollout, i, respond)
+        if mode == core.DISTILL:
+            out.append(TrainItem(x + (kept or []), turn.ids, a, beta, mode, turn.prompt_ids))
+        else:
+            out.append(TrainItem(x, full, a, beta, mode, turn.prompt_ids))
     return out
+
+
+@dataclass(frozen=True)
+class ResponseToX:
+    """A refinement read as a complete response to its problem alone (what ``critique_grpo`` and
+    ``self_distill`` train as a response to x): ``full_response`` (the benchmark's
+    :meth:`Benchmark.full_response`) of (problem, attempt text, refinement text), tokenised by
+    ``tokenizer`` (the solver's). A pure function of the rollout: credit calls it and stays pure.
+    """
+
+    full_response: Callable[[Problem, str, str], str]
+    tokenizer: Any
+
+    def __call__(self, rollout: Rollout, index: int) -> tuple[list[int], list[int] | None]:
+        """(ids, kept) of refinement turn ``index``: ids are the full response's tokens with EOS
+        where the refinement ended with it (the refinement's own ids when the full response is its
+        text); kept are the tokens of the full response's text before the refinement's (empty when
+        they are the same text; None when the full response does not end with the refinement)."""
+        turn = rollout.turns[index]
+        attempt = rollout.turns[ancestor(rollout, index, 2)]
+        text = self.full_response(rollout.problems[turn.problem], attempt.text, turn.text)
+        if text == turn.text:
+            return turn.ids, []
+        eos = self.tokenizer.eos_token_id
+        tail = turn.ids[-1:] if turn.ids and eos is not None and turn.ids[-1] == eos else []
+        kept = encode(self.tokenizer, text[:len(text) - len(turn.text)]) if text.endswith(turn.text) else None
+        return encode(self.tokenizer, text) + tail, kept
+
+
+def response_to_x(rollout: Rollout, index: int, respond: ResponseToX | None) -> tuple[list[int], list[int] | None]:
+    """:class:`ResponseToX` of turn ``index``, or (its own ids, no kept part) without one."""
+    return respond(rollout, index) if respond is not None else (rollout.turns[index].ids, [])
 
 
 def by_turn(indices: Sequence[int], values: torch.Tensor) -> dict[int, float]:

@@ -8,6 +8,12 @@ group-relative over the mixed group, and the off-policy tokens are trained with 
 π/(π + γ) instead of the clipped ratio (their behaviour policy saw a different context). One
 policy is trained; it answers in one turn at test time (acc@t1), and its refine-protocol
 accuracy with the same feedback source is reported beside it (acc@t2).
+
+As in the paper, what joins the group is a complete answer to x: the benchmark's full response
+(:meth:`Benchmark.full_response`; on ``synthetic-arith``, where the solver writes a revision, the
+revision spliced into its attempt), with the refinement's verdict as its reward (the full response
+keeps its final answer). Its tokens, not the revision's, are what the policy shaping, π_old, π_ref
+and the overlong shaping read (:class:`ResponseToX`, handed in through ``response_to_x``).
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ import torch
 from pydantic import Field
 
 from mlmt_bench.algorithms import core
-from mlmt_bench.algorithms.base import Algorithm, Credit, CreditInputs, by_turn, group_advantages, problem_of
+from mlmt_bench.algorithms.base import (Algorithm, Credit, CreditInputs, by_turn, group_advantages, problem_of,
+                                        response_to_x)
 from mlmt_bench.algorithms.params import GRPOParams, Roles
 from mlmt_bench.rollout.episodes import Program, Rollout
 
@@ -44,12 +51,13 @@ class CritiqueGRPO(Algorithm):
     def credit(self, rollout: Rollout, step: int, inputs: CreditInputs) -> Credit:
         p = self.params
         attempts, refines = rollout.of_kind("attempt"), rollout.of_kind("refine")
-        r1, r2 = self.solver_rewards(rollout, attempts, inputs), self.solver_rewards(rollout, refines, inputs)
+        full = [len(response_to_x(rollout, i, self.response_to_x)[0]) for i in refines]  # the lengths trained
+        r1, r2 = self.solver_rewards(rollout, attempts, inputs), self.solver_rewards(rollout, refines, inputs, full)
         joined = [i for i, r in zip(refines, r2.tolist()) if p.refinements_in_group == "all" or r == 1.0]
         r_joined = r2[[refines.index(i) for i in joined]] if joined else torch.zeros(0, dtype=r2.dtype)
         adv, zero = group_advantages(torch.cat([r1, r_joined]), problem_of(rollout, attempts + joined), p.scale)
         adv1, adv_off = adv[:len(attempts)], adv[len(attempts):]
-        off = self.items(rollout, joined, adv_off, p.beta, core.SHAPED, to_x=True)  # responses to x alone
+        off = self.items(rollout, joined, adv_off, p.beta, core.SHAPED, to_x=True)  # full responses to x alone
         stats = {"r1": float(r1.mean()), "r2": float(r2.mean()) if len(r2) else 0.0, "reward_mean": float(r1.mean()),
                  "reward_std": float(r1.std()) if len(r1) > 1 else 0.0, "frac_zero_std": zero,
                  "off_policy_share": len(joined) / max(1, len(attempts) + len(joined))}

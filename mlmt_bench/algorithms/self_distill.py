@@ -5,9 +5,14 @@ GRPO on the G attempts z ~ π(·|x), plus δ · a distillation term that moves t
 solver π(·|x) toward what the feedback-conditioned solver π(·|x, z, g) produced:
 
 - ``distill: sft``: the log-likelihood of refinements as responses to x (``distill_on``: the
-  correct ones, or all);
-- ``distill: kl``: a token-level KL(π(·|x, z, g, ŷ<t) ‖ π(·|x, ŷ<t)) on the refinements' tokens,
-  the feedback-conditioned distribution as a fixed teacher.
+  correct ones, or all), each as a complete answer to x: the benchmark's full response
+  (:meth:`Benchmark.full_response`; on ``synthetic-arith``, where the solver writes a revision,
+  the revision spliced into its attempt), tokenised anew (:class:`ResponseToX`);
+- ``distill: kl``: a token-level KL(π(·|x, z, g, ŷ<t) ‖ π(·|x, k, ŷ<t)) on the refinements' own
+  tokens, the feedback-conditioned distribution as a fixed teacher. The teacher has distributions
+  for ŷ's tokens only, so the full response is not re-tokenised here; instead the student reads
+  the attempt's kept part k (the full response's text before ŷ: empty for a complete refinement)
+  after x, so that ŷ<t continues an answer to x rather than starting one mid-solution.
 
 The term has its own normaliser (a token mean over its tokens), so δ weighs it against the
 GRPO loss. Feedback comes from ``critique_source``: the frozen base ``critic``, the ``oracle``

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar
 
 from mlmt_bench.errors import UserError
@@ -29,6 +30,41 @@ class Benchmark:
     def load(self, split: str) -> list[Problem]:
         raise NotImplementedError
 
+    def feedback_verdict(self, feedback: str) -> bool | None:
+        """What a feedback says of the attempt it judges: True (right), False (wrong), or None
+        (no verdict can be read). The critic diagnostics and ``critic_reward:
+        helpfulness+verdict`` compare it with the verifier.
+
+        This default reads free text: a wrong-word (wrong, incorrect, error, mistake, not
+        correct) is a False verdict, else a right-word (correct, right) is True, else None.
+        A benchmark with a structured feedback format overrides it (``synthetic-arith``).
+        """
+        text = feedback.lower()
+        if _WRONG_WORDS.search(text):
+            return False
+        if _RIGHT_WORDS.search(text):
+            return True
+        return None
+
+    def full_response(self, problem: Problem, attempt: str, refinement: str) -> str:
+        """The refinement of ``attempt`` as a complete answer to ``problem`` alone: what
+        ``critique_grpo`` and ``self_distill`` train as a response to x (``trained_turns``
+        ``"as_attempt"``). Pure text in, text out.
+
+        This default is the refinement itself, for benchmarks whose refinements are complete
+        answers. A benchmark whose solver writes a *revision* (only the part that changes, which
+        reads right only after the attempt and its feedback) overrides it to splice the revision
+        into the attempt (``synthetic-arith``). The full response must keep the refinement's
+        final answer, so that it shares the refinement's verdict; where it ends with the
+        refinement's text, the text before is the attempt's kept part (``distill: kl`` reads it
+        as context).
+        """
+        return refinement
+
     def check_split(self, split: str) -> None:
         if split not in self.splits:
             raise UserError(f"benchmark {self.name}: unknown split {split!r} (known: {', '.join(self.splits)})")
+
+
+_WRONG_WORDS = re.compile(r"\b(wrong|incorrect|error|errors|mistake|mistakes|not correct|not right)\b")
+_RIGHT_WORDS = re.compile(r"\b(correct|right)\b")

@@ -21,16 +21,19 @@ harder for a tiny model), ``max_operand`` bounds the operands (1..max_operand, d
 Besides the problems, the module provides what the warm start and the ``oracle_feedback``
 ablation need:
 
-- :func:`oracle_feedback` ``(problem, attempt) -> str``: a critic that sees the gold steps. A
-  right answer gets ``ok;ok;ok;answer ok``; otherwise it walks the steps, ``ok`` for each
-  right one, and stops at the first wrong one with its correct form (``ok;wrong: 3+9=12``),
-  or ends ``answer wrong: #13`` when only the final line is wrong.
+- :func:`oracle_feedback` ``(problem, attempt) -> str``: a critic that sees the gold steps. It
+  recomputes each step and judges the attempt's (``9-6=3 ok;3+9=12 ok;12+1=13 ok;answer ok``),
+  stops at the first wrong one, whose recomputed form is the correction (``9-6=3 ok;3+9=12
+  wrong``), or ends ``answer wrong: #13`` when only the final line is wrong.
 - :func:`inject_errors` ``(solution, rng) -> str``: a plausible wrong attempt (an arithmetic
   slip, a miscopied operand or operator, a dropped step ...) whose later steps are computed
   consistently from the mistake, as a model would.
 - :func:`apply_feedback` ``(problem, attempt, feedback) -> str``: the scripted corrector that
   applies only the feedback's correction and recomputes what follows (``revision=True``:
   only the part that changes, ``3+9=12;12+1=13;#13``, the form the warm solver writes).
+- :func:`full_response` ``(problem, attempt, revision) -> str``: such a revision spliced into
+  its attempt, the full corrected solution (what ``critique_grpo`` and ``self_distill`` train
+  as a response to the problem alone).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ ANSWER_MARK = "#"
 STEP_SEP = ";"
 OK_FEEDBACK = "answer ok"
 STEP_OK = "ok"
+STEP_WRONG = "wrong"
 
 #: Short on purpose: the tiny models pay for every character.
 TEMPLATES = PromptTemplates(
@@ -62,7 +66,9 @@ Step = tuple[int, str, int, int]  # (a, op, b, result)
 
 _STEP_RE = re.compile(r"^\s*(-?\d+)\s*([+\-*])\s*(-?\d+)\s*=\s*(-?\d+)\s*$")
 _ANSWER_RE = re.compile(r"#\s*(-?\d+)")
-_FEEDBACK_STEP_RE = re.compile(r"((?:\s*ok\s*;)*)\s*wrong:\s*(-?\d+)\s*([+\-*])\s*(-?\d+)\s*=\s*(-?\d+)")
+#: ``S1 ok;S2 ok;S wrong``: the approved steps (group 1), then the flagged step's correct form
+_FEEDBACK_STEP_RE = re.compile(r"^((?:[^;]*\bok\s*;)*)\s*(-?\d+)\s*([+\-*])\s*(-?\d+)\s*=\s*(-?\d+)\s+wrong\b")
+_OK_RE = re.compile(r"\bok\b")
 _FEEDBACK_ANSWER_RE = re.compile(r"answer wrong:\s*#\s*(-?\d+)")
 _PROBLEM_RE = re.compile(r"^\s*(\d+)((?:\s*[+\-*]\s*\d+)+)\s*$")
 
@@ -152,9 +158,15 @@ def _modulus(problem: Problem) -> int:
 # --------------------------------------------------------------------------- oracle critic
 
 
-def step_feedback(i: int, step: Step) -> str:
-    """Feedback flagging step ``i`` (1-based) and giving its correct form: ``ok;ok;wrong: 12*3=36``."""
-    return f"{STEP_OK}{STEP_SEP}" * (i - 1) + f"wrong: {format_step(step)}"
+def step_feedback(gold: Sequence[Step], i: int, step: Step) -> str:
+    """Feedback flagging step ``i`` (1-based): the gold steps before it, each recomputed and
+    approved, then ``step`` (its correct form) judged wrong: ``7+5=12 ok;12*3=36 wrong``."""
+    return "".join(f"{format_step(g)} {STEP_OK}{STEP_SEP}" for g in gold[: i - 1]) + f"{format_step(step)} {STEP_WRONG}"
+
+
+def approve_all(gold: Sequence[Step]) -> str:
+    """Every step recomputed and approved, then the answer: ``7+5=12 ok;12*3=36 ok;36-4=32 ok;answer ok``."""
+    return "".join(f"{format_step(g)} {STEP_OK}{STEP_SEP}" for g in gold) + OK_FEEDBACK
 
 
 def feedback_is_ok(feedback: str) -> bool:
@@ -162,37 +174,48 @@ def feedback_is_ok(feedback: str) -> bool:
     return feedback.strip().endswith(OK_FEEDBACK)
 
 
+def corrected_step(feedback: str) -> tuple[int, Step] | None:
+    """``(i, step)`` of a feedback that flags step ``i`` (1-based) with its correct form, else None."""
+    m = _FEEDBACK_STEP_RE.search(feedback)
+    if not m:
+        return None
+    return len(_OK_RE.findall(m.group(1))) + 1, (int(m.group(2)), m.group(3), int(m.group(4)), int(m.group(5)))
+
+
 def oracle_feedback(problem: Problem, attempt: str) -> str:
     """Rule-based feedback from a critic that sees the gold steps.
 
-    A right final answer gets ``ok`` for every step and ``answer ok``. Otherwise it walks the
-    steps in order, ``ok`` for each right one, and stops at the first step that is missing,
-    unreadable or differs from the gold one, which it gives correctly::
+    **(v3)** It checks the way a verifier would: step by step, it writes the step recomputed
+    from the problem (``a<op>b=r`` with the true result) and then its verdict on the attempt's
+    step, ``ok`` when the attempt wrote the same. It stops at the first step that is missing,
+    unreadable or differs, whose recomputed form is the correction. A right final answer gets
+    every step approved and ``answer ok``::
 
-        7+5=12;12*3=35;35-4=31;#31   ->  ok;wrong: 12*3=36
-        7+5=12;12*3=36;36-4=32;#32   ->  ok;ok;ok;answer ok
-        7+5=12;12*3=36;36-4=32;#30   ->  ok;ok;ok;answer wrong: #32
+        7+5=12;12*3=35;35-4=31;#31   ->  7+5=12 ok;12*3=36 wrong
+        7+5=12;12*3=36;36-4=32;#32   ->  7+5=12 ok;12*3=36 ok;36-4=32 ok;answer ok
+        7+5=12;12*3=36;36-4=32;#30   ->  7+5=12 ok;12*3=36 ok;36-4=32 ok;answer wrong: #32
 
-    Walking the steps (rather than naming the step, ``step 2 wrong``) lets a small model
-    check one step per feedback token, the way it solves one step per solution token.
+    Recomputing before judging lets a small model *check* (compare two written steps) instead
+    of deciding a step's fate in one token before computing anything, which a ~0.5M model can
+    only do by recalling which operations a solver gets wrong (v2's shortcut). The price: the
+    feedback on a right attempt states its (right) answer.
     """
     gold = _gold_steps(problem)
     steps, answer = parse_attempt(attempt)
-    walked = f"{STEP_OK}{STEP_SEP}" * len(gold)
     if answer is not None and problem.answer is not None and str(answer) == str(problem.answer).strip():
-        return walked + OK_FEEDBACK  # a right answer is never flagged, even if a step slipped
+        return approve_all(gold)  # a right answer is never flagged, even if a step slipped
     for i, g in enumerate(gold):
         if i >= len(steps) or steps[i] != g:
-            return step_feedback(i + 1, g)
-    return walked + f"answer wrong: {ANSWER_MARK}{gold[-1][3]}"
+            return step_feedback(gold, i + 1, g)
+    return "".join(f"{format_step(g)} {STEP_OK}{STEP_SEP}" for g in gold) + f"answer wrong: {ANSWER_MARK}{gold[-1][3]}"
 
 
 def apply_feedback(problem: Problem, attempt: str, feedback: str, *, revision: bool = False,
                    arithmetic: Arithmetic = apply_op) -> str:
     """The scripted "follow the feedback" corrector.
 
-    Applies only what the feedback states: ``ok;...;wrong: S`` (step ``i`` after ``i-1`` oks) keeps the attempt's steps
-    before ``i``, writes ``S`` as step ``i`` and recomputes the remaining steps from the
+    Applies only what the feedback states: ``S1 ok;...;S wrong`` (step ``i`` after ``i-1``
+    approved ones) keeps the attempt's steps before ``i``, writes ``S`` as step ``i`` and recomputes the remaining steps from the
     problem; ``answer wrong: #N`` keeps the steps and rewrites the final line. Any other
     feedback (``answer ok``, null feedback, nonsense) keeps the attempt.
 
@@ -202,9 +225,9 @@ def apply_feedback(problem: Problem, attempt: str, feedback: str, *, revision: b
     when the feedback asks for no change. The final answer is the same either way.
     ``arithmetic`` computes the recomputed steps (default: the true arithmetic).
     """
-    m = _FEEDBACK_STEP_RE.search(feedback)
-    if m:
-        i = m.group(1).count(STEP_OK) + 1
+    flagged = corrected_step(feedback)
+    if flagged:
+        i, fixed = flagged
         first, ops = parse_problem(problem.prompt)
         if not 1 <= i <= len(ops):
             return _keep(attempt, revision)
@@ -214,7 +237,6 @@ def apply_feedback(problem: Problem, attempt: str, feedback: str, *, revision: b
             if len(steps) < i - 1 or any(s is None for s in steps[: i - 1]):
                 return attempt  # the feedback claims earlier steps are fine, but they are unreadable
             kept = [s for s in steps[: i - 1] if s is not None]
-        fixed: Step = (int(m.group(2)), m.group(3), int(m.group(4)), int(m.group(5)))
         new_steps: list[Step] = kept + [fixed]
         a = fixed[3]
         modulus = _modulus(problem)
@@ -237,6 +259,47 @@ def _keep(attempt: str, revision: bool) -> str:
         return attempt
     _, answer = parse_attempt(attempt)
     return attempt if answer is None else f"{ANSWER_MARK}{answer}"
+
+
+_FINAL_LINE_RE = re.compile(r"^\s*#\s*-?\d+\s*$")
+
+
+def full_response(problem: Problem, attempt: str, revision: str) -> str:
+    """A revision (``apply_feedback(..., revision=True)``'s form) spliced into its attempt: the
+    full corrected solution, a complete answer to the problem alone. Pure; never raises.
+
+    A revision of ``k`` steps and a final line rewrites the last ``k`` of the problem's ``n``
+    steps, so the attempt's first ``n - k`` steps (as written) go before it::
+
+        9-6=3;3+9=11;11+1=12;#12  +  3+9=12;12+1=13;#13  ->  9-6=3;3+9=12;12+1=13;#13
+
+    A bare final line ``#N`` keeps the attempt's steps and takes the new final line; when ``N``
+    is the attempt's own answer (the attempt unchanged), it gives the attempt. A malformed
+    revision (an unreadable step, no final line or text after it, more steps than the problem
+    has), or an attempt without the readable steps to keep, gives the revision as is. The
+    result ends with the revision (or is the attempt, for an unchanged one), so it has the
+    revision's final answer.
+    """
+    parts = revision.split(STEP_SEP)
+    if revision.count(ANSWER_MARK) != 1 or not _FINAL_LINE_RE.match(parts[-1]):
+        return revision
+    steps = parts[:-1]
+    if any(not _STEP_RE.match(step) for step in steps):
+        return revision
+    written = [part.strip() for part in attempt.split(ANSWER_MARK, 1)[0].split(STEP_SEP) if part.strip()]
+    if not steps:  # only the final line changes, or nothing does
+        _, own = parse_attempt(attempt)
+        if own is not None and own == parse_attempt(revision)[1]:
+            return attempt
+        keep = len(written)
+    else:
+        try:
+            keep = len(_gold_steps(problem)) - len(steps)
+        except (ValueError, TypeError):
+            return revision
+    if keep < 0 or len(written) < keep or any(not _STEP_RE.match(part) for part in written[:keep]):
+        return revision
+    return "".join(part + STEP_SEP for part in written[:keep]) + revision
 
 
 # --------------------------------------------------------------------------- error injection
@@ -421,9 +484,20 @@ class SyntheticArith(Benchmark):
     def oracle_feedback(self, problem: Problem, attempt: str) -> str:
         return oracle_feedback(problem, attempt)
 
-    def inject_errors(self, solution: str, rng: random.Random) -> str:
-        return inject_errors(solution, rng, modulus=self.modulus, max_operand=self.max_operand, ops=self.ops)
+    def feedback_verdict(self, feedback: str) -> bool | None:
+        """True when the feedback ends ``answer ok`` (approves the attempt), else False: every
+        other walk, or unreadable text, asks for a change."""
+        return feedback_is_ok(feedback)
+
+    def inject_errors(self, solution: str, rng: random.Random, second_error_rate: float = 0.15) -> str:
+        return inject_errors(solution, rng, modulus=self.modulus, max_operand=self.max_operand, ops=self.ops,
+                             second_error_rate=second_error_rate)
 
     def apply_feedback(self, problem: Problem, attempt: str, feedback: str, *, revision: bool = False,
                        arithmetic: Arithmetic = apply_op) -> str:
         return apply_feedback(problem, attempt, feedback, revision=revision, arithmetic=arithmetic)
+
+    def full_response(self, problem: Problem, attempt: str, refinement: str) -> str:
+        """The solver's refinements are revisions (the base's curriculum teaches that form): the
+        revision spliced into its attempt (:func:`full_response`)."""
+        return full_response(problem, attempt, refinement)
