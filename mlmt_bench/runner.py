@@ -156,7 +156,7 @@ def make_trainer(spec: RunSpec, comp: Components, run_dir: RunDir) -> Trainer:
     from mlmt_bench.trainer import Trainer
 
     actors = Actors(comp.policies["solver"], comp.policies["critic"], comp.backend, comp.templates, comp.verifier,
-                    getattr(comp.benchmark, "oracle_feedback", None))
+                    getattr(comp.benchmark, "oracle_feedback", None), comp.benchmark.feedback_verdict)
     return Trainer(spec, comp.algorithm, actors, comp.policies, comp.train_problems, comp.eval_problems, run_dir,
                    comp.verifier_name)
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from mlmt_bench import memory
-from mlmt_bench.algorithms.base import Algorithm, Credit, CreditInputs
+from mlmt_bench.algorithms.base import Algorithm, Credit, CreditInputs, verdict_matches
 from mlmt_bench.algorithms.update import LossConfig, update_policy
 from mlmt_bench.dist import Dist
 from mlmt_bench.evaluate import evaluate
@@ -102,7 +102,10 @@ class Trainer:
                     ro = rollout(self.algorithm.program(step), self.actors, problems, self.sampling)
                     ro, resampled = self.dynamic_sampling(step, ro)
                 feats, values, value_tokens = self.value_predictions(ro)
-            credit = self.algorithm.credit(ro, step, CreditInputs(self.frac_done(), values, self.sampling.max_new_tokens))
+            verdict = self.actors.verdict  # Benchmark.feedback_verdict: critic_reward helpfulness+verdict reads it
+            matches = verdict_matches(ro, verdict) if verdict is not None and ro.of_kind("feedback") else None
+            credit = self.algorithm.credit(ro, step, CreditInputs(self.frac_done(), values, self.sampling.max_new_tokens,
+                                                                  matches))
 
             t0 = time.perf_counter()
             updated, update_stats = self.update(credit, self.algorithm.updates(step))

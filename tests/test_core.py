@@ -9,6 +9,7 @@ import torch
 
 from mlmt_bench.algorithms.core import (
     aggregate,
+    critic_advantages,
     entropy_from_logits,
     frac_zero_std,
     group_advantages,
@@ -23,6 +24,7 @@ from mlmt_bench.algorithms.core import (
     progress_bonus_reward,
     token_logprobs,
     value_penalty_reward,
+    verdict_reward,
     zero_std_mask,
 )
 
@@ -335,6 +337,51 @@ def test_value_penalty_gives_same_advantages(scale):
         a_h = group_advantages(higher_level_reward(u, v, lam), g, scale=scale)
         a_p = group_advantages(value_penalty_reward(u, v, lam, g), g, scale=scale)
         assert torch.allclose(a_h, a_p, atol=1e-12, rtol=0)
+        # v3, the value after standardisation: centring the penalty's value part -lam (V* - V)
+        # gives lam (V - mean V), the value term of critic_advantages
+        penalty_part = value_penalty_reward(u, v, lam, g) - u
+        a_v3 = group_advantages(u, g, scale=scale) + group_advantages(penalty_part, g, scale="none")
+        assert torch.allclose(critic_advantages(u, v, lam, g, scale=scale), a_v3, atol=1e-12, rtol=0)
+
+
+def test_critic_advantages_flat_u_bar_trains_nothing_without_value_signal():
+    # METHOD.md v3: A_H = std_group(ū) + λ (V − mean_group V). ū flat ([1, 1, 1]) -> first term 0;
+    # V constant (0.1 three times: its float mean is 0.1 + 1.4e-17) -> second term exactly 0
+    for scale in ("std", "none"):
+        a = critic_advantages(t([1.0, 1.0, 1.0]), t([0.1, 0.1, 0.1]), 0.5, ids([0, 0, 0]), scale=scale)
+        assert torch.equal(a, torch.zeros(3, dtype=D))
+
+
+def test_critic_advantages_flat_u_bar_gets_exactly_the_centred_value():
+    # ū = [1, 1] flat; V = [0.2, 0.6], mean 0.4; λ = 0.5 -> 0.5 * [-0.2, 0.2] = [-0.1, 0.1],
+    # not standardised (the value is never divided by a std)
+    a = critic_advantages(t([1.0, 1.0]), t([0.2, 0.6]), 0.5, ids([0, 0]))
+    assert torch.allclose(a, t([-0.1, 0.1]), atol=1e-12, rtol=0)
+
+
+def test_critic_advantages_by_hand():
+    # group 7: ū = [1, 0, 0]: mean 1/3, deviations [2/3, -1/3, -1/3], sum sq 2/3, sample var 1/3,
+    #   std 0.577350; std part = [1.154700, -0.577350, -0.577350]
+    #   V = [0.2, 0.5, 0.8], mean 0.5, λ = 0.5 -> [-0.15, 0, 0.15]
+    #   A = [1.004700, -0.577350, -0.427350]
+    # group 3: ū = [0, 1]: ∓0.707107; V = [0.9, 0.1], mean 0.5 -> 0.5 * [0.4, -0.4] = [0.2, -0.2]
+    #   A = [-0.507107, 0.507107]
+    u, v, g = t([1.0, 0.0, 0.0, 0.0, 1.0]), t([0.2, 0.5, 0.8, 0.9, 0.1]), ids([7, 7, 7, 3, 3])
+    a = critic_advantages(u, v, 0.5, g)
+    assert torch.allclose(a, t([1.004700, -0.577350, -0.427350, -0.507107, 0.507107]), atol=2e-6, rtol=0)
+    # scale none (Dr.GRPO): ū only centred: [2/3, -1/3, -1/3] + [-0.15, 0, 0.15]; [-0.5, 0.5] + [0.2, -0.2]
+    a = critic_advantages(u, v, 0.5, g, scale="none")
+    assert torch.allclose(a, t([2 / 3 - 0.15, -1 / 3, -1 / 3 + 0.15, -0.3, 0.3]), atol=1e-12, rtol=0)
+    # λ = 0 is group_advantages of ū; a singleton group gets 0 from both terms
+    assert torch.equal(critic_advantages(u, v, 0.0, g), group_advantages(u, g))
+    assert critic_advantages(t([1.0]), t([0.7]), 0.5, ids([0])).item() == 0.0
+
+
+def test_verdict_reward_by_hand():
+    # ū = [1, 0, 0.5], match = [0, 1, 1], ν = 0.5 -> [1, 0.5, 1.0]
+    assert torch.allclose(verdict_reward(t([1.0, 0.0, 0.5]), t([0.0, 1.0, 1.0]), 0.5), t([1.0, 0.5, 1.0]))
+    with pytest.raises(ValueError, match="shape"):
+        verdict_reward(t([1.0]), t([0.0, 1.0]), 0.5)
 
 
 def test_value_is_stop_gradient():
@@ -342,6 +389,7 @@ def test_value_is_stop_gradient():
     v = t([0.8, 0.2]).requires_grad_(True)
     assert not higher_level_reward(u, v, 0.5).requires_grad
     assert not value_penalty_reward(u, v, 0.5, ids([0, 0])).requires_grad
+    assert not critic_advantages(u, v, 0.5, ids([0, 0])).requires_grad
 
 
 def test_lower_level_rewards_by_hand():

@@ -91,14 +91,16 @@ def test_mlmt_lower_and_higher_level_credit():
     assert adv(c, ro, "attempt") == [0.7071, -0.7071]
     # turn 3: r2 over all refinements of the problem [1, 1, 1, 0]: mean .75, std .5 -> [.5, .5, .5, -1.5]
     assert adv(c, ro, "refine") == [0.5, 0.5, 0.5, -1.5]
-    # critic: ū = [1, .5]; R_H = ū + λ V = [1 + .1, .5 + .45] = [1.1, .95] -> ±0.7071
+    # critic: ū = [1, .5]; R_H = ū + λ V = [1 + .1, .5 + .45] = [1.1, .95] (logged)
     assert r_h(c, ro) == [1.1, 0.95]
-    assert adv(c, ro, "feedback") == [0.7071, -0.7071]
+    # A_H = std(ū) + λ (V − mean V) (METHOD.md v3) = ±0.7071 + 0.5 * [-.35, .35] = [0.5321, -0.5321]
+    assert adv(c, ro, "feedback") == [0.5321, -0.5321]
     assert len(c.items["critic"]) == 2 and len(c.items["solver"]) == 6
     assert c.sampled == {"solver": 6, "critic": 2}
-    # the value can reverse the ranking: V = [0, 1.2] -> R_H = [1, 1.1]
-    c = MLMT(p, 10).credit(ro, 0, CreditInputs(1.0, values=torch.tensor([0.0, 1.2], dtype=torch.float64)))
-    assert r_h(c, ro) == [1.0, 1.1] and adv(c, ro, "feedback") == [-0.7071, 0.7071]
+    # the value can reverse the ranking: λ = 2, V = [0, 1] -> ±0.7071 + 2 * [-.5, .5] = [-0.2929, 0.2929]
+    c = MLMT(p.model_copy(update={"lam": 2.0}), 10).credit(
+        ro, 0, CreditInputs(1.0, values=torch.tensor([0.0, 1.0], dtype=torch.float64)))
+    assert r_h(c, ro) == [1.0, 2.5] and adv(c, ro, "feedback") == [-0.2929, 0.2929]
     with pytest.raises(ValueError, match="predictions"):
         MLMT(p, 10).credit(ro, 0, DONE)
 
@@ -149,3 +151,102 @@ def test_mlmt_k_feedbacks_grouped_by_attempt():
     c = MLMT(MLMTParams(group_size=2, feedbacks=2, value="none"), 10).credit(ro, 0, DONE)
     # attempt 0's feedbacks: ū = [1, 0] -> ±0.7071; attempt 1's: [1, 1] -> 0, 0
     assert adv(c, ro, "feedback") == [0.7071, -0.7071, 0, 0]
+    # the value is centred in the same groups: V = [0.4, 0.8 | 0.2, 0.2], λ 0.5 -> + [-0.1, 0.1 | 0, 0]
+    c = MLMT(MLMTParams(group_size=2, feedbacks=2, lam=0.5), 10).credit(
+        ro, 0, CreditInputs(1.0, values=torch.tensor([0.4, 0.8, 0.2, 0.2], dtype=torch.float64)))
+    assert adv(c, ro, "feedback") == [0.6071, -0.6071, 0, 0]
+
+
+# --------------------------------------------------------------------------- v3: the value after standardisation
+
+
+def values(*v):
+    return torch.tensor(v, dtype=torch.float64)
+
+
+def adv_raw(credit, ro, kind):
+    return [credit.advantages.get(i, 0.0) for i, t in enumerate(ro.turns) if t.kind == kind]
+
+
+def test_mlmt_flat_u_bar_with_constant_value_trains_nothing():
+    # ū = [1, 1] (both refinements right): no helpfulness signal; V = [0.1, 0.1]: no value signal
+    ro = tree([[(1, [1]), (0, [1])]])
+    c = MLMT(MLMTParams(group_size=2, lam=0.5), 10).credit(ro, 0, CreditInputs(1.0, values=values(0.1, 0.1)))
+    assert adv(c, ro, "feedback") == [0, 0] and c.items["critic"] == []
+    assert c.stats["frac_zero_std_critic"] == 1.0  # flat ū counts, whatever V is
+    assert c.sampled["critic"] == 2  # constant_norm still counts them
+
+
+def test_mlmt_flat_u_bar_with_varying_value_gets_exactly_lambda_centred_value():
+    # ū = [1, 1]; V = [0.2, 0.6], mean 0.4; λ = 0.5 -> [-0.1, 0.1] (never standardised)
+    ro = tree([[(1, [1]), (0, [1])]])
+    c = MLMT(MLMTParams(group_size=2, lam=0.5), 10).credit(ro, 0, CreditInputs(1.0, values=values(0.2, 0.6)))
+    assert adv(c, ro, "feedback") == [-0.1, 0.1] and len(c.items["critic"]) == 2
+    assert c.stats["frac_zero_std_critic"] == 1.0
+    assert r_h(c, ro) == [1.1, 1.3]
+
+
+def test_mlmt_non_flat_group_gets_standardised_u_bar_plus_centred_value():
+    # three attempts of one problem, M = 1: ū = [1, 0, 0]: mean 1/3, sample std 0.57735 ->
+    # [1.1547, -0.57735, -0.57735]; V = [0.2, 0.5, 0.8] centred [-0.3, 0, 0.3] x λ 0.5 ->
+    # A_H = [1.004700, -0.577350, -0.427350] (the std's eps of 1e-6 moves the 6th decimal)
+    ro = tree([[(0, [1]), (0, [0]), (1, [0])]])
+    c = MLMT(MLMTParams(group_size=3, lam=0.5), 10).credit(ro, 0, CreditInputs(1.0, values=values(0.2, 0.5, 0.8)))
+    assert adv_raw(c, ro, "feedback") == pytest.approx([1.004700, -0.577350, -0.427350], abs=2e-6)
+    assert c.stats["frac_zero_std_critic"] == 0.0
+    # Dr.GRPO (scale none): ū centred [2/3, -1/3, -1/3] + [-0.15, 0, 0.15]
+    c = MLMT(MLMTParams(group_size=3, lam=0.5, scale="none"), 10).credit(
+        ro, 0, CreditInputs(1.0, values=values(0.2, 0.5, 0.8)))
+    assert adv(c, ro, "feedback") == [0.5167, -0.3333, -0.1833]
+
+
+# --------------------------------------------------------------------------- critic_reward: helpfulness+verdict
+
+
+def test_verdict_reward_is_standardised_with_u_bar_then_the_value_added():
+    # ū = [1, 0, 1]; verdict matches [1, 1, 0]; ν = 0.5 -> R = [1.5, 0.5, 1.0]: mean 1, deviations
+    # [.5, -.5, 0], sample std 0.5 -> [1, -1, 0]; V = [0.2, 0.5, 0.8], λ 0.5 -> + [-0.15, 0, 0.15]
+    ro = tree([[(1, [1]), (0, [0]), (0, [1])]])
+    p = MLMTParams(group_size=3, lam=0.5, critic_reward="helpfulness+verdict", nu=0.5)
+    inputs = CreditInputs(1.0, values=values(0.2, 0.5, 0.8), verdict_match=values(1, 1, 0))
+    c = MLMT(p, 10).credit(ro, 0, inputs)
+    assert adv(c, ro, "feedback") == [0.85, -1.0, 0.15]
+    assert r_h(c, ro) == [1.6, 0.75, 1.4]  # R + λ V
+    assert c.stats["critic_verdict_match"] == pytest.approx(2 / 3)
+    # equally helpful feedbacks (ū = [1, 1]) are ranked by their verdicts: R = [1, 1.5] -> ∓0.7071
+    ro = tree([[(1, [1]), (0, [1])]])
+    c = MLMT(p.model_copy(update={"value": "none"}), 10).credit(ro, 0, CreditInputs(1.0, verdict_match=values(0, 1)))
+    assert adv(c, ro, "feedback") == [-0.7071, 0.7071] and c.stats["frac_zero_std_critic"] == 0.0
+
+
+def test_helpfulness_ignores_nu_and_verdict_needs_the_matches():
+    from pydantic import ValidationError
+
+    ro = tree([[(1, [1]), (0, [0]), (0, [1])]])
+    inputs = CreditInputs(1.0, verdict_match=values(1, 1, 0))
+    c = MLMT(MLMTParams(group_size=3, value="none", nu=3.0), 10).credit(ro, 0, inputs)
+    # ū = [1, 0, 1]: mean 2/3, sample std 0.57735 -> [0.577350, -1.154700, 0.577350]
+    assert r_h(c, ro) == [1.0, 0.0, 1.0]
+    assert adv_raw(c, ro, "feedback") == pytest.approx([0.577350, -1.154700, 0.577350], abs=2e-6)
+    assert c.stats["critic_verdict_match"] == pytest.approx(2 / 3)  # logged as a diagnostic
+    p = MLMTParams(group_size=3, value="none", critic_reward="helpfulness+verdict")
+    assert p.nu == 0.5
+    with pytest.raises(ValueError, match="verdict_match"):
+        MLMT(p, 10).credit(ro, 0, DONE)
+    with pytest.raises(ValidationError):
+        MLMTParams(nu=-0.1)
+    with pytest.raises(ValidationError):
+        MLMTParams(critic_reward="verdict")
+
+
+def test_verdict_matches_reads_each_feedback_against_its_attempt():
+    import dataclasses
+
+    from mlmt_bench.algorithms.base import verdict_matches
+
+    # attempts: right, wrong, right, wrong; feedbacks say ok, bad, bad, (unreadable)
+    ro = tree([[(1, [0]), (0, [0]), (1, [0]), (0, [0])]])
+    texts = iter(["ok", "bad", "bad", "??"])
+    ro.turns = [dataclasses.replace(t, text=next(texts)) if t.kind == "feedback" else t for t in ro.turns]
+    judge = {"ok": True, "bad": False}.get
+    assert verdict_matches(ro, judge).tolist() == [1.0, 1.0, 0.0, 0.0]

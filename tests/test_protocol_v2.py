@@ -147,6 +147,64 @@ def test_value_model_learns_and_scores_itself_before_fitting():
     assert explained_variance(torch.zeros(4), torch.ones(4)) is None  # constant targets: undefined
 
 
+def test_value_buffer_keeps_only_the_last_steps():
+    # one fit per training step; each step's features are filled with its step number
+    def fit(model, step, n):
+        model.fit(torch.full((n, 3), float(step)), torch.full((n,), step % 2, dtype=torch.float64))
+
+    model = ValueModel(lr=1e-3, hidden=4, fit_steps=1, batch=8, buffer=100, seed=0, buffer_steps=2)
+    for step, n in ((1, 3), (2, 2), (3, 4)):
+        fit(model, step, n)
+    assert model.feats[:, 0].tolist() == [2, 2, 3, 3, 3, 3] and model.sizes == [2, 4]  # step 1 dropped
+    assert model.targets.tolist() == [0, 0, 1, 1, 1, 1]
+    # the row cap bounds it further: at most 5 rows, the newest
+    capped = ValueModel(lr=1e-3, hidden=4, fit_steps=1, batch=8, buffer=5, seed=0, buffer_steps=2)
+    for step, n in ((1, 3), (2, 2), (3, 4)):
+        fit(capped, step, n)
+    assert capped.feats[:, 0].tolist() == [2, 3, 3, 3, 3] and capped.sizes == [1, 4]
+    fit(capped, 4, 1)
+    assert capped.feats[:, 0].tolist() == [3, 3, 3, 3, 4] and capped.sizes == [4, 1]
+    # a checkpoint round-trips the per-step bookkeeping: both drop step 2 at the next fit alike
+    clone = ValueModel(lr=1e-3, hidden=4, fit_steps=1, batch=8, buffer=100, seed=0, buffer_steps=2)
+    clone.load_state_dict(copy.deepcopy(model.state_dict()))
+    x, y = torch.full((2, 3), 4.0), torch.zeros(2, dtype=torch.float64)
+    assert clone.fit(x, y) == model.fit(x, y)
+    assert clone.sizes == model.sizes == [4, 2] and torch.equal(clone.feats, model.feats)
+    assert model.feats[:, 0].tolist() == [3, 3, 3, 3, 4, 4]
+    # a checkpoint written before the per-step buffer: its rows count as one step, dropped in turn
+    old = {k: v for k, v in copy.deepcopy(model.state_dict()).items() if k != "sizes"}
+    legacy = ValueModel(lr=1e-3, hidden=4, fit_steps=1, batch=8, buffer=100, seed=0, buffer_steps=2)
+    legacy.load_state_dict(old)
+    fit(legacy, 5, 1)
+    assert legacy.sizes == [6, 1]
+    fit(legacy, 6, 1)
+    assert legacy.feats[:, 0].tolist() == [5, 6]
+
+
+def test_mlmt_logs_value_skill_and_verdict_match_every_step(tiny_ckpt, tmp_path):
+    spec = _spec(tmp_path, tiny_ckpt, "mlmt", {"critic_reward": "helpfulness+verdict", "nu": 0.5},
+                 train={"steps": 3})
+    trainer = _trainer(spec)
+    trainer.actors.verdict = lambda text: len(text) % 3 == 0  # any deterministic reader of a verdict
+    trainer.train()
+    rows = [r for r in trainer.run_dir.metrics() if r["kind"] == "train"]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:  # explained variance is undefined (absent) on a step whose r2 are all equal
+        assert isinstance(r.get("value/explained_variance"), float) == (0.0 < r["r2"] < 1.0)
+        assert 0.0 <= r["critic_verdict_match"] <= 1.0 and "value/mse_before" in r
+    assert sum("value/explained_variance" in r for r in rows) >= 2
+    # the buffer holds the last two steps' refinements only: 2 problems x 4 attempts x 1 x 1 per step
+    model = trainer.algorithm.value_model
+    assert model.sizes == [8, 8] and len(model.targets) == 16
+    # the checkpoint carries the buffer and its per-step bookkeeping (resume stays bit-identical)
+    resumed = _trainer(spec)
+    resumed.load_checkpoint(trainer.run_dir.latest_checkpoint())
+    again = resumed.algorithm.value_model
+    again.predict(model.feats[:1])  # builds the net, restoring the pending state
+    assert again.sizes == model.sizes and torch.equal(again.feats, model.feats)
+    assert torch.equal(again.targets, model.targets) and torch.equal(again.predict(model.feats), model.predict(model.feats))
+
+
 def test_experiments_check_equal_budgets(write_spec):
     from mlmt_bench.experiment import check_equal_budgets
     from mlmt_bench.spec import load_experiment

@@ -33,12 +33,16 @@ if TYPE_CHECKING:
 @dataclass
 class CreditInputs:
     """What credit may use besides the rollout: the share of training done, the value model's
-    predictions ``[F]`` for the contexts :meth:`Algorithm.value_contexts` named, and the solver's
-    generation limit (for overlong shaping; 0: unknown)."""
+    predictions ``[F]`` for the contexts :meth:`Algorithm.value_contexts` named, the solver's
+    generation limit (for overlong shaping; 0: unknown), and ``verdict_match`` ``[F]``: per
+    feedback of the rollout (``of_kind("feedback")`` order), 1.0 where its verdict on its attempt
+    matches the verifier's judgement of that attempt, else 0.0 (see :func:`verdict_matches`;
+    None: not read)."""
 
     frac_done: float = 0.0
     values: torch.Tensor | None = None
     max_new_tokens: int = 0
+    verdict_match: torch.Tensor | None = None
 
 
 @dataclass
@@ -240,6 +244,22 @@ class ResponseToX:
 def response_to_x(rollout: Rollout, index: int, respond: ResponseToX | None) -> tuple[list[int], list[int] | None]:
     """:class:`ResponseToX` of turn ``index``, or (its own ids, no kept part) without one."""
     return respond(rollout, index) if respond is not None else (rollout.turns[index].ids, [])
+
+
+def verdict_matches(rollout: Rollout, verdict: Callable[[str], bool | None]) -> torch.Tensor:
+    """``[F]`` per feedback turn: 1.0 where ``verdict(feedback text)`` (True = "the attempt is
+    right", :meth:`Benchmark.feedback_verdict`) equals whether its parent attempt is correct
+    (the verifier's verdict; reward == 1 where it left none), 0.0 otherwise, an unreadable
+    verdict (None) included. For ``CreditInputs.verdict_match``."""
+    out = []
+    for f in rollout.of_kind("feedback"):
+        fb = rollout.turns[f]
+        assert fb.parent is not None
+        attempt = rollout.turns[fb.parent]
+        correct = bool(attempt.verdict.correct) if attempt.verdict is not None else attempt.reward == 1.0
+        says = verdict(fb.text)
+        out.append(1.0 if says is not None and says == correct else 0.0)
+    return torch.tensor(out, dtype=torch.float64)
 
 
 def by_turn(indices: Sequence[int], values: torch.Tensor) -> dict[int, float]:

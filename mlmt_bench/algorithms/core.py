@@ -430,18 +430,78 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
 
 
 def higher_level_reward(u_bar: Tensor, value: Tensor, lam: float) -> Tensor:
-    """Critic reward R_H(g) = u_bar(g) + lam * sg[V_L(x, z, g)] (METHOD.md "Higher level").
+    """Critic reward R_H(g) = u_bar(g) + lam * sg[V_L(x, z, g)] (METHOD.md "Higher level"), as logged.
 
-    u_bar:   [F] mean r2 over the M refinements conditioned on each feedback g.
+    u_bar:   [F] the reward whose group is standardised: the mean r2 over the M refinements
+             conditioned on each feedback g (plus nu * verdict match with `critic_reward:
+             helpfulness+verdict`, see `verdict_reward`).
     value:   [F] lower-level value estimate of E[R(y_hat) | x, z, g]; detached here.
     lam:     lambda >= 0 (unitless); 0 for `value: none`.
     returns: [F] rewards (reward units).
 
-    Equivalent to `value_penalty_reward` for advantages: see that function.
+    This is the reward credit records per feedback. The critic is *trained* on
+    `critic_advantages` (METHOD.md v3), which standardises u_bar and adds lam * V centred per
+    group, not on the standardised sum of this reward.
     """
     if u_bar.shape != value.shape:
         raise ValueError(f"shape mismatch {tuple(u_bar.shape)} vs {tuple(value.shape)}")
     return u_bar + lam * value.detach()
+
+
+def verdict_reward(u_bar: Tensor, verdict_match: Tensor, nu: float) -> Tensor:
+    """The critic's reward with `critic_reward: helpfulness+verdict` (Critique-RL): u_bar + nu * match.
+
+    u_bar:         [F] mean r2 of each feedback's refinements (helpfulness).
+    verdict_match: [F] 1.0 where the feedback's verdict on the attempt z (right / wrong) matches
+                   the verifier's judgement of z, 0.0 otherwise (an unreadable verdict included).
+    nu:            nu >= 0 (reward units per match).
+    returns:       [F] rewards in [0, 1 + nu] for u_bar in [0, 1].
+
+    It is a reward like u_bar, so it is what `critic_advantages` standardises per group: a
+    critic that approves every attempt earns nu only on the right ones, and a group whose
+    feedbacks are equally helpful still ranks them by their verdicts.
+    """
+    if u_bar.shape != verdict_match.shape:
+        raise ValueError(f"shape mismatch {tuple(u_bar.shape)} vs {tuple(verdict_match.shape)}")
+    return u_bar + nu * verdict_match.to(u_bar)
+
+
+def critic_advantages(
+    rewards: Tensor,
+    value: Tensor,
+    lam: float,
+    group_ids: Tensor,
+    scale: Literal["std", "none"] = "std",
+    eps: float = 1e-6,
+) -> Tensor:
+    """Higher-level advantage A_H(g) = std_group(R)(g) + lam * (sg[V](g) - mean_group sg[V]) (METHOD.md v3).
+
+    rewards:   [F] the critic's reward before the value: u_bar (`critic_reward: helpfulness`) or
+               u_bar + nu * verdict match (`helpfulness+verdict`, see `verdict_reward`).
+    value:     [F] the value model's predictions V_L(x, z, g) (detached); zeros when lam = 0.
+    lam:       lambda >= 0 (unitless).
+    group_ids: [F] long; sibling feedbacks (same attempt when K > 1, else same problem) share an id.
+    scale, eps: as in `group_advantages`, which computes the first term: "std" standardises
+               the rewards, "none" (Dr.GRPO) only centres them.
+    returns:   [F] advantages: the first term unitless ("std") or in reward units ("none"), the
+               value term in reward units.
+
+    The value enters *after* standardisation, so it is never divided by the rewards' std and
+    cannot make a flat group look informative: a group whose rewards are all equal gets 0 from
+    the first term (exactly, as `group_advantages` sets it), and then exactly
+    lam * (V - mean_group V), which is set to exactly 0 when V is constant in the group (as
+    `group_advantages` does for flat rewards, so float rounding in the mean cannot leave a
+    1e-17 that a flat group with no value signal would train on). A singleton group gets 0
+    from both terms.
+
+    The penalty form of `value_penalty_reward` gives the same advantages: its value part
+    -lam * (V* - V) differs from lam * V by the group constant -lam * V*, which centring removes.
+    """
+    if rewards.shape != value.shape:
+        raise ValueError(f"shape mismatch {tuple(rewards.shape)} vs {tuple(value.shape)}")
+    v = value.detach().to(rewards)
+    centred = torch.where(zero_std_mask(v, group_ids), torch.zeros_like(v), v - group_mean(v, group_ids))
+    return group_advantages(rewards, group_ids, scale, eps) + lam * centred
 
 
 def value_penalty_reward(u_bar: Tensor, value: Tensor, lam: float, group_ids: Tensor) -> Tensor:
@@ -456,6 +516,10 @@ def value_penalty_reward(u_bar: Tensor, value: Tensor, lam: float, group_ids: Te
     within a group, so it shifts every member and the group mean by the same amount and
     leaves deviations from the mean (hence the std) unchanged. `group_advantages` of the
     two rewards are therefore identical for scale "std" and "none" (up to float rounding).
+    The same holds for the v3 advantage, where the value enters after standardisation
+    (`critic_advantages`): its value term is the group-centred lam * V, and centring the
+    penalty's value part -lam * (V* - V) gives the same lam * (V - mean_group V), so
+    group_advantages(u_bar) + centred(this - u_bar) == critic_advantages(u_bar, value, lam, ...).
     """
     if u_bar.shape != value.shape:
         raise ValueError(f"shape mismatch {tuple(u_bar.shape)} vs {tuple(value.shape)}")

@@ -5,10 +5,14 @@ Credit (METHOD.md "MLMT-RL"):
   r̄2 the mean r2 of the refinements descending from the attempt;
 - solver, turn 3: group-relative advantage of r2 over all refinements of the problem;
 - critic: R_H(g) = ū(g) + λ·sg[V_L(x, z, g)], group-relative among the K feedbacks of the same
-  attempt when K > 1, else among all feedbacks of the problem. ``value: learned`` takes V_L
-  from a value model (algorithms/value.py) whose predictions the trainer computes and passes
-  in; ``none`` sets λ = 0. The penalty form ū − λ·(V* − V) gives the same advantages
-  (core.value_penalty_reward; tested).
+  attempt when K > 1, else among all feedbacks of the problem, with the value added *after*
+  standardisation (v3): A_H = std_group(ū) + λ·(V − mean_group V) (core.critic_advantages), so
+  a flat-ū group carries no standardised noise. ``value: learned`` takes V_L from a value model
+  (algorithms/value.py) whose predictions the trainer computes and passes in; ``none`` sets
+  λ = 0. The penalty form ū − λ·(V* − V) gives the same advantages (core.value_penalty_reward;
+  tested). ``critic_reward: helpfulness+verdict`` (Critique-RL) standardises ū + ν·match instead
+  of ū, match = 1 where the feedback's verdict on z agrees with the verifier (the trainer reads
+  the verdicts, ``CreditInputs.verdict_match``).
 Schedule: ``simultaneous`` updates both policies every step; ``alternate`` runs blocks of t_L
 solver-only steps then t_H critic-only steps, so (2, 2) and (1, 1) are different schedules.
 Variants: the table ``params.MLMT_VARIANTS`` (who is trained, frozen, shared or absent, and the
@@ -33,7 +37,8 @@ class MLMT(Algorithm):
     def __init__(self, params: MLMTParams, total_steps: int) -> None:
         super().__init__(params, total_steps)
         self._value = (ValueModel(params.value_lr, params.value_hidden, params.value_fit_steps, params.value_batch,
-                                  params.value_buffer) if self._uses_value() else None)
+                                  params.value_buffer, buffer_steps=params.value_buffer_steps)
+                       if self._uses_value() else None)
 
     def _uses_value(self) -> bool:
         return self.params.value == "learned" and self.roles().critic in ("trained", "shared")
@@ -87,7 +92,8 @@ class MLMT(Algorithm):
             if self._value is not None and inputs.values is None:
                 raise ValueError("value: learned needs the value model's predictions in CreditInputs.values")
             lam = p.lam if self._value is not None else 0.0
-            stats.update(critic_credit(self, rollout, u_bar, inputs.values, lam, credit))
+            stats.update(critic_credit(self, rollout, u_bar, inputs.values, lam, credit,
+                                       verdict_match=inputs.verdict_match))
         credit.stats = stats
         return credit
 
@@ -107,18 +113,33 @@ def feedback_means(rollout: Rollout, r2: torch.Tensor) -> torch.Tensor:
 
 
 def critic_credit(algo: Algorithm, rollout: Rollout, u_bar: torch.Tensor, values: torch.Tensor | None, lam: float,
-                  credit: Credit) -> dict[str, float]:
-    """The higher level's credit, added to ``credit`` (METHOD.md "Higher level"): R_H(g) = ū(g) +
-    λ·sg[V_L(x, z, g)], group-relative among the K feedbacks of an attempt when K > 1, else among
-    the feedbacks of the problem. ``u_bar`` [F] is each feedback's mean r2, ``values`` [F] the
-    value model's predictions (None when λ = 0). Returns the logged stats."""
+                  credit: Credit, *, verdict_match: torch.Tensor | None = None) -> dict[str, float]:
+    """The higher level's credit, added to ``credit`` (METHOD.md "Higher level", v3): the critic's
+    reward R(g) = ū(g) (``critic_reward: helpfulness``) or ū(g) + ν·match(g)
+    (``helpfulness+verdict``) is standardised among the K feedbacks of an attempt when K > 1, else
+    among the feedbacks of the problem, and λ·sg[V_L(x, z, g)] centred in the same group is added
+    after it (:func:`core.critic_advantages`). The verdict term is a reward, standardised with ū:
+    within a group of equally helpful feedbacks, the one whose verdict is right ranks higher.
+    ``u_bar`` [F] is each feedback's mean r2, ``values`` [F] the value model's predictions (None
+    when λ = 0), ``verdict_match`` [F] 1.0 where the feedback's verdict on its attempt matches the
+    verifier (None: not read; required by ``helpfulness+verdict``). ``credit.rewards`` records
+    R(g) + λ·V. Returns the logged stats; ``frac_zero_std_critic`` counts the groups whose R is
+    flat (the value does not make a group informative)."""
     p = algo.params
     feedbacks = rollout.of_kind("feedback")
-    value = values if values is not None else torch.zeros_like(u_bar)
-    r_h = core.higher_level_reward(u_bar, value.to(u_bar), lam)
+    value = values.to(u_bar) if values is not None else torch.zeros_like(u_bar)
+    reward = u_bar
+    if getattr(p, "critic_reward", "helpfulness") == "helpfulness+verdict":
+        if verdict_match is None:
+            raise ValueError("critic_reward: helpfulness+verdict needs each feedback's verdict match in "
+                             "CreditInputs.verdict_match (the trainer reads it with Benchmark.feedback_verdict)")
+        reward = core.verdict_reward(u_bar, verdict_match, p.nu)
     feedbacks_per_attempt = getattr(p, "feedbacks", 1)
     groups = [rollout.turns[f].parent for f in feedbacks] if feedbacks_per_attempt > 1 else problem_of(rollout, feedbacks)
-    adv_h, zero_h = group_advantages(r_h, groups, p.scale)
+    gid = torch.tensor(groups, dtype=torch.long)
+    adv_h = core.critic_advantages(reward, value, lam, gid, p.scale)
+    zero_h = core.frac_zero_std(reward, gid)
+    r_h = core.higher_level_reward(reward, value, lam)
     credit.items["critic"] = algo.items(rollout, feedbacks, adv_h, p.beta)
     credit.sampled["critic"] = len(feedbacks)
     credit.advantages.update(by_turn(feedbacks, adv_h))
@@ -126,4 +147,6 @@ def critic_credit(algo: Algorithm, rollout: Rollout, u_bar: torch.Tensor, values
     stats = {"critic_reward": float(r_h.mean()), "frac_zero_std_critic": zero_h}
     if values is not None:
         stats["value_mean"] = float(value.mean())
+    if verdict_match is not None and len(verdict_match):
+        stats["critic_verdict_match"] = float(verdict_match.double().mean())
     return stats

@@ -107,13 +107,25 @@ class MLMTParams(LossParams):
     feedbacks: int = Field(1, ge=1, description="K: feedbacks per attempt")
     refinements: int = Field(1, ge=1, description="M: refinements per feedback")
     eta: float = Field(1.0, ge=0.0, description="(decision) turn-1 reward r1 + η·r2")
-    lam: float = Field(0.5, ge=0.0, description="λ: weight of the lower-level value in R_H")
+    lam: float = Field(0.5, ge=0.0, description="λ: weight of the lower-level value in the critic's advantage, "
+                                                "added after standardisation: std_group(R) + λ·(V − mean_group V)")
     value: Literal["learned", "none"] = Field("learned", description="V_L: a learned value model, or none (λ = 0)")
     value_lr: float = Field(1e-3, gt=0.0, description="Adam learning rate of the value model")
     value_hidden: int = Field(64, ge=1, description="hidden width of the value model's MLP")
     value_fit_steps: int = Field(32, ge=1, description="Adam steps on the value model per training step")
     value_batch: int = Field(64, ge=1, description="minibatch of the value model's fitting")
-    value_buffer: int = Field(2048, ge=1, description="recent refinements the value model fits on (a replay buffer)")
+    value_buffer: int = Field(2048, ge=1, description="at most this many of the newest refinements in the value "
+                                                      "model's buffer (see value_buffer_steps)")
+    value_buffer_steps: int = Field(2, ge=1, description="the value model fits on the refinements of the last N "
+                                                         "training steps only (features of a recent solver, never "
+                                                         "stale ones; METHOD.md v3)")
+    critic_reward: Literal["helpfulness", "helpfulness+verdict"] = Field(
+        "helpfulness", description="the critic's reward before the value: helpfulness = ū (the paper); "
+                                   "helpfulness+verdict = ū + ν·1[the feedback's verdict on z matches the verifier] "
+                                   "(Critique-RL), standardised per group like ū")
+    nu: float = Field(0.5, ge=0.0, description="ν: reward of a feedback whose verdict (right / wrong) matches the "
+                                               "verifier (critic_reward: helpfulness+verdict; accepted and ignored "
+                                               "with helpfulness)")
     schedule: Literal["simultaneous", "alternate"] = Field(
         "simultaneous", description="simultaneous: both policies update every step; alternate: t_L solver-only steps, "
                                     "then t_H critic-only steps")

@@ -6,9 +6,11 @@ gradient) and hands them here: the value model never runs the solver and never m
 (stop-gradient: it is trained only by its own MSE loss on r2).
 
 So that it is good enough to matter (METHOD.md v2), every training step it is fitted for
-``fit_steps`` Adam steps on minibatches drawn from a replay buffer of the most recent
-``buffer`` refinements, and before it sees a step's fresh refinements it is scored on them:
-``value/explained_variance`` = 1 − Var(r2 − V) / Var(r2), its out-of-sample skill.
+``fit_steps`` Adam steps on minibatches drawn from a buffer of the refinements of the last
+``buffer_steps`` steps (at most ``buffer`` of the newest), and before it sees a step's fresh
+refinements it is scored on them: ``value/explained_variance`` = 1 − Var(r2 − V) / Var(r2),
+its out-of-sample skill. The buffer keeps no older steps (METHOD.md v3): their features were
+computed by an older solver, and V_L estimates the value under the current one.
 """
 
 from __future__ import annotations
@@ -19,17 +21,22 @@ import torch
 
 
 class ValueModel:
-    """``predict(features [F, H]) -> [F]`` in [0, 1]; ``fit(features [N, H], targets [N])``."""
+    """``predict(features [F, H]) -> [F]`` in [0, 1]; ``fit(features [N, H], targets [N])``, once per
+    training step: the buffer holds the last ``buffer_steps`` calls' rows (at most ``buffer``)."""
 
     def __init__(self, lr: float, hidden: int = 64, fit_steps: int = 32, batch: int = 64, buffer: int = 2048,
-                 seed: int = 0) -> None:
+                 seed: int = 0, *, buffer_steps: int = 2) -> None:
+        if buffer_steps < 1:
+            raise ValueError(f"buffer_steps must be >= 1, got {buffer_steps}")
         self.lr, self.hidden, self.fit_steps, self.batch, self.capacity = lr, hidden, fit_steps, batch, buffer
+        self.buffer_steps = buffer_steps
         self.seed = seed
         self.net: torch.nn.Sequential | None = None  # built on the first features (their width is H)
         self.opt: torch.optim.Optimizer | None = None
         self.gen = torch.Generator().manual_seed(seed)
         self.feats = torch.zeros(0)
         self.targets = torch.zeros(0)
+        self.sizes: list[int] = []  # rows of each step in the buffer, oldest first
         self._pending: dict[str, Any] | None = None
 
     def _build(self, width: int) -> None:
@@ -54,14 +61,15 @@ class ValueModel:
         return torch.sigmoid(self._ensure(feats)(feats.float()).squeeze(-1)).double()
 
     def fit(self, feats: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
-        """Score on the fresh ``(feats, targets)``, add them to the buffer, then ``fit_steps`` Adam
-        steps of MSE on minibatches of the buffer. Returns the logged stats."""
+        """Score on the fresh ``(feats, targets)`` (one training step's refinements), add them to the
+        buffer and drop the steps older than the last ``buffer_steps``, then ``fit_steps`` Adam steps
+        of MSE on minibatches of the buffer. Returns the logged stats."""
         net = self._ensure(feats)
         targets = targets.float()
-        stats = {"value/explained_variance": explained_variance(self.predict(feats).float(), targets),
-                 "value/mse_before": float(((self.predict(feats).float() - targets) ** 2).mean())}
-        self.feats = torch.cat([self.feats.reshape(-1, feats.shape[1]), feats.float()])[-self.capacity:]
-        self.targets = torch.cat([self.targets, targets])[-self.capacity:]
+        pred = self.predict(feats).float()
+        stats = {"value/explained_variance": explained_variance(pred, targets),
+                 "value/mse_before": float(((pred - targets) ** 2).mean())}
+        self.add(feats, targets)
         assert self.opt is not None
         loss = torch.tensor(0.0)
         for _ in range(self.fit_steps):
@@ -73,12 +81,25 @@ class ValueModel:
         stats["value/loss"] = float(loss.detach())
         return stats
 
+    def add(self, feats: torch.Tensor, targets: torch.Tensor) -> None:
+        """Append one step's rows to the buffer; keep only the last ``buffer_steps`` steps, and of
+        those at most ``buffer`` rows (the newest)."""
+        self.feats = torch.cat([self.feats.reshape(-1, feats.shape[1]), feats.float()])
+        self.targets = torch.cat([self.targets, targets.float()])
+        self.sizes = (self.sizes + [len(targets)])[-self.buffer_steps:]
+        keep = min(sum(self.sizes), self.capacity)
+        self.feats, self.targets = self.feats[len(self.targets) - keep:], self.targets[len(self.targets) - keep:]
+        while self.sizes and sum(self.sizes[1:]) >= keep:  # steps entirely cut by the row cap
+            self.sizes.pop(0)
+        if self.sizes:
+            self.sizes[0] = keep - sum(self.sizes[1:])
+
     def state_dict(self) -> dict[str, Any]:
         if self.net is None:
             return self._pending or {}
         assert self.opt is not None
         return {"net": self.net.state_dict(), "opt": self.opt.state_dict(), "gen": self.gen.get_state(),
-                "feats": self.feats.clone(), "targets": self.targets.clone()}
+                "feats": self.feats.clone(), "targets": self.targets.clone(), "sizes": list(self.sizes)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not state:
@@ -94,6 +115,8 @@ class ValueModel:
         self.opt.load_state_dict(state["opt"])
         self.gen.set_state(state["gen"])
         self.feats, self.targets = state["feats"].clone(), state["targets"].clone()
+        # a checkpoint from before the per-step buffer: its rows count as one (the oldest) step
+        self.sizes = list(state.get("sizes", [len(self.targets)] if len(self.targets) else []))
 
 
 def explained_variance(pred: torch.Tensor, targets: torch.Tensor) -> float | None:
