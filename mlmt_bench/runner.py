@@ -46,6 +46,7 @@ class Components:
     train_problems: list[Problem]
     eval_problems: list[Problem]
     base: Base | None
+    base_critic: Policy | None = None  # eval.base_critic: the frozen starting point as a test-time critic
 
 
 def configure_torch(spec: RunSpec) -> None:
@@ -138,8 +139,18 @@ def build(spec: RunSpec, progress: bool = True) -> Components:
         from mlmt_bench.algorithms.base import ResponseToX
 
         algorithm.response_to_x = ResponseToX(benchmark.full_response, policies["solver"].tokenizer)
+    base_critic = None
+    if spec.eval.base_critic and algorithm.eval_program().feedback == "none":
+        base_critic = frozen_start(spec, base_dir, device)
     return Components(benchmark, templates_for(spec, benchmark), verifier, verifier_name, backend, policies,
-                      algorithm, train, evals, base)
+                      algorithm, train, evals, base, base_critic)
+
+
+def frozen_start(spec: RunSpec, base_dir: Path | None, device: str | None) -> Policy:
+    """A frozen copy of where every policy starts (the shared base, or the solver's pretrained
+    checkpoint without its adapter), to play the critic at test time (``eval.base_critic``)."""
+    role_spec = (spec.policies.critic or spec.policies.solver).model_copy(update={"trainable": False, "lora": None})
+    return registry.models.get(role_spec.model)("critic", role_spec, base_dir, device)
 
 
 def _device() -> str | None:
@@ -158,14 +169,18 @@ def make_trainer(spec: RunSpec, comp: Components, run_dir: RunDir) -> Trainer:
     actors = Actors(comp.policies["solver"], comp.policies["critic"], comp.backend, comp.templates, comp.verifier,
                     getattr(comp.benchmark, "oracle_feedback", None), comp.benchmark.feedback_verdict)
     return Trainer(spec, comp.algorithm, actors, comp.policies, comp.train_problems, comp.eval_problems, run_dir,
-                   comp.verifier_name)
+                   comp.verifier_name, base_critic=comp.base_critic)
 
 
-def run_manifest(comp: Components) -> dict[str, Any]:
+def run_manifest(spec: RunSpec, comp: Components) -> dict[str, Any]:
     """What the manifest records about a run's components: the algorithm's roles, the policies'
-    sizes, and the shared base (its data, tokens and seed, identical for every arm of an experiment)."""
+    sizes, the sampling temperatures, and the shared base (its data, tokens and seed, identical for
+    every arm of an experiment)."""
+    from mlmt_bench.trainer import training_temperatures
+
     roles = comp.algorithm.roles()
     return {"roles": {"solver": roles.solver, "critic": roles.critic, "feedback": roles.feedback},
+            "temperatures": {**training_temperatures(spec), "eval": spec.eval.temperature},
             "params": {r: p.n_params for r, p in comp.policies.items() if p is not None},
             "base": comp.base.summary() if comp.base is not None else None}
 
@@ -187,7 +202,7 @@ def run(spec: RunSpec, progress: bool = True, *, extra_manifest: dict[str, Any] 
     run_dir: Any = None
     if dist.is_main:
         run_dir = RunDir.create(spec.output_dir, spec.name, dump_yaml(spec), spec.seed)
-        run_dir.update_manifest(**(extra_manifest or {}), **run_manifest(comp), **_sandbox_record(comp.verifier),
+        run_dir.update_manifest(**(extra_manifest or {}), **run_manifest(spec, comp), **_sandbox_record(comp.verifier),
                                 world_size=dist.world)
     path = dist.broadcast(str(run_dir.path) if run_dir else None)
     run_dir = run_dir or NullRunDir(Path(path))
@@ -294,6 +309,16 @@ def bases_from_spec(path: Path, overrides: list[str], *, progress: bool) -> list
         raise UserError(f"{path}: no `base:` section")
     out = []
     for cfg in configs.values():
-        base = ensure_base(cfg, progress=progress)
-        out.append({**base.summary(), "check": base.report.get("check")})
+        base = ensure_base(cfg, progress=progress, require_valid=False)
+        out.append({**base.summary(), "check": base.report.get("check"), "allow_invalid": cfg.allow_invalid})
     return out
+
+
+def refuse_invalid_bases(bases: list[dict[str, Any]]) -> None:
+    """After ``mlmt-bench base`` showed every base: refuse the first that fails METHOD v3's
+    critic-validity thresholds, unless its spec allows it (``base.allow_invalid``)."""
+    from mlmt_bench.models.shared_base import Base
+
+    for b in bases:
+        Base(Path(b["path"]), {"key": b["key"], "config": b["config"], "check": b["check"]}).require_valid(
+            b["allow_invalid"])

@@ -8,6 +8,7 @@ whole trained sequences, and every extra forward pass.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from mlmt_bench.evaluate import evaluate
 from mlmt_bench.fsdp import Sharding
 from mlmt_bench.metrics.cost import forward_flops, generation_flops, training_flops
 from mlmt_bench.models.forward import last_hidden_states
-from mlmt_bench.rollout.episodes import Actors, Rollout, Sampling, merge_rollouts, rollout
+from mlmt_bench.rollout.episodes import Actors, Program, Rollout, Sampling, merge_rollouts, rollout
 from mlmt_bench.tracking import RunDir
 from mlmt_bench.types import Problem
 
@@ -59,6 +60,7 @@ class Trainer:
     optimizers: dict[int, Any] = field(default_factory=dict)  # id(policy) -> (optimizer, scheduler)
     on_eval: Callable[[dict[str, Any]], None] | None = None  # e.g. a sweep's pruning callback
     dist: Dist = field(default_factory=Dist)  # data parallelism under `accelerate launch`
+    base_critic: Policy | None = None  # eval.base_critic: a frozen critic for the single-turn arm's refine evaluation
 
     def __post_init__(self) -> None:
         t = self.spec.train
@@ -69,8 +71,9 @@ class Trainer:
             self.optimizers[id(policy)] = (opt, _schedule(opt, t.schedule, t.warmup_steps, max(t.steps, 1),
                                                          self.algorithm.params.epochs))
         b = self.spec.backend
-        self.sampling = Sampling(b.temperature, b.top_p, b.max_new_tokens, b.feedback_max_new_tokens or b.max_new_tokens,
-                                 b.stop)
+        temps = training_temperatures(self.spec)
+        self.sampling = Sampling(temps["solver"], b.top_p, b.max_new_tokens, b.feedback_max_new_tokens or b.max_new_tokens,
+                                 b.stop, feedback_temperature=temps["critic"])
         self.eval_sampling = Sampling(self.spec.eval.temperature, 1.0, b.max_new_tokens,
                                       b.feedback_max_new_tokens or b.max_new_tokens, b.stop)
         p = self.algorithm.params
@@ -253,17 +256,32 @@ class Trainer:
                            n_samples=len(self.eval_problems) if final and e.final_samples else e.samples,
                            protocols=e.protocols,
                            micro_batch_tokens=self.spec.train.micro_batch_tokens)
+            extra, rows = self._evaluate_with_base_critic(res.per_problem)
         self.counters.wall_s = time.perf_counter() - started
-        record = {"kind": "eval", **self._counters(), **res.metrics, **memory.TRACKER.take(("eval",))}
+        record = {"kind": "eval", **self._counters(), **res.metrics, **extra, **memory.TRACKER.take(("eval",))}
         self.run_dir.log_metrics(record)
         self.run_dir.log_eval_problems([{"step": self.counters.step, "gen_tokens": self.counters.gen_tokens, **row}
-                                        for row in res.per_problem])
+                                        for row in rows])
         for s in res.samples:
             self.run_dir.log_sample({"step": self.counters.step, **s})
         if self.on_eval is not None:
             self.on_eval(record)
         self.dist.barrier()
         return record
+
+    def _evaluate_with_base_critic(self, rows: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Equal test-time compute (METHOD v3, ``eval.base_critic``): the single-turn arm's solver in
+        the refine protocol with the frozen base as critic. Its metrics are logged under
+        ``base_critic/``; each problem row gains ``t2_base_critic``."""
+        if self.base_critic is None:
+            return {}, rows
+        e = self.spec.eval
+        actors = dataclasses.replace(self.actors, critic=self.base_critic)
+        res = evaluate(Program(attempts=1, feedback="critic"), actors, self.eval_problems, self.eval_sampling,
+                       verifier_name=self.verifier_name, feedback_metrics=e.feedback_metrics, n_samples=0,
+                       protocols=e.protocols, micro_batch_tokens=self.spec.train.micro_batch_tokens)
+        extra = {f"base_critic/{k}": v for k, v in res.metrics.items() if k != "n"}
+        return extra, [{**row, "t2_base_critic": bc["t2"]} for row, bc in zip(rows, res.per_problem)]
 
     # checkpoints ------------------------------------------------------------------------------
     def save_checkpoint(self) -> Path | None:
@@ -344,6 +362,15 @@ class Trainer:
         c = self.counters
         return {"step": c.step, "gen_tokens": c.gen_tokens, "trained_tokens": c.trained_tokens,
                 "flops": c.flops, "wall_s": round(c.wall_s, 3)}
+
+
+def training_temperatures(spec: RunSpec) -> dict[str, float]:
+    """Each role's sampling temperature in training (METHOD v3): ``policies.<role>.temperature``,
+    else ``backend.temperature``."""
+    default = spec.backend.temperature
+    solver, critic = spec.policies.solver, spec.policies.critic
+    return {"solver": default if solver.temperature is None else solver.temperature,
+            "critic": default if critic is None or critic.temperature is None else critic.temperature}
 
 
 def _schedule(opt: Any, kind: str, warmup: int, total_steps: int, epochs: int) -> Any:
