@@ -9,11 +9,12 @@ written before that option existed may cover none of the disputed problems, and 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mlmt_bench.report.runs import RunRecord
+from mlmt_bench.report.runs import RunRecord, log_file
 from mlmt_bench.tracking import read_jsonl_lines
 
 
@@ -52,23 +53,34 @@ class Examples:
     n_covered: int
 
 
-def samples_at_final_step(run: RunRecord) -> dict[str, list[dict[str, Any]]]:
-    """``{problem id: turns}`` of the episodes ``run`` logged at its final evaluation step (the
-    last line per problem wins, as a resume may repeat a step); empty without samples.jsonl."""
-    path = run.path / "samples.jsonl"
+def _final_samples(run: RunRecord) -> tuple[int | None, dict[str, list[dict[str, Any]]]]:
+    """(the step, ``{problem id: turns}``) of the episodes :func:`samples_at_final_step` reads."""
+    path = log_file(run.path, "samples.jsonl")
     if not path.is_file():
-        return {}
+        return None, {}
     rows = [rec for _, rec in read_jsonl_lines(path) if isinstance(rec, dict) and isinstance(rec.get("turns"), list)]
     steps = [rec["step"] for rec in rows if isinstance(rec.get("step"), int)]
     if not steps:
-        return {}
+        return None, {}
     step = run.final_step if run.final_step in steps else max(steps)
-    return {str(rec.get("problem_id")): rec["turns"] for rec in rows if rec.get("step") == step}
+    return step, {str(rec.get("problem_id")): rec["turns"] for rec in rows if rec.get("step") == step}
 
 
-def find_disagreements(loaded: dict[str, list[RunRecord]], limit: int = 3) -> Examples:
-    """Problems whose final acc@t2 (seed-averaged, per arm) differs between arms, most disputed
-    first (the largest gap between arms, then the most arms with an episode, then problem order)."""
+def samples_at_final_step(run: RunRecord) -> dict[str, list[dict[str, Any]]]:
+    """``{problem id: turns}`` of the episodes ``run`` logged at its final evaluation step (the
+    last line per problem wins, as a resume may repeat a step); empty without samples.jsonl
+    (or samples.jsonl.gz)."""
+    return _final_samples(run)[1]
+
+
+_Pick = tuple[Path, int | None]  # the run directory whose logged episode an arm shows, and its step
+
+
+def _disputes(loaded: dict[str, list[RunRecord]]
+              ) -> tuple[list[Disagreement], dict[str, int], dict[tuple[str, str], _Pick]]:
+    """The problems whose seed-averaged final acc@t2 differs between arms, each with the episode
+    every arm shows for it; the problems' order of first appearance; and where each of those
+    episodes was logged: ``{(problem id, arm): (run directory, step)}``."""
     per_arm: dict[str, dict[str, float]] = {}
     for arm, results in loaded.items():
         sums: dict[str, list[float]] = {}
@@ -85,19 +97,48 @@ def find_disagreements(loaded: dict[str, list[RunRecord]], limit: int = 3) -> Ex
         acc = {arm: a[pid] for arm, a in per_arm.items() if pid in a}
         if len(acc) > 1 and max(acc.values()) > min(acc.values()):
             disputed.append(Disagreement(pid, acc))
+    used: dict[tuple[str, str], _Pick] = {}
     if not disputed:
-        return Examples([], 0, 0)
+        return disputed, order, used
 
-    samples = {arm: [(r, samples_at_final_step(r)) for r in results] for arm, results in loaded.items()}
-    covered = []
+    samples = {arm: [(r, _final_samples(r)) for r in results] for arm, results in loaded.items()}
     for d in disputed:
         for arm in d.accuracy:
-            for r, by_pid in samples[arm]:
+            for r, (step, by_pid) in samples[arm]:
                 if d.problem_id in by_pid and d.problem_id in r.problems:
                     d.episodes[arm] = Episode(r.seed, bool(r.problems[d.problem_id]["t2"]), by_pid[d.problem_id])
+                    used[d.problem_id, arm] = (r.path, step)
                     break
-        if len({e.correct for e in d.episodes.values()}) == 2:
-            covered.append(d)
+    return disputed, order, used
+
+
+def find_disagreements(loaded: dict[str, list[RunRecord]], limit: int = 3) -> Examples:
+    """Problems whose final acc@t2 (seed-averaged, per arm) differs between arms, most disputed
+    first (the largest gap between arms, then the most arms with an episode, then problem order)."""
+    disputed, order, _ = _disputes(loaded)
+    if not disputed:
+        return Examples([], 0, 0)
+    covered = [d for d in disputed if _covered(d)]
     covered.sort(key=lambda d: (-(max(d.accuracy.values()) - min(d.accuracy.values())), -len(d.episodes),
                                 order[d.problem_id]))
     return Examples(covered[:limit], len(disputed), len(covered))
+
+
+def _covered(d: Disagreement) -> bool:
+    """The problem's episodes include a right and a wrong final answer."""
+    return len({e.correct for e in d.episodes.values()}) == 2
+
+
+def episodes_used(loaded: dict[str, list[RunRecord]]) -> dict[Path, tuple[int | None, set[str]]]:
+    """The logged episodes that decide what :func:`find_disagreements` returns: every arm's episode
+    of each disputed problem it covers (they decide the count, the order and what is shown), as
+    ``{run directory: (the step of its samples read, problem ids)}``. Samples holding only these
+    give the same :class:`Examples` (a problem not covered stays so without its episodes)."""
+    disputed, _, picks = _disputes(loaded)
+    out: dict[Path, tuple[int | None, set[str]]] = {}
+    for d in disputed:
+        if _covered(d):
+            for arm in d.episodes:
+                path, step = picks[d.problem_id, arm]
+                out.setdefault(path, (step, set()))[1].add(d.problem_id)
+    return out

@@ -4,6 +4,8 @@ directories (docs/run-directory.md describes the files).
 ``metrics.jsonl`` gives the eval curve and the ``final`` record, ``eval_problems.jsonl`` the
 per-problem correctness at every evaluation (step 0 included), ``manifest.json`` the arm and seed,
 ``spec.resolved.yaml`` the protocol (benchmark, split, evaluation settings) a report must not mix.
+A log may be gzip-compressed as ``<name>.jsonl.gz`` (a report published with its raw data,
+:mod:`mlmt_bench.report.publish`): :func:`log_file` finds either.
 """
 
 from __future__ import annotations
@@ -90,6 +92,14 @@ def strip_stamp(name: str) -> str:
     return _STAMP_RE.sub("", name)
 
 
+def log_file(run_dir: Path, name: str) -> Path:
+    """``run_dir / name`` (e.g. ``metrics.jsonl``), or its gzip copy ``name + ".gz"`` when only that
+    exists (the reader recognises gzip by its magic bytes); ``run_dir / name`` when neither does."""
+    plain = Path(run_dir) / name
+    packed = plain.with_name(name + ".gz")
+    return packed if not plain.is_file() and packed.is_file() else plain
+
+
 def _read_records(path: Path) -> list[tuple[int, dict[str, Any]]]:
     """(line number, record) of a JSONL file, as tracking.read_jsonl_lines parses it (a torn
     last line is ignored, any other bad line is a file:line UserError); each record must be an
@@ -112,7 +122,7 @@ def load_run(path: Path | str, at_flops: float | None = None) -> RunRecord:
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"{path}: not a directory")
-    metrics_path = path / "metrics.jsonl"
+    metrics_path = log_file(path, "metrics.jsonl")
     manifest_path = path / "manifest.json"
     if not metrics_path.is_file() and not manifest_path.is_file():
         raise UserError(f"{path}: not a run directory (no manifest.json / metrics.jsonl)")
@@ -155,7 +165,7 @@ def load_run(path: Path | str, at_flops: float | None = None) -> RunRecord:
         final = {**final, "value_ev_mean": float(sum(within) / len(within)) if within else None}
 
     final_step = final.get("step") if is_num(final.get("step")) else None
-    by_step = _problems_by_step(path / "eval_problems.jsonl")
+    by_step = _problems_by_step(log_file(path, "eval_problems.jsonl"))
     problems: dict[str, dict[str, Any]] = {}
     first: dict[str, dict[str, Any]] = {}
     if by_step:
@@ -295,11 +305,7 @@ def _from_spec(path: Path) -> dict[str, Any]:
 
 def _experiment_arms(exp_dir: Path) -> dict[str, list[Path]]:
     path = exp_dir / "experiment.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UserError(f"{path}: unreadable ({exc})".replace("\n", " ")) from None
-    arms = data.get("arms") if isinstance(data, dict) else None
+    arms = experiment_record(exp_dir).get("arms")
     if not isinstance(arms, dict) or not arms:
         raise UserError(f"{path}: no 'arms' mapping of arm -> run directories")
     out: dict[str, list[Path]] = {}
@@ -314,11 +320,27 @@ def _experiment_arms(exp_dir: Path) -> dict[str, list[Path]]:
             if not isinstance(p, str):
                 raise UserError(f"{path}: arms.{arm}: cannot read a run directory from {e!r}")
             run = Path(p)
-            if not run.is_absolute() and not run.exists() and (exp_dir / run).exists():
-                run = exp_dir / run  # relative to the experiment directory
+            if not run.is_absolute() and ((exp_dir / run).exists() or not run.exists()):
+                run = exp_dir / run  # relative to the experiment directory (else to the working directory)
+            if not run.is_dir():
+                raise UserError(f"{path}: arms.{arm}: run directory {p} not found (relative to {exp_dir} or to "
+                                "the working directory); a report copied without its runs cannot be re-rendered: "
+                                "publish it with `mlmt-bench report EXP_DIR --out DIR --raw`")
             dirs.append(run)
         out[str(arm)] = dirs
     return out
+
+
+def experiment_record(exp_dir: Path) -> dict[str, Any]:
+    """The experiment.json of an experiment (or published report) directory; {} when there is none."""
+    path = Path(exp_dir) / "experiment.json"
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path}: unreadable ({exc})".replace("\n", " ")) from None
+    return data if isinstance(data, dict) else {}
 
 
 def group_runs(paths: list[Path]) -> dict[str, list[Path]]:
