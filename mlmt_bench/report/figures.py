@@ -83,8 +83,10 @@ def _plt():
 
 
 def _png(fig: Any) -> bytes:
+    """The figure as PNG bytes without metadata (matplotlib writes its version as "Software"), so
+    the same data give the same file with any matplotlib that draws the same pixels."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
+    fig.savefig(buf, format="png", dpi=110, metadata={"Software": None})
     _plt().close(fig)
     return buf.getvalue()
 
