@@ -266,21 +266,31 @@ def critic_line(check: dict) -> str:
 @_user_errors
 def report(
     runs: Optional[list[Path]] = typer.Argument(None, help="Run directories or experiment directories (with experiment.json)."),
-    out: Path = typer.Option(..., "--out", "-o", help="Directory for comparison.md and acc_vs_tokens.png."),
-    baseline: Optional[str] = typer.Option("grpo", "--baseline", help="Arm the others are tested against."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Directory for comparison.md, acc_vs_tokens.png and "
+                                       "index.html (default: re-render the one experiment or report directory given, "
+                                       "in place)."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="Arm the others are tested against (default: the "
+                                           "one a published report recorded, else grpo)."),
     arm: Optional[list[str]] = typer.Option(None, "--arm", help="Name a run explicitly: NAME=RUN_DIR (repeatable)."),
     sweep: Optional[str] = typer.Option(None, "--sweep", metavar="STORAGE", help="Report on an Optuna sweep instead: "
                                         "its storage URL or SQLite .db file (history, importances, best spec)."),
     study: Optional[str] = typer.Option(None, "--study", help="With --sweep: the study, if the storage holds several."),
     at_flops: Optional[float] = typer.Option(None, "--at-flops", min=0, help="Compare every run at its last evaluation "
                                              "within this many FLOPs (equal FLOPs from runs with a token budget)."),
+    raw: bool = typer.Option(False, "--raw", help="Publish: copy each run's manifest, resolved spec, metrics, "
+                             "per-problem outcomes and the episodes the page shows (gzip) into OUT/runs/ with an "
+                             "experiment.json relative to OUT, then report on the copies; `mlmt-bench report OUT` "
+                             "re-renders it byte for byte."),
 ) -> None:
     """Compare runs: final metrics with 95% bootstrap CIs, McNemar tests, accuracy vs tokens (or, with --sweep, a sweep's history, importances and best spec)."""
     if sweep is not None:
         from mlmt_bench.report.sweep_report import report_sweep
 
-        if runs or arm or at_flops is not None:
-            raise UserError("--sweep reports on a study: give no run directories, --arm or --at-flops with it")
+        if runs or arm or at_flops is not None or raw or baseline is not None:
+            raise UserError("--sweep reports on a study: give no run directories, --arm, --at-flops, --raw or "
+                            "--baseline with it")
+        if out is None:
+            raise UserError("--sweep needs --out DIR")
         found = report_sweep(sweep, out, study)
         _emit(found, lambda: typer.echo(f"wrote {', '.join(found['files'].values())}"))
         return
@@ -296,8 +306,17 @@ def report(
         if not sep or not name or not path:
             raise UserError(f"--arm {a}: expected NAME=RUN_DIR")
         named.setdefault(name, []).append(Path(path))
-    summary = report_from_dirs(list(runs), out, baseline, arms=named, at_flops=at_flops)
-    _emit(summary, lambda: typer.echo(f"wrote {', '.join(summary['files'].values())}"))
+    summary = report_from_dirs(list(runs), out, baseline, arms=named, at_flops=at_flops, raw=raw)
+
+    def human() -> None:
+        typer.echo(f"wrote {', '.join(summary['files'].values())}")
+        size = summary.get("published")
+        if size:
+            typer.echo(f"published with the runs' raw data: {size['bytes'] / 1e6:.1f} MB in all"
+                       + (f" (over the {size['limit_bytes'] / 1e6:.0f} MB a committed report should stay under)"
+                          if size["over_limit"] else ""))
+
+    _emit(summary, human)
 
 
 @app.command("eval")

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from mlmt_bench.errors import UserError
-from mlmt_bench.metrics.stats import bootstrap_ci, sign_flip_test
+from mlmt_bench.metrics.stats import bootstrap_ci, holm_adjust, sign_flip_test
+from mlmt_bench.metrics.twoway import mde, twoway_bootstrap, twoway_paired
 from mlmt_bench.report.compare import build_comparison, report_from_dirs
 from mlmt_bench.report.runs import load_run, strip_stamp
 
@@ -113,24 +114,38 @@ def test_comparison_table_numbers(arms, tmp_path):
     assert "oracle-gated (optimistic: consults the verifier at test time)" in md
     assert table_row(md, "generated tokens (training, at the end)")[1] == "5000 ± 1414"
 
-    # the 95% CI resamples problems, each keeping both seeds: the bootstrap of the per-problem
-    # seed means [1, .5, 0, 1] (grpo: seed 0 [1, 1, 0, 1], seed 1 [1, 0, 0, 1])
-    m, lo, hi = bootstrap_ci([1, 0.5, 0, 1])
+    # the 95% CI is the two-way bootstrap of grpo's [seeds, problems] outcomes (seed 0 [1, 1, 0, 1],
+    # seed 1 [1, 0, 0, 1]): 10000 resamples, seed 0
+    m, lo, hi, se = twoway_bootstrap([[1, 1, 0, 1], [1, 0, 0, 1]], n_boot=10_000, seed=0)
     assert m == 0.625
     ci = summary["arms"]["grpo"]["ci"]["acc@t2"]
-    assert (ci["mean"], ci["lo"], ci["hi"], ci["n_problems"], ci["n_seeds"]) == (m, lo, hi, 4, 2)
-    assert table_row(md, "acc@t2 (refine-all): 95% CI (problems)")[0] == f"62.5% [{100 * lo:.1f}, {100 * hi:.1f}]"
-    assert table_row(md, "problems × seeds in the CIs") == ["4 × 2", "4 × 2", "4 × 1"]
+    assert (ci["mean"], ci["lo"], ci["hi"], ci["se"], ci["n_problems"], ci["n_seeds"]) == (m, lo, hi, se, 4, 2)
+    assert ci["interval"] == "two-way" and ci["why"] is None
+    assert table_row(md, "acc@t2 (refine-all): 95% CI (seeds × problems)")[0] == f"62.5% [{100 * lo:.1f}, {100 * hi:.1f}]"
+    # one seed (self_correct): the two-way bootstrap is the bootstrap over its problems, and says so
+    sc = summary["arms"]["self_correct"]["ci"]["acc@t2"]
+    assert (sc["mean"], sc["lo"], sc["hi"]) == bootstrap_ci([0, 1, 0, 1], n_boot=10_000, seed=0)
+    assert sc["interval"] == "one seed"
+    assert table_row(md, "acc@t2 (refine-all): 95% CI (seeds × problems)")[2].endswith("(1 seed: problems only)")
+    assert "One seed (self_correct): the two-way bootstrap has no seed to resample" in md
+    assert table_row(md, "seeds × problems in the CIs") == ["2 × 4", "2 × 4", "1 × 4"]
     assert summary["arms"]["mlmt"]["metrics"]["acc@t2"]["mean"] == 0.875
     assert math.isclose(summary["arms"]["mlmt"]["metrics"]["acc@t2"]["std"], std)
 
-    # each arm's start (step 0: every problem wrong in these runs) and its gain over it:
-    # mlmt per problem (seed-averaged) [1, 1, .5, 1] - 0; sign flips of 4 positive values: 2/16
+    # each arm's start (step 0: every problem wrong in these runs) and its gain over it, paired seed
+    # by seed and problem by problem: mlmt [[1, 1, 1, 1], [1, 1, 0, 1]] - 0; the v2 sign flips of the
+    # 4 positive seed-averaged differences [1, 1, .5, 1]: 2/16
     assert summary["arms"]["mlmt"]["start"]["acc@t2"] == 0.0
     g = summary["arms"]["mlmt"]["gain"]
-    assert g["mean"] == pytest.approx(0.875) and g["per_seed"] == [1.0, 0.75]
-    assert g["p_value"] == pytest.approx(0.125) and (g["lo"], g["hi"]) == bootstrap_ci([1, 1, .5, 1])[1:]
-    assert table_row(md, "gain in acc@t2 over its own step 0 (95% CI, p)")[1].startswith("+87.5 pp [")
+    assert g["mean"] == pytest.approx(0.875) and g["per_seed"] == [1.0, 0.75] and g["per_seed_diff"] == {0: 1.0, 1: 0.75}
+    ref = twoway_paired([[1, 1, 1, 1], [1, 1, 0, 1]], [[0] * 4] * 2, n_boot=10_000, seed=0)
+    assert (g["lo"], g["hi"], g["p_value"], g["mde"]) == (ref["lo"], ref["hi"], ref["p_value"], ref["mde"])
+    assert g["mde"] == pytest.approx(2.8016 * g["se"], rel=1e-4) and g["sign_flip_p"] == pytest.approx(0.125)
+    # no replicate is negative; one is 0 when it draws seed 1 twice and problem 2 four times
+    # (probability 1/4 x 1/4^4 = 1/1024), which counts half: p ~ 2 (10000 / 1024 / 2 + 1) / 10001 = 0.0012
+    assert 2 / 10_001 < g["p_value"] < 0.004
+    gain_row = table_row(md, "gain in acc@t2 over its own step 0 (95% CI, p, MDE)")
+    assert gain_row[1].startswith("+87.5 pp [") and f"MDE {100 * g['mde']:.1f} pp" in gain_row[1]
 
     # tokens (FLOPs) to reach grpo's mean final acc@t2 (62.5%), per seed, interpolated
     assert summary["target_acc@t2"] == 0.625
@@ -156,23 +171,96 @@ def test_an_arm_already_at_the_target_at_step_0_is_said_so(tmp_path):
                                     "tokens to reach grpo's final acc@t2 (50.0%): median over seeds")[1]
 
 
-def test_paired_difference_by_problem_and_mcnemar_per_seed(arms, tmp_path):
+def test_paired_difference_two_way_holm_mde_and_mcnemar_per_seed(arms, tmp_path):
     summary = build_comparison(arms, tmp_path / "r", baseline="grpo")
     md = (tmp_path / "r" / "comparison.md").read_text()
     p = summary["paired"]["mlmt"]
-    # per-problem seed means: mlmt [1, 1, .5, 1], grpo [1, .5, 0, 1] -> d = [0, .5, .5, 0]
-    d = [0, 0.5, 0.5, 0]
-    assert p["n_problems"] == 4 and p["diff"] == pytest.approx(0.25)
-    assert (p["lo"], p["hi"]) == bootstrap_ci(d)[1:]
-    assert p["p_value"] == sign_flip_test(d) == 0.5  # two non-zero differences: 4 sign patterns
+    # seed by seed, problem by problem: mlmt [[1,1,1,1], [1,1,0,1]] - grpo [[1,1,0,1], [1,0,0,1]]
+    mlmt, grpo = [[1, 1, 1, 1], [1, 1, 0, 1]], [[1, 1, 0, 1], [1, 0, 0, 1]]
+    ref = twoway_paired(mlmt, grpo, n_boot=10_000, seed=0)
+    assert p["n_problems"] == 4 and p["n_seeds"] == 2 and p["diff"] == pytest.approx(0.25)
+    assert (p["lo"], p["hi"], p["se"], p["p_value"]) == (ref["lo"], ref["hi"], ref["se"], ref["p_value"])
+    assert p["mde"] == mde(p["se"]) and p["interval"] == "two-way"
+    assert p["per_seed_diff"] == {0: 0.25, 1: 0.25}
+    # the v2 test, kept as the secondary: seed-averaged differences [0, .5, .5, 0], 4 sign patterns
+    assert p["sign_flip_p"] == sign_flip_test([0, 0.5, 0.5, 0]) == 0.5
     # McNemar per seed: seed 0 [1,1,1,1] vs [1,1,0,1] -> b=1, c=0; seed 1 [1,1,0,1] vs [1,0,0,1] -> b=1
     assert {s: (m["b"], m["c"], m["p_value"]) for s, m in p["mcnemar"].items()} == {0: (1, 0, 1.0), 1: (1, 0, 1.0)}
-    row = table_row(md, "mlmt")
-    assert row[0] == "4" and row[1].startswith("+25.0 pp [") and row[2] == "0.500"
-    assert row[3] == "s0: 1/0, p = 1.000; s1: 1/0, p = 1.000"
-    q = summary["paired"]["self_correct"]  # seed 0 only: [0,1,0,1] vs grpo's seed means [1,.5,0,1]
-    assert q["diff"] == pytest.approx(-0.125) and list(q["mcnemar"]) == [0]
+
+    # self_correct has seed 0 only, grpo seeds 0 and 1: they cannot be crossed, so its difference
+    # falls back to the v2 bootstrap over problems of seed means, [0,1,0,1] - [1,.5,0,1], and says why
+    q = summary["paired"]["self_correct"]
+    assert q["interval"] == "problems" and q["n_seeds"] is None and "different seeds" not in q["why"]
+    assert "seeds 0" in q["why"] and "a paired comparison needs the same seeds" in q["why"]
+    fb = twoway_paired([[-1, 0.5, 0, 0]], [[0] * 4], n_boot=10_000, seed=0)
+    assert q["diff"] == pytest.approx(-0.125) and (q["lo"], q["hi"], q["p_value"]) == (fb["lo"], fb["hi"], fb["p_value"])
+    assert q["per_seed_diff"] == {0: -0.25} and list(q["mcnemar"]) == [0]  # s0: [0,1,0,1] - [1,1,0,1]
+    assert "self_correct − grpo: not on the same seeds and problems" in md
+    # Holm over the two arms compared with grpo
+    assert summary["statistics"]["holm_family"] == ["mlmt", "self_correct"]
+    assert [p["p_holm"], q["p_holm"]] == holm_adjust([p["p_value"], q["p_value"]])
     assert "grpo" not in summary["paired"]
+
+    row = table_row(md, "mlmt")
+    assert row[:2] == ["2 × 4", f"+25.0 pp [{100 * p['lo']:+.1f}, {100 * p['hi']:+.1f}]"]
+    assert row[2:6] == [f"{p['p_value']:.3f}", f"{p['p_holm']:.3f}" + (" *" if p["p_holm"] < 0.05 else ""),
+                        f"{100 * p['mde']:.1f} pp", "s0 +25.0, s1 +25.0"]
+    assert row[6:] == ["0.500", "s0: 1/0, p = 1.000; s1: 1/0, p = 1.000"]
+    sc_row = table_row(md, "self_correct")
+    assert sc_row[0] == "4 problems (seed means)" and sc_row[1].startswith("-12.5 pp [")
+    assert sc_row[1].endswith("(problems only: seed means)") and sc_row[5] == "s0 -25.0"
+    assert "two-way bootstrap" in md and "Holm-adjusted over the 2 arms compared with grpo" in md
+    assert "secondary: conditional on these seeds" in md and "METHOD.md v3" in md and "METHOD.md v2" not in md
+
+
+def test_two_way_intervals_include_the_seed_spread(tmp_path):
+    """Seeds that disagree widen the two-way interval beyond the bootstrap over problems of seed
+    means (which v2 used), and the MDE with it; identical seeds leave only the problem spread."""
+    r = tmp_path / "runs"
+    n = 40
+    rng = np.random.default_rng(3)
+    base = (rng.random(n) < 0.5).astype(int)
+    good, bad = base.copy(), base.copy()  # the arm is 25 points better on seed 0, 25 worse on seed 1
+    good[base == 0] = (rng.random((base == 0).sum()) < 0.6)
+    bad[base == 1] = (rng.random((base == 1).sum()) < 0.4)
+    runs = {"grpo": [make_run(r, f"grpo-2025010{s}T000000Z", seed=s, arm="grpo", feedback=False,
+                              curve=[(0, 0, 0.0, .5, .5)], t1=list(base), t2=list(base)) for s in (0, 1)],
+            "m": [make_run(r, f"m-2025010{s}T000000Z", seed=s, arm="m", curve=[(0, 0, 0.0, .5, .5)],
+                           t1=list(base), t2=list(t)) for s, t in ((0, good), (1, bad))]}
+    s = build_comparison(runs, tmp_path / "o")
+    p = s["paired"]["m"]
+    d = np.array([good - base, bad - base], dtype=float)
+    per_problem = bootstrap_ci(d.mean(axis=0), n_boot=10_000, seed=0)
+    assert p["diff"] == pytest.approx(d.mean())
+    assert p["hi"] - p["lo"] > 1.2 * (per_problem[2] - per_problem[1])
+    assert p["per_seed_diff"][0] > 0.1 > -0.1 > p["per_seed_diff"][1]
+
+
+def test_arms_on_different_problems_fall_back_to_the_problems_and_say_why(tmp_path):
+    """An arm whose seeds were evaluated on different problems (one stopped early, say) cannot be
+    crossed as seeds × problems: its intervals and its difference fall back to the bootstrap over
+    problems of seed means, with a note that says why, and the others keep the two-way statistics."""
+    r = tmp_path / "runs"
+    curve = [(0, 0, 0.0, .5, .5)]
+    grpo = [make_run(r, f"grpo-2025010{s}T000000Z", seed=s, arm="grpo", feedback=False, curve=curve,
+                     t1=[1, 0, 1, 0, 1, 0], t2=[1, 0, 1, 0, 1, 0]) for s in (0, 1)]
+    short = [make_run(r, "m-20250101T000000Z", seed=0, arm="m", curve=curve, t1=[1] * 6, t2=[1] * 6),
+             make_run(r, "m-20250102T000000Z", seed=1, arm="m", curve=curve, t1=[1] * 4, t2=[1] * 4)]
+    full = [make_run(r, f"n-2025010{s}T000000Z", seed=s, arm="n", curve=curve, t1=[1] * 6, t2=[0] * 6) for s in (0, 1)]
+    s = build_comparison({"grpo": grpo, "m": short, "n": full}, tmp_path / "o")
+    md = (tmp_path / "o" / "comparison.md").read_text()
+    ci = s["arms"]["m"]["ci"]["acc@t2"]
+    assert ci["interval"] == "problems" and "m seed 1 was evaluated on a different problem set" in ci["why"]
+    assert "missing p4, p5" in ci["why"] and ci["n_problems"] == 6 and ci["n_seeds"] == 2
+    p = s["paired"]["m"]
+    assert p["interval"] == "problems" and p["n_problems"] == 6 and p["diff"] == pytest.approx(0.5)
+    assert p["per_seed_diff"] == {0: 0.5, 1: pytest.approx(0.5)}  # seed 1 on its 4 problems: [1,1,1,1] - [1,0,1,0]
+    assert "m, acc@t2: its runs cannot be crossed as seeds × problems" in md
+    assert "m − grpo: not on the same seeds and problems" in md
+    q = s["paired"]["n"]
+    assert q["interval"] == "two-way" and q["diff"] == pytest.approx(-0.5) and q["per_seed_diff"] == {0: -0.5, 1: -0.5}
+    assert s["statistics"]["holm_family"] == ["m", "n"]
+    assert [p["p_holm"], q["p_holm"]] == holm_adjust([p["p_value"], q["p_value"]])
 
 
 def test_runs_of_different_protocols_are_never_one_table(tmp_path):
@@ -221,6 +309,9 @@ def test_report_from_dirs_groups_by_arm(arms, tmp_path):
                  curve=[(0, 0, 0.0, .5, .5)], t1=[1, 0, 1, 0], t2=[1, 0, 1, 0])
     s = report_from_dirs([a, b], tmp_path / "o1", "grpo")
     assert list(s["arms"]) == ["grpo"] and len(s["arms"]["grpo"]["runs"]) == 2
+    assert s["arms"]["grpo"]["runs"] == ["../plain/grpo-20250101T000000Z", "../plain/grpo-20250101T000000Z-1"]
+    with pytest.raises(UserError, match="give --out DIR"):
+        report_from_dirs([a, b], None)
 
     # an experiment directory; run paths relative to it
     exp = tmp_path / "runs"

@@ -92,7 +92,7 @@ def test_index_html_content_and_escaping(experiment, tmp_path):
     # problems, all +1: p = 2/64); oracle-gated numbers labelled
     md = (out / "comparison.md").read_text()
     assert "100.0% ± 0.0" in md and ">100.0% ± 0.0<" in page
-    assert summary["paired"]["mlmt"]["p_value"] == pytest.approx(2 / 64)
+    assert summary["paired"]["mlmt"]["sign_flip_p"] == pytest.approx(2 / 64)
     assert re.search(r'<td class="num sig up">\+75\.0 pp \*<div class="sub">95% CI', page)
     assert '<span class="badge">oracle-gated</span>' in page
     # cost per method: trained tokens and wall seconds too (tok // 2 and 1.0 s in make_run)

@@ -139,7 +139,7 @@ def test_several_studies_and_bad_storages(tmp_path, fake, make_sweep):
     assert res.stderr.count("\n") == 1
 
     res = report(str(tmp_path), "--sweep", url, "--study", "a", "--out", str(tmp_path / "r"))
-    assert res.exit_code == 2 and "give no run directories, --arm or --at-flops with it" in res.stderr
+    assert res.exit_code == 2 and "give no run directories, --arm, --at-flops, --raw or --baseline with it" in res.stderr
     res = report(str(tmp_path), "--study", "a", "--out", str(tmp_path / "r"))
     assert res.exit_code == 2 and res.stderr == "error: --study goes with --sweep STORAGE\n"
     res = report("--out", str(tmp_path / "r"))

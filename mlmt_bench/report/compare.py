@@ -1,25 +1,29 @@
 """Compare arms (GRPO, self-correction, MLMT-RL, ablations) from their run directories, with the
-statistics of METHOD.md v2: the problem is the unit.
+statistics of METHOD.md v3: seeds and problems are both random.
 
 Output, written atomically into an output directory:
 
-- ``comparison.md``: per arm, final metrics (mean ± std over seeds), accuracy with a 95% CI by a
-  bootstrap over problems (each keeping all its seeds), the arm's starting point (step 0) and its
-  gain over it, tokens and FLOPs to reach the baseline's final accuracy (per seed, interpolated;
-  median and count of seeds that reached it); against the baseline, the per-problem difference of
-  seed-averaged correctness with its CI and a sign-flip permutation test over problems, and an
-  exact McNemar test per seed.
+- ``comparison.md``: per arm, final metrics (mean ± std over seeds), accuracy with a 95% CI by the
+  two-way bootstrap over seeds and problems, the arm's starting point (step 0) and its gain over
+  it, tokens and FLOPs to reach the baseline's final accuracy (per seed, interpolated; median and
+  count of seeds that reached it); against the baseline, the paired difference with its two-way
+  CI, bootstrap p, Holm-adjusted p over the arms compared with it, minimum detectable effect and
+  per-seed differences, the v2 sign-flip test over problems as a labelled secondary, and an exact
+  McNemar test per seed.
 - ``acc_vs_tokens.png``: eval acc@t2 against generated tokens and against FLOPs.
 - ``index.html``: all of it and more in one self-contained page (:mod:`mlmt_bench.report.html`).
 
 Runs that differ in benchmark, split or evaluation protocol are never mixed in one table.
-Statistics come from :mod:`mlmt_bench.metrics.stats`; run directories are read by
-:mod:`mlmt_bench.report.runs`.
+Statistics come from :mod:`mlmt_bench.report.analysis` (on :mod:`mlmt_bench.metrics.twoway`); run
+directories are read by :mod:`mlmt_bench.report.runs`. Nothing rendered depends on where the
+report directory lives (run paths are shown relative to it) or on the time, so a report published
+with its raw data (:mod:`mlmt_bench.report.publish`) re-renders byte for byte.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from pathlib import Path
 from typing import Any
@@ -27,32 +31,32 @@ from typing import Any
 import numpy as np
 
 from mlmt_bench.errors import UserError
-from mlmt_bench.metrics.stats import (
-    bootstrap_ci,
-    cluster_bootstrap_ci,
-    mcnemar_exact,
-    mean_std,
-    paired_problem_diff,
-    reach_point,
-    sign_flip_test,
-)
+from mlmt_bench.metrics.stats import mcnemar_exact, mean_std, reach_point
+from mlmt_bench.report import analysis
 from mlmt_bench.report.formatting import (
-    ALPHA as _ALPHA,
     CI_METRICS as _CI_METRICS,
     DASH,
+    ONE_SEED,
+    PROBLEMS,
     TABLE_METRICS as _TABLE_METRICS,
     fmt as _fmt,
     fmt_ci as _fmt_ci,
+    fmt_mde as _fmt_mde,
     fmt_mean_std as _fmt_mean_std,
     fmt_p as _fmt_p,
+    fmt_pair_units as _fmt_pair_units,
+    fmt_per_seed as _fmt_per_seed,
+    fmt_pp_ci as _fmt_pp_ci,
     fmt_reach as _fmt_reach,
     fmt_units as _fmt_units,
+    interval_tag as _interval_tag,
     mark as _mark,
 )
 from mlmt_bench.report.runs import (
     VALUE_EXERCISED_EV,
     RunRecord,
     acc_t2,
+    experiment_record,
     group_runs,
     is_num,
     load_run,
@@ -85,7 +89,17 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
 # the comparison
 
 
-def _summarise_arm(results: list[RunRecord]) -> dict[str, Any]:
+def shown_path(path: Path | str, out_dir: Path | str) -> str:
+    """A run directory as a report shows it: relative to the report directory (POSIX separators),
+    so that the report does not depend on where it lives; absolute where no relative path exists."""
+    try:
+        rel = os.path.relpath(os.path.abspath(path), os.path.abspath(out_dir))
+    except ValueError:  # another drive (Windows)
+        return Path(os.path.abspath(path)).as_posix()
+    return Path(rel).as_posix()
+
+
+def _summarise_arm(arm: str, results: list[RunRecord], out_dir: Path) -> dict[str, Any]:
     metrics: dict[str, Any] = {}
     for key, _, _ in _TABLE_METRICS:
         vals = [r.final.get(key) if key != "acc@t2" else acc_t2(r.final) for r in results]
@@ -95,32 +109,16 @@ def _summarise_arm(results: list[RunRecord]) -> dict[str, Any]:
             metrics[key] = {"mean": mean, "std": std, "n": len(vals), "per_seed": vals}
     cis: dict[str, Any] = {}
     for key, turn in _CI_METRICS:
-        rows = [o for o in (r.outcomes(turn) for r in results) if o]
-        if rows:
-            mean, lo, hi = cluster_bootstrap_ci(rows)
-            cis[key] = {"mean": mean, "lo": lo, "hi": hi, "n_problems": len(set().union(*rows)),
-                        "n_seeds": len(rows)}
+        ci = analysis.arm_interval(analysis.seed_rows(results, turn), arm)
+        if ci is not None:
+            cis[key] = ci
     start = {}
     for key, turn in _CI_METRICS:
         vals = [float(np.mean(list(o.values()))) for o in (r.outcomes(turn, at="first") for r in results) if o]
         if vals:
             start[key] = float(np.mean(vals))
-    return {"runs": [str(r.path) for r in results], "seeds": [r.seed for r in results], "metrics": metrics,
-            "ci": cis, "start": start, "gain": _gain(results)}
-
-
-def _gain(results: list[RunRecord]) -> dict[str, Any] | None:
-    """Final acc@t2 − the arm's own step-0 acc@t2: per seed (mean ± std), and per problem
-    (seed-averaged) with a bootstrap CI over problems and a sign-flip test."""
-    pairs = [(r.outcomes("t2"), r.outcomes("t2", at="first")) for r in results]
-    pairs = [(f, s) for f, s in pairs if f and s]
-    if not pairs:
-        return None
-    per_seed = [float(np.mean(list(f.values())) - np.mean(list(s.values()))) for f, s in pairs]
-    mean, std = mean_std(per_seed)
-    d = paired_problem_diff([f for f, _ in pairs], [s for _, s in pairs])
-    _, lo, hi = bootstrap_ci(d)
-    return {"mean": mean, "std": std, "lo": lo, "hi": hi, "p_value": sign_flip_test(d), "per_seed": per_seed}
+    return {"runs": [shown_path(r.path, out_dir) for r in results], "seeds": [r.seed for r in results],
+            "metrics": metrics, "ci": cis, "start": start, "gain": analysis.gain(results)}
 
 
 def _reach(results: list[RunRecord], target: float, x_key: str) -> dict[str, Any]:
@@ -141,19 +139,10 @@ def _reach(results: list[RunRecord], target: float, x_key: str) -> dict[str, Any
             "at_start": at_start, "median": float(statistics.median(reached)) if reached else None}
 
 
-def _paired(arm_runs: list[RunRecord], base_runs: list[RunRecord]) -> dict[str, Any]:
-    """Arm − baseline on the problems both evaluated: per-problem difference of seed-averaged
-    final acc@t2, its bootstrap CI over problems and sign-flip p-value; McNemar per seed."""
-    a_rows = [o for o in (r.outcomes() for r in arm_runs) if o]
-    b_rows = [o for o in (r.outcomes() for r in base_runs) if o]
-    out: dict[str, Any] = {"n_problems": 0, "mcnemar": {}}
-    if not a_rows or not b_rows:
-        return out
-    d = paired_problem_diff(a_rows, b_rows)
-    if d.size == 0:
-        return out
-    diff, lo, hi = bootstrap_ci(d)
-    out.update(n_problems=int(d.size), diff=diff, lo=lo, hi=hi, p_value=sign_flip_test(d))
+def _mcnemar(arm_runs: list[RunRecord], base_runs: list[RunRecord]) -> dict[Any, dict[str, Any]]:
+    """Exact McNemar of final acc@t2 per seed, the arm's seed-s run against the baseline's, on the
+    problems both evaluated (never pooled over seeds)."""
+    out: dict[Any, dict[str, Any]] = {}
     base_by_seed = {r.seed: r for r in base_runs if r.seed is not None}
     for r in arm_runs:
         b = base_by_seed.get(r.seed)
@@ -161,9 +150,36 @@ def _paired(arm_runs: list[RunRecord], base_runs: list[RunRecord]) -> dict[str, 
             continue
         common = sorted(set(r.problems) & set(b.problems))
         if common:
-            out["mcnemar"][r.seed] = mcnemar_exact([r.problems[p]["t2"] for p in common],
-                                                   [b.problems[p]["t2"] for p in common])
+            out[r.seed] = mcnemar_exact([r.problems[p]["t2"] for p in common], [b.problems[p]["t2"] for p in common])
     return out
+
+
+def _statistics_notes(summary: dict[str, Any]) -> list[str]:
+    """What a reader must know about intervals that are not the two-way bootstrap of METHOD v3."""
+    notes = []
+    one_seed = [a for a, s in summary["arms"].items() if (s["ci"].get("acc@t2") or {}).get("interval") == ONE_SEED]
+    if one_seed:
+        notes.append(f"One seed ({', '.join(one_seed)}): the two-way bootstrap has no seed to resample, so "
+                     "these intervals are the bootstrap over that seed's problems and leave out seed-to-seed "
+                     "variation.")
+    for arm, s in summary["arms"].items():
+        for key, ci in s["ci"].items():
+            if ci.get("interval") == PROBLEMS:
+                notes.append(f"{arm}, {key}: its runs cannot be crossed as seeds × problems ({ci['why']}); the "
+                             "interval falls back to the v2 bootstrap over problems of seed-averaged outcomes, "
+                             "which leaves out seed-to-seed variation.")
+        g = s.get("gain") or {}
+        if g.get("interval") == PROBLEMS:
+            notes.append(f"{arm}, gain over step 0: {g['why']}; it falls back to the v2 bootstrap over problems "
+                         "of seed-averaged differences.")
+    for arm, p in summary["paired"].items():
+        if p.get("interval") == PROBLEMS:
+            notes.append(f"{arm} − {summary['baseline']}: not on the same seeds and problems ({p['why']}); the "
+                         f"difference falls back to the v2 bootstrap over the {p['n_problems']} problems both "
+                         "evaluated of seed-averaged correctness, which leaves out seed-to-seed variation.")
+        elif not p.get("n_problems"):
+            notes.append(f"{arm} − {summary['baseline']}: no difference ({p.get('why') or 'no common problems'}).")
+    return notes
 
 
 def check_one_protocol(loaded: dict[str, list[RunRecord]]) -> dict[str, Any]:
@@ -194,16 +210,26 @@ def build_comparison(
     runs: arm name -> its run directories (one per seed).
     baseline: the arm the others are tested against (paired tests, tokens/FLOPs to reach its final
         acc@t2); None, or an arm not in ``runs`` (said so in the report), skips those parts.
-    returns: {"title", "baseline", "protocol", "target_acc@t2", "notes", "files",
-              "arms": {arm: {"runs", "seeds", "metrics": {key: {"mean", "std", "n", "per_seed"}},
-                            "ci": {"acc@t1"|"acc@t2"|"acc@t2_null": {"mean", "lo", "hi", "n_problems",
-                                   "n_seeds"}},
-                            "start": {key: step-0 mean}, "gain": {"mean", "std", "lo", "hi", "p_value"},
+    returns: {"title", "baseline", "protocol", "target_acc@t2", "notes", "files", "at_flops",
+              "invalid_bases",
+              "statistics": :func:`mlmt_bench.report.analysis.description` plus "holm_family" (the
+                            arms compared with the baseline),
+              "arms": {arm: {"runs" (relative to out_dir), "seeds",
+                            "metrics": {key: {"mean", "std", "n", "per_seed"}},
+                            "ci": {"acc@t1"|"acc@t2"|"acc@t2_null": analysis.arm_interval: {"mean",
+                                   "lo", "hi", "se", "n_seeds", "n_problems", "interval", "why"}},
+                            "start": {key: step-0 mean},
+                            "gain": analysis.gain: {"mean", "std", "per_seed", "diff", "lo", "hi", "se",
+                                    "p_value", "mde", "per_seed_diff", "sign_flip_p", "interval", ...},
                             "reach": {"gen_tokens"|"flops": {"per_seed", "reached", "n", "at_start",
                                       "median"}} or None}},
-              "paired": {arm: {"n_problems", "diff", "lo", "hi", "p_value", "mcnemar": {seed: {b, c,
-                         p_value}}}}}
-    (accuracies as fractions; McNemar b = arm right & baseline wrong, c = arm wrong & baseline right).
+              "paired": {arm: analysis.paired records ("n_problems", "n_seeds", "diff", "lo", "hi",
+                         "se", "p_value" (two-way bootstrap), "p_holm", "mde", "per_seed_diff":
+                         {seed: diff}, "sign_flip_p" (v2, secondary), "interval", "why") with
+                         "mcnemar": {seed: {b, c, p_value}}}}
+    (accuracies as fractions; McNemar b = arm right & baseline wrong, c = arm wrong & baseline right;
+    "interval": "two-way", "one seed" or "problems", the v2 fallback when runs cannot be crossed as
+    seeds × problems, "why" saying why).
     at_flops: compare every run at its last evaluation within this many FLOPs (runs.load_run).
     """
     if not runs or not any(runs.values()):
@@ -221,10 +247,11 @@ def build_comparison(
     for arm, results in loaded.items():
         for r in results:
             if not r.has_final and at_flops is None:
-                notes.append(f"`{r.path}` ({arm}) has no final record (status: {r.status or 'unknown'}); "
-                             f"its last eval (step {r.final.get('step', '?')}) is used.")
+                notes.append(f"`{shown_path(r.path, out_dir)}` ({arm}) has no final record (status: "
+                             f"{r.status or 'unknown'}); its last eval (step {r.final.get('step', '?')}) is used.")
             if not r.problems:
-                notes.append(f"`{r.path}` ({arm}) has no eval_problems.jsonl: no per-problem CI or paired test for it.")
+                notes.append(f"`{shown_path(r.path, out_dir)}` ({arm}) has no eval_problems.jsonl: no per-problem "
+                             "CI or paired test for it.")
         seeds = [r.seed for r in results]
         if len(set(seeds)) < len(seeds):
             notes.append(f"arm {arm} has several runs with the same seed ({seeds}).")
@@ -236,9 +263,9 @@ def build_comparison(
 
     summary: dict[str, Any] = {"title": title, "baseline": baseline, "protocol": protocol, "arms": {},
                                "paired": {}, "notes": notes, "at_flops": at_flops,
-                               "invalid_bases": invalid_bases(loaded)}
+                               "invalid_bases": invalid_bases(loaded), "statistics": analysis.description()}
     for arm, results in loaded.items():
-        summary["arms"][arm] = _summarise_arm(results)
+        summary["arms"][arm] = _summarise_arm(arm, results, out_dir)
 
     target = None
     if baseline is not None:
@@ -248,8 +275,11 @@ def build_comparison(
     for arm, results in loaded.items():
         summary["arms"][arm]["reach"] = ({x: _reach(results, target, x) for x in ("gen_tokens", "flops")}
                                          if target is not None else None)
-        if baseline is not None and arm != baseline:
-            summary["paired"][arm] = _paired(results, loaded[baseline])
+    if baseline is not None:
+        for arm, rec in analysis.versus_baseline(loaded, baseline).items():
+            summary["paired"][arm] = {**rec, "mcnemar": _mcnemar(loaded[arm], loaded[baseline])}
+    summary["statistics"]["holm_family"] = [a for a, p in summary["paired"].items() if p.get("n_problems")]
+    notes += _statistics_notes(summary)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     md_path = out_dir / "comparison.md"
@@ -333,8 +363,8 @@ def _budget_dependent(algorithm: str | None) -> bool:
 def _fmt_gain(g: dict[str, Any] | None) -> str:
     if not g:
         return DASH
-    return (f"{100 * g['mean']:+.1f} pp [{100 * g['lo']:+.1f}, {100 * g['hi']:+.1f}], "
-            f"p = {_fmt_p(g['p_value'])}{_mark(g['p_value'])}")
+    return (f"{_fmt_pp_ci(g, 'mean')}, p = {_fmt_p(g['p_value'])}{_mark(g['p_value'])}, "
+            f"MDE {_fmt_mde(g)}{_interval_tag(g)}")
 
 
 def render_markdown(summary: dict[str, Any]) -> str:
@@ -353,11 +383,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
     proto = ", ".join(f"{k} = {json.dumps(v)}" for k, v in summary.get("protocol", {}).items())
     lines += [
         "Final evaluation of each run, refine-all protocol unless labelled otherwise "
-        f"({proto or 'protocol not recorded'}). Statistics treat the problem as the unit (METHOD.md v2): "
-        "`mean ± std` is over seeds (sample std; each seed has its own base, so it includes initialisation); "
-        "the 95% CI resamples problems, each keeping all its seeds (2000 resamples, seed 0); a gain or a "
-        "difference is the per-problem difference of seed-averaged correctness, with a sign-flip permutation "
-        f"test over problems (* marks p < {_ALPHA}). Seeds per arm: {n_seeds}.",
+        f"({proto or 'protocol not recorded'}). {analysis.statistics_text(summary)} Seeds per arm: {n_seeds}.",
         "",
     ]
     header = ["metric"] + arms
@@ -367,40 +393,35 @@ def render_markdown(summary: dict[str, Any]) -> str:
             continue
         rows.append([label] + [_fmt_mean_std(summary["arms"][a]["metrics"].get(key), kind) for a in arms])
         if key in dict(_CI_METRICS):
-            rows.append([f"{label}: 95% CI (problems)"] + [_fmt_ci(summary["arms"][a]["ci"].get(key)) for a in arms])
+            rows.append([f"{label}: 95% CI (seeds × problems)"]
+                        + [_fmt_ci(summary["arms"][a]["ci"].get(key)) for a in arms])
             rows.append([f"{label} at step 0"] + [_fmt(summary["arms"][a]["start"].get(key), "pct") for a in arms])
-    rows.append(["gain in acc@t2 over its own step 0 (95% CI, p)"] + [_fmt_gain(summary["arms"][a]["gain"]) for a in arms])
+    rows.append(["gain in acc@t2 over its own step 0 (95% CI, p, MDE)"]
+                + [_fmt_gain(summary["arms"][a]["gain"]) for a in arms])
     if baseline is not None:
         target = summary["target_acc@t2"]
         for x_key, what, kind in (("gen_tokens", "tokens", "tok"), ("flops", "FLOPs", "flops")):
             rows.append([f"{what} to reach {baseline}'s final acc@t2 ({_fmt(target, 'pct')}): median over seeds"] +
                         [_fmt_reach((summary["arms"][a]["reach"] or {}).get(x_key), kind) for a in arms])
-    rows.append(["problems × seeds in the CIs"] + [_fmt_units(summary["arms"][a]) for a in arms])
+    rows.append(["seeds × problems in the CIs"] + [_fmt_units(summary["arms"][a]) for a in arms])
     lines += ["## Final metrics", "", _md_table(header, rows), ""]
 
     if baseline is not None:
-        lines += [
-            f"## Against {baseline}",
-            "",
-            f"Difference = arm − {baseline} in final acc@t2, per problem (each arm's correctness averaged over its "
-            "seeds), with a bootstrap 95% CI over problems and a two-sided sign-flip permutation p-value over "
-            f"problems. McNemar: exact, per seed (the arm's seed-s run against {baseline}'s; b = arm right and "
-            f"{baseline} wrong, c = the reverse), never pooled over seeds.",
-            "",
-        ]
+        lines += [f"## Against {baseline}", "", analysis.against_text(summary), ""]
         prow: list[list[str]] = []
         for arm, p in summary["paired"].items():
             if not p.get("n_problems"):
-                prow.append([arm, "0", DASH, DASH, "no common problems"])
+                prow.append([arm, "0", DASH, DASH, DASH, DASH, DASH, DASH, p.get("why") or "no common problems"])
                 continue
             mc = "; ".join(f"s{seed}: {m['b']}/{m['c']}, p = {_fmt_p(m['p_value'])}"
                            for seed, m in sorted(p["mcnemar"].items()))
-            prow.append([arm, str(p["n_problems"]),
-                         f"{100 * p['diff']:+.1f} pp [{100 * p['lo']:+.1f}, {100 * p['hi']:+.1f}]",
-                         _fmt_p(p["p_value"]) + _mark(p["p_value"]), mc or DASH])
+            prow.append([arm, _fmt_pair_units(p), _fmt_pp_ci(p) + _interval_tag(p), _fmt_p(p["p_value"]),
+                         _fmt_p(p["p_holm"]) + _mark(p["p_holm"]), _fmt_mde(p), _fmt_per_seed(p),
+                         _fmt_p(p["sign_flip_p"]), mc or DASH])
         if prow:
-            lines += [_md_table(["arm", "problems", "difference (95% CI)", "sign-flip p", "McNemar b/c per seed"],
-                                prow), ""]
+            lines += [_md_table(["arm", "seeds × problems", "difference (95% CI)", "p", "p (Holm)", "MDE",
+                                 "per-seed differences (pp)", "sign-flip p (secondary: conditional on these seeds)",
+                                 "McNemar b/c per seed"], prow), ""]
         else:
             lines += ["(no other arm)", ""]
 
@@ -415,20 +436,47 @@ def render_markdown(summary: dict[str, Any]) -> str:
 
 def report_from_dirs(
     paths: list[Path],
-    out_dir: Path,
-    baseline: str | None = "grpo",
+    out_dir: Path | None = None,
+    baseline: str | None = None,
     *,
     arms: dict[str, list[Path]] | None = None,
     title: str = "",
     at_flops: float | None = None,
+    raw: bool = False,
 ) -> dict[str, Any]:
-    """``mlmt-bench report RUN_DIR... --out DIR [--arm NAME=RUN_DIR ...]``: group, then compare.
+    """``mlmt-bench report RUN_DIR... [--out DIR] [--arm NAME=RUN_DIR ...] [--raw]``: group, then compare.
 
+    out_dir: None to re-render one experiment (or published report) directory in place.
+    baseline, title, at_flops: when not given (None, "", None), what a published report recorded
+        in its experiment.json (``report``), else "grpo", the experiment's name without its time
+        stamp, and each run's end.
     arms: explicitly named arms (from ``--arm``), added to those found from ``paths``.
+    raw: publish the runs' raw data into ``out_dir`` first and report on the copies
+        (:mod:`mlmt_bench.report.publish`); the summary then has ``published``: its size.
     """
-    grouped = group_runs(list(paths))
+    paths = [Path(p) for p in paths]
+    one_exp = len(paths) == 1 and (paths[0] / "experiment.json").is_file()
+    record = experiment_record(paths[0]) if one_exp else {}
+    if out_dir is None:
+        if not one_exp or arms:
+            raise UserError("give --out DIR (without it the report is re-rendered in place, which needs one "
+                            "experiment or published report directory and no --arm)")
+        out_dir = paths[0]
+    recorded = record.get("report") if isinstance(record.get("report"), dict) else {}
+    if baseline is None:
+        baseline = recorded.get("baseline", "grpo")
+    title = title or recorded.get("title") or (strip_stamp(paths[0].name) if one_exp else "")
+    if at_flops is None:
+        at_flops = recorded.get("at_flops")
+    grouped = group_runs(paths)
     for arm, dirs in (arms or {}).items():
         grouped.setdefault(arm, []).extend(Path(d) for d in dirs)
-    if not title and len(paths) == 1 and (Path(paths[0]) / "experiment.json").is_file():
-        title = strip_stamp(Path(paths[0]).name)
-    return build_comparison(grouped, Path(out_dir), baseline=baseline, title=title, at_flops=at_flops)
+    if raw:
+        from mlmt_bench.report import publish
+
+        grouped = publish.publish_runs(grouped, Path(out_dir), record=record if one_exp and not arms else {},
+                                       title=title, baseline=baseline, at_flops=at_flops)
+    summary = build_comparison(grouped, Path(out_dir), baseline=baseline, title=title, at_flops=at_flops)
+    if raw:
+        summary["published"] = publish.size(Path(out_dir))
+    return summary

@@ -38,6 +38,11 @@ CI_METRICS = (("acc@t1", "t1"), ("acc@t2", "t2"), ("acc@t2_null", "t2_null"))
 #: significance level of the marks (*): p < ALPHA
 ALPHA = 0.05
 DASH = "–"
+#: what an interval resampled (report/analysis.py): seeds and problems (METHOD v3), the problems of
+#: one seed, or (arms not on the same seeds and problems) the problems of seed-averaged outcomes (v2)
+TWO_WAY, ONE_SEED, PROBLEMS = "two-way", "one seed", "problems"
+#: what a cell adds to an interval that is not two-way
+INTERVAL_TAG = {TWO_WAY: "", ONE_SEED: " (1 seed: problems only)", PROBLEMS: " (problems only: seed means)"}
 
 
 def fmt(value: float | None, kind: str) -> str:
@@ -92,9 +97,36 @@ def fmt_mean_std(ms: dict[str, Any] | None, kind: str) -> str:
 
 
 def fmt_ci(ci: dict[str, Any] | None) -> str:
+    """An accuracy with its 95% interval, tagged when the interval is not two-way."""
     if not ci:
         return DASH
-    return f"{100 * ci['mean']:.1f}% [{100 * ci['lo']:.1f}, {100 * ci['hi']:.1f}]"
+    return f"{100 * ci['mean']:.1f}% [{100 * ci['lo']:.1f}, {100 * ci['hi']:.1f}]{interval_tag(ci)}"
+
+
+def interval_tag(rec: dict[str, Any]) -> str:
+    return INTERVAL_TAG.get(rec.get("interval", TWO_WAY), "")
+
+
+def fmt_pp_ci(d: dict[str, Any], key: str = "diff") -> str:
+    """A change (``d[key]``, fractions) in signed points with its 95% interval."""
+    return f"{100 * d[key]:+.1f} pp [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}]"
+
+
+def fmt_mde(d: dict[str, Any]) -> str:
+    return f"{100 * d['mde']:.1f} pp" if d.get("mde") is not None else DASH
+
+
+def fmt_per_seed(d: dict[str, Any]) -> str:
+    """The per-seed differences of a paired record, in signed points: ``s0 +2.0, s1 -3.5``."""
+    per = d.get("per_seed_diff") or {}
+    return ", ".join(f"s{seed} {100 * v:+.1f}" for seed, v in per.items()) or DASH
+
+
+def fmt_pair_units(d: dict[str, Any]) -> str:
+    """Seeds × problems of a paired difference; the problems alone when it fell back to seed means."""
+    if d.get("n_seeds") is None:
+        return f"{d['n_problems']} problems (seed means)"
+    return f"{d['n_seeds']} × {d['n_problems']}"
 
 
 def fmt_p(p: float | None) -> str:
@@ -123,5 +155,6 @@ def mark(p: float | None) -> str:
 
 
 def fmt_units(arm: dict[str, Any]) -> str:
+    """Seeds × problems of an arm's acc@t2 interval."""
     ci = arm["ci"].get("acc@t2")
-    return f"{ci['n_problems']} × {ci['n_seeds']}" if ci else DASH
+    return f"{ci['n_seeds']} × {ci['n_problems']}" if ci else DASH

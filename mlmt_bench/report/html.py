@@ -2,12 +2,13 @@
 style; figures embedded as a base64 PNG or inline SVG), written beside comparison.md by
 :func:`mlmt_bench.report.compare.build_comparison`.
 
-Sections: the method × metric table (mean ± std over seeds, 95% cluster-bootstrap CIs over
-problems, gains and differences with their sign-flip p-values, marked when p < 0.05), the
-paired tests against the baseline, accuracy against generated tokens and FLOPs, the turn
-transitions, the feedback metrics over training, cost per method, and example episodes on
-problems where the arms disagree. Every text that comes from a run (model outputs above all)
-is escaped.
+Sections: the method × metric table (mean ± std over seeds, 95% two-way bootstrap CIs over seeds
+and problems (METHOD.md v3), gains and differences with their bootstrap p-values, the differences
+from the baseline Holm-adjusted and with their MDE, marked when p < 0.05), the paired tests
+against the baseline (per-seed differences, the v2 sign-flip test as a labelled secondary,
+McNemar per seed), accuracy against generated tokens and FLOPs, the turn transitions, the
+feedback metrics over training, cost per method, and example episodes on problems where the arms
+disagree. Every text that comes from a run (model outputs above all) is escaped.
 """
 
 from __future__ import annotations
@@ -20,17 +21,21 @@ from pathlib import Path
 from typing import Any
 
 from mlmt_bench.metrics.stats import mean_std
-from mlmt_bench.report import figures, svg
+from mlmt_bench.report import analysis, figures, svg
 from mlmt_bench.report.formatting import (
-    ALPHA,
     CI_METRICS,
     DASH,
     TABLE_METRICS,
     fmt,
+    fmt_mde,
     fmt_mean_std,
     fmt_p,
+    fmt_pair_units,
+    fmt_per_seed,
+    fmt_pp_ci,
     fmt_reach,
     fmt_units,
+    interval_tag,
     mark,
 )
 from mlmt_bench.report.episodes import Disagreement, Examples, find_disagreements
@@ -119,14 +124,19 @@ def _pp_ci(d: dict[str, Any]) -> str:
     return f"[{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}]"
 
 
-def _change(d: dict[str, Any], mean_key: str) -> str:
-    """A cell for a change with its CI and sign-flip p-value (a gain over step 0 or a paired difference)."""
-    return _td(f"{100 * d[mean_key]:+.1f} pp{mark(d['p_value'])}",
-               sub=[f"95% CI {_pp_ci(d)}", f"p = {fmt_p(d['p_value'])}"], sig=_sig(d["p_value"], d[mean_key]))
+def _change(d: dict[str, Any], mean_key: str, p_key: str = "p_value") -> str:
+    """A cell for a change with its two-way CI, p-value and MDE (a gain over step 0, or a difference
+    from the baseline with ``p_key`` "p_holm", its Holm-adjusted p, deciding the mark)."""
+    p = d[p_key]
+    sub = [f"95% CI {_pp_ci(d)}{interval_tag(d)}", f"p = {fmt_p(d['p_value'])}"]
+    if p_key == "p_holm":
+        sub.append(f"p (Holm) = {fmt_p(p)}")
+    sub.append(f"MDE {fmt_mde(d)}")
+    return _td(f"{100 * d[mean_key]:+.1f} pp{mark(p)}", sub=sub, sig=_sig(p, d[mean_key]))
 
 
 def _sig(p: float | None, change: float) -> str:
-    """The shading of a change with sign-flip p-value ``p``: "up", "down", or "" when p >= ALPHA."""
+    """The shading of a change with p-value ``p``: "up", "down", or "" when p >= ALPHA."""
     return ("up" if change > 0 else "down") if mark(p) else ""
 
 
@@ -144,7 +154,7 @@ def _metrics_table(summary: dict[str, Any]) -> str:
             sub = []
             if key in dict(CI_METRICS):
                 ci = arm["ci"].get(key)
-                sub = [f"95% CI [{100 * ci['lo']:.1f}, {100 * ci['hi']:.1f}]" if ci else "",
+                sub = [f"95% CI [{100 * ci['lo']:.1f}, {100 * ci['hi']:.1f}]{interval_tag(ci)}" if ci else "",
                        f"step 0: {fmt(arm['start'][key], 'pct')}" if key in arm["start"] else ""]
             cells.append(_td(fmt_mean_std(arm["metrics"].get(key), kind), sub=sub))
         rows.append(f"<tr><th>{esc(label)}{badge}</th>{''.join(cells)}</tr>")
@@ -160,14 +170,14 @@ def _metrics_table(summary: dict[str, Any]) -> str:
             elif not p or not p.get("n_problems"):
                 cells.append(_td(DASH, sub=["no common problems"]))
             else:
-                cells.append(_change(p, "diff"))
-        rows.append(f"<tr><th>acc@t2 − {esc(baseline)}'s, per problem</th>{''.join(cells)}</tr>")
+                cells.append(_change(p, "diff", "p_holm"))
+        rows.append(f"<tr><th>acc@t2 − {esc(baseline)}'s (seeds × problems)</th>{''.join(cells)}</tr>")
         target = summary["target_acc@t2"]
         for x_key, what, kind in (("gen_tokens", "tokens", "tok"), ("flops", "FLOPs", "flops")):
             cells = [_td(fmt_reach((summary["arms"][a]["reach"] or {}).get(x_key), kind)) for a in arms]
             rows.append(f"<tr><th>{what} to reach {esc(baseline)}'s final acc@t2 ({fmt(target, 'pct')}): "
                         f"median over seeds</th>{''.join(cells)}</tr>")
-    rows.append("<tr><th>problems × seeds in the CIs</th>"
+    rows.append("<tr><th>seeds × problems in the CIs</th>"
                 + "".join(_td(fmt_units(summary["arms"][a])) for a in arms) + "</tr>")
     return f"<div class=wide><table>{head}{''.join(rows)}</table></div>"
 
@@ -176,16 +186,20 @@ def _paired_table(summary: dict[str, Any]) -> str:
     rows = []
     for arm, p in summary["paired"].items():
         if not p.get("n_problems"):
-            rows.append(f"<tr><th>{esc(arm)}</th><td class='num'>0</td><td colspan='3'>no common problems</td></tr>")
+            rows.append(f"<tr><th>{esc(arm)}</th><td class='num'>0</td>"
+                        f"<td colspan='7'>{esc(p.get('why') or 'no common problems')}</td></tr>")
             continue
         mc = "; ".join(f"s{seed}: {m['b']}/{m['c']}, p = {fmt_p(m['p_value'])}"
                        for seed, m in sorted(p["mcnemar"].items()))
-        diff = _td(f"{100 * p['diff']:+.1f} pp {_pp_ci(p)}")
-        p_cell = _td(fmt_p(p["p_value"]) + mark(p["p_value"]), sig=_sig(p["p_value"], p["diff"]))
-        rows.append(f"<tr><th>{esc(arm)}</th>{_td(str(p['n_problems']))}{diff}{p_cell}{_td(mc or DASH)}</tr>")
+        cells = [_td(fmt_pair_units(p)), _td(fmt_pp_ci(p) + interval_tag(p)), _td(fmt_p(p["p_value"])),
+                 _td(fmt_p(p["p_holm"]) + mark(p["p_holm"]), sig=_sig(p["p_holm"], p["diff"])), _td(fmt_mde(p)),
+                 _td(fmt_per_seed(p)), _td(fmt_p(p["sign_flip_p"])), _td(mc or DASH)]
+        rows.append(f"<tr><th>{esc(arm)}</th>{''.join(cells)}</tr>")
     if not rows:
         return "<p>(no other arm)</p>"
-    return ("<div class=wide><table><tr><th>arm</th><th>problems</th><th>difference (95% CI)</th><th>sign-flip p</th>"
+    return ("<div class=wide><table><tr><th>arm</th><th>seeds × problems</th><th>difference (95% CI)</th><th>p</th>"
+            "<th>p (Holm)</th><th>MDE</th><th>per-seed differences (pp)</th>"
+            "<th>sign-flip p <span class='sub'>(secondary: conditional on these seeds)</span></th>"
             "<th>McNemar b/c per seed</th></tr>" + "".join(rows) + "</table></div>")
 
 
@@ -257,11 +271,8 @@ def render_html(summary: dict[str, Any], loaded: dict[str, list[RunRecord]], acc
            "not a measurement of the method:</p><ul>" + "".join(f"<li>{_md_inline(b)}</li>" for b in invalid)
            + "</ul>"] if invalid else []),
         f"<p class='lede'>Final evaluation of each run, refine-all protocol unless labelled otherwise "
-        f"({proto or 'protocol not recorded'}). Seeds per arm: {seeds}. Statistics treat the problem as the unit "
-        "(METHOD.md v2): <i>mean ± std</i> is over seeds (sample std); a 95% CI resamples problems, each keeping "
-        "all its seeds (2000 resamples); a gain or a difference is the per-problem difference of seed-averaged "
-        f"correctness with a sign-flip permutation test over problems: <b>*</b> and a shaded cell mark p &lt; {ALPHA} "
-        "(green: up, red: down). "
+        f"({proto or 'protocol not recorded'}). Seeds per arm: {seeds}. {_md_inline(analysis.statistics_text(summary))} "
+        "A shaded cell marks the same (green: up, red: down). "
         "Numbers marked <span class='badge'>oracle-gated</span> consult the verifier at test time (optimistic).</p>",
         "<nav><a href='#metrics'>metrics</a><a href='#curves'>curves</a><a href='#transitions'>transitions</a>"
         "<a href='#feedback'>feedback</a><a href='#cost'>cost</a><a href='#episodes'>episodes</a>"
@@ -270,10 +281,7 @@ def render_html(summary: dict[str, Any], loaded: dict[str, list[RunRecord]], acc
     ]
     if baseline is not None:
         sections += [f"<h2 id='baseline'>Against {esc(baseline)}</h2>",
-                     f"<p>Difference = arm − {esc(baseline)} in final acc@t2 per problem (each arm's correctness "
-                     "averaged over its seeds), bootstrap 95% CI over problems, two-sided sign-flip p over problems. "
-                     f"McNemar: exact, per seed (b = arm right and {esc(baseline)} wrong, c = the reverse), never "
-                     "pooled over seeds.</p>", _paired_table(summary)]
+                     f"<p>{_md_inline(analysis.against_text(summary))}</p>", _paired_table(summary)]
     sections += [
         "<h2 id='curves'>Accuracy against training cost</h2>",
         _figure(_img(acc_png, "eval acc@t2 against generated tokens and against FLOPs"),

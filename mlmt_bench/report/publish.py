@@ -1,0 +1,155 @@
+"""A report published with its raw data (METHOD.md v3: anyone can recompute every number), which
+``mlmt-bench report DIR`` re-renders byte for byte.
+
+``mlmt-bench report EXP_DIR --out DIR --raw`` copies what the report is computed from into DIR and
+renders the report from those copies:
+
+    DIR/experiment.json         the experiment's record with its arms listing ``runs/<run>``
+                                (relative to DIR) and ``report``: the options it was rendered with
+                                (title, baseline, at_flops), which a re-render reuses
+    DIR/runs/<run>/manifest.json, spec.resolved.yaml        as the run wrote them
+    DIR/runs/<run>/metrics.jsonl.gz, eval_problems.jsonl.gz the run's logs (every evaluation's
+                                per-problem outcomes), gzip of the bytes the run wrote
+    DIR/runs/<run>/samples.jsonl.gz   only the logged episodes the report reads (the example
+                                episodes where arms disagree: :func:`episodes.episodes_used`);
+                                absent when it reads none
+    DIR/comparison.md, acc_vs_tokens.png, index.html
+
+No checkpoints and no other samples. ``mlmt-bench report DIR`` (no ``--out``: in place) reads the
+copies with the recorded options and writes the same comparison.md and index.html, wherever DIR
+is: nothing rendered depends on its location or on the time (acc_vs_tokens.png carries no
+version or date either). The bytes of the PNG, which index.html embeds, depend on matplotlib's
+version (and its FreeType): re-render with the versions in the runs' manifests for identical files.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from mlmt_bench.errors import UserError
+from mlmt_bench.jsonl import is_gzip
+from mlmt_bench.report.episodes import episodes_used
+from mlmt_bench.report.runs import log_file
+from mlmt_bench.tracking import atomic_write_bytes, atomic_write_text
+
+#: copied as they are
+AS_IS = ("manifest.json", "spec.resolved.yaml")
+#: copied whole, gzip-compressed (``<name>.gz``)
+LOGS = ("metrics.jsonl", "eval_problems.jsonl")
+SAMPLES = "samples.jsonl"
+RUNS = "runs"
+#: a committed report should stay below this (issue 18): ``mlmt-bench report`` warns above it
+SIZE_LIMIT_BYTES = 25 * 10**6
+
+
+def _gzip(data: bytes) -> bytes:
+    """gzip without a file name or time stamp: the same bytes give the same file."""
+    return data if data[:2] == b"\x1f\x8b" else gzip.compress(data, compresslevel=9, mtime=0)
+
+
+def _read(path: Path) -> bytes:
+    if is_gzip(path):
+        with gzip.open(path, "rb") as f:
+            return f.read()
+    return path.read_bytes()
+
+
+def _kept_samples(path: Path, step: int | None, pids: set[str]) -> bytes:
+    """The lines of a samples log at ``step`` whose problem is in ``pids`` (the last line of each,
+    as the report reads them), as they were written."""
+    kept: dict[str, bytes] = {}
+    for line in _read(path).splitlines(keepends=True):
+        try:
+            rec = json.loads(line)
+        except ValueError:  # a torn last line, which the report ignores too
+            continue
+        if (isinstance(rec, dict) and isinstance(rec.get("turns"), list) and rec.get("step") == step
+                and str(rec.get("problem_id")) in pids):
+            kept.pop(str(rec.get("problem_id")), None)
+            kept[str(rec.get("problem_id"))] = line if line.endswith(b"\n") else line + b"\n"
+    return b"".join(kept.values())
+
+
+def _copy_run(src: Path, dest: Path, used: tuple[int | None, set[str]] | None) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in AS_IS:
+        if (src / name).is_file():
+            atomic_write_bytes(dest / name, (src / name).read_bytes())
+    for name in (*LOGS, SAMPLES):
+        (dest / name).unlink(missing_ok=True)  # a plain log would shadow its .gz (runs.log_file)
+        packed = dest / f"{name}.gz"
+        source = log_file(src, name)
+        if name == SAMPLES:
+            data = _kept_samples(source, *used) if used is not None and source.is_file() else b""
+            if data:
+                atomic_write_bytes(packed, _gzip(data))
+            else:
+                packed.unlink(missing_ok=True)
+        elif source.is_file():
+            atomic_write_bytes(packed, _gzip(source.read_bytes()))
+
+
+def _check_target(out_dir: Path, names: set[str]) -> None:
+    exp = out_dir / "experiment.json"
+    if exp.is_file():
+        try:
+            report = json.loads(exp.read_text(encoding="utf-8")).get("report")
+        except (OSError, ValueError, AttributeError):
+            report = None
+        if not (isinstance(report, dict) and report.get("raw")):
+            raise UserError(f"{out_dir}: holds an experiment's own experiment.json; publish into a new directory "
+                            "(or into a report published with --raw)")
+    stale = sorted(p.name for p in (out_dir / RUNS).iterdir() if p.name not in names) \
+        if (out_dir / RUNS).is_dir() else []
+    if stale:
+        raise UserError(f"{out_dir / RUNS}: holds runs this report does not use ({', '.join(stale[:3])}"
+                        f"{' ...' if len(stale) > 3 else ''}); remove them or publish into a new directory")
+
+
+def publish_runs(grouped: dict[str, list[Path]], out_dir: Path, *, record: dict[str, Any], title: str,
+                 baseline: str | None, at_flops: float | None) -> dict[str, list[Path]]:
+    """Copy the raw data of ``grouped`` (arm -> run directories) into ``out_dir`` as the module says
+    and write its experiment.json; returns the arms with the copies' directories.
+
+    record: the source experiment's experiment.json ({} when the runs came from elsewhere); kept
+    but for its arms and its ``comparison`` (the source's file paths). title, baseline, at_flops:
+    the options of the report, recorded for a re-render.
+    """
+    from mlmt_bench.report.compare import with_base_critic_arms
+    from mlmt_bench.report.runs import load_run
+
+    out_dir = Path(out_dir)
+    src_of: dict[str, Path] = {}
+    for arm, dirs in grouped.items():
+        for d in dirs:
+            name = Path(os.path.abspath(d)).name
+            if name in src_of and os.path.abspath(src_of[name]) != os.path.abspath(d):
+                raise UserError(f"two runs named {name} ({src_of[name]} and {d}); a report holds each run once "
+                                f"as {RUNS}/<run name>")
+            src_of[name] = Path(d)
+    _check_target(out_dir, set(src_of))
+    loaded = with_base_critic_arms({arm: [load_run(p, at_flops=at_flops) for p in dirs]
+                                    for arm, dirs in grouped.items()})
+    used = {os.path.abspath(path): v for path, v in episodes_used(loaded).items()}
+    for name, src in src_of.items():
+        dest = out_dir / RUNS / name
+        if os.path.abspath(src) != os.path.abspath(dest):  # not already this report's copy
+            _copy_run(src, dest, used.get(os.path.abspath(src)))
+    out = {arm: [out_dir / RUNS / Path(os.path.abspath(d)).name for d in dirs] for arm, dirs in grouped.items()}
+    exp = {k: v for k, v in record.items() if k not in ("arms", "comparison", "report")}
+    exp.setdefault("name", title)
+    exp["arms"] = {arm: [f"{RUNS}/{p.name}" for p in dirs] for arm, dirs in out.items()}
+    exp["report"] = {"title": title, "baseline": baseline, "at_flops": at_flops, "raw": True}
+    atomic_write_text(out_dir / "experiment.json", json.dumps(exp, indent=2) + "\n")
+    return out
+
+
+def size(out_dir: Path) -> dict[str, Any]:
+    """Bytes of everything under a published report, against :data:`SIZE_LIMIT_BYTES`."""
+    total = sum(p.stat().st_size for p in Path(out_dir).rglob("*") if p.is_file())
+    return {"bytes": total, "limit_bytes": SIZE_LIMIT_BYTES, "over_limit": total > SIZE_LIMIT_BYTES}
+
