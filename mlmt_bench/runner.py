@@ -174,15 +174,18 @@ def make_trainer(spec: RunSpec, comp: Components, run_dir: RunDir) -> Trainer:
 
 def run_manifest(spec: RunSpec, comp: Components) -> dict[str, Any]:
     """What the manifest records about a run's components: the algorithm's roles, the policies'
-    sizes, the sampling temperatures, and the shared base (its data, tokens and seed, identical for
-    every arm of an experiment)."""
+    sizes, the sampling temperatures, the shared base (its weights' sha256, data, tokens and seed,
+    identical for every arm of an experiment) and what the floats depend on
+    (:func:`mlmt_bench.reproducible.record`: the CPU pin, the CPU model, library versions)."""
+    from mlmt_bench import reproducible
     from mlmt_bench.trainer import training_temperatures
 
     roles = comp.algorithm.roles()
     return {"roles": {"solver": roles.solver, "critic": roles.critic, "feedback": roles.feedback},
             "temperatures": {**training_temperatures(spec), "eval": spec.eval.temperature},
             "params": {r: p.n_params for r, p in comp.policies.items() if p is not None},
-            "base": comp.base.summary() if comp.base is not None else None}
+            "base": comp.base.summary() if comp.base is not None else None,
+            "environment": reproducible.record()}
 
 
 def run(spec: RunSpec, progress: bool = True, *, extra_manifest: dict[str, Any] | None = None,

@@ -10,7 +10,10 @@ a larger preset on exactly the same conversations (the data never depends on a m
 
 Reproducible: a base is a pure function of its :class:`BaseConfig` — seeded initialisation,
 data and order, and a fixed number of torch CPU threads (the float summation order, hence the
-weights, depends on it), all in the cache key. It is cached under
+weights, depends on it), all in the cache key; and, under the CPU pin of
+:mod:`mlmt_bench.reproducible` (on unless ``MLMT_BENCH_CPU_PIN=0``), the same on every x86-64
+machine with AVX2. ``base.json`` records the weights' sha256 and the build's environment (CPU,
+pin, library versions) so that a base built elsewhere is told apart. It is cached under
 ``<cache_dir>/<key>/`` with ``model/`` (an ordinary HF checkpoint with its tokenizer) and
 ``base.json`` (the config, what it was trained on, and its check on the validation split),
 written under a temporary name and renamed into place, so an entry is complete or absent; the
@@ -38,7 +41,8 @@ from mlmt_bench.errors import UserError
 from mlmt_bench.models.hf_quiet import quiet_transformers
 
 #: Bumped whenever a change here would change the weights a config produces (part of the key).
-BASE_FORMAT = 3
+#: 4: built under the CPU pin (mlmt_bench.reproducible), which changes the weights on every machine.
+BASE_FORMAT = 4
 
 
 class BaseMix(BaseModel):
@@ -154,10 +158,12 @@ class Base:
         return validity_failures(self.report.get("check") or {})
 
     def summary(self) -> dict[str, Any]:
-        """What a run records about its base: key, seed, preset, parameters, data and tokens, and
-        whether it is a valid testbed."""
+        """What a run records about its base: key, weights sha256 and the build's environment (CPU,
+        pin, library versions), seed, preset, parameters, data and tokens, and whether it is a
+        valid testbed."""
         r = self.report
-        return {"key": r["key"], "seed": r["config"]["seed"], "preset": r["config"]["preset"], "params": r["params"],
+        return {"key": r["key"], "sha256": r.get("sha256"), "environment": r.get("environment"),
+                "seed": r["config"]["seed"], "preset": r["config"]["preset"], "params": r["params"],
                 "tokens": r["sft"]["tokens"], "trained_tokens": r["sft"]["trained_tokens"],
                 "flops": r["flops"], "steps_by_kind": r["steps_by_kind"], "config": r["config"],
                 "path": str(self.directory), "invalid_because": self.invalid_because()}
@@ -286,6 +292,7 @@ def _build(cfg: BaseConfig, bench: Any, out: Path, progress: bool) -> dict[str, 
     import torch
     import transformers
 
+    from mlmt_bench import reproducible
     from mlmt_bench.benchmarks.synthetic_curriculum import KINDS, Curriculum
     from mlmt_bench.metrics.cost import training_flops
     from mlmt_bench.models.sft import sft
@@ -316,7 +323,8 @@ def _build(cfg: BaseConfig, bench: Any, out: Path, progress: bool) -> dict[str, 
     return {"config": cfg.model_dump(mode="json"), "format": BASE_FORMAT, "params": params,
             "n_problems": len(data.problems), "steps_by_kind": {k: plan.count(k) for k in KINDS}, "sft": summary,
             "flops": training_flops(params, summary["tokens"]),
-            "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
+            "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+            "sha256": reproducible.weights_sha256(out / "model"), "environment": reproducible.record()}
 
 
 def _rich_bar() -> Any:
