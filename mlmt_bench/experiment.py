@@ -60,10 +60,13 @@ def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool
     exp_dir, record = _open_experiment(exp, arms, resume)
     t_start = time.perf_counter()
     jobs, seed_of = _pending_jobs(exp, arms, exp_dir, record)
+    _check_cached_bases(jobs, record, exp_dir)
     total, n_done = len(arms) * len(exp.seeds), len(arms) * len(exp.seeds) - len(jobs)
 
     def finished(job: _Job, run_name: str, wall_s: float) -> None:
         nonlocal n_done
+        join_base(record, json.loads((exp_dir / run_name / "manifest.json").read_text()), run_name,
+                  f"experiment {exp_dir}")
         n_done += 1
         seed_of[run_name] = job.seed  # each arm's runs are listed in seed order, whatever order they end in
         runs = [*record["arms"][job.arm], run_name]
@@ -163,6 +166,7 @@ def _pending_jobs(exp: ExperimentSpec, arms: dict[str, RunSpec], exp_dir: Path,
             continue
         run_dir = manifest_path.parent
         if manifest.get("status") == "completed":
+            join_base(record, manifest, run_dir.name, f"--resume {exp_dir}")
             want = _comparable(_run_spec(arms[key[0]], exp_dir, key[1]))
             have = _comparable(load_run_spec(run_dir / "spec.resolved.yaml"))
             if want != have:
@@ -171,12 +175,57 @@ def _pending_jobs(exp: ExperimentSpec, arms: dict[str, RunSpec], exp_dir: Path,
                                 f"with a different spec (fields {diff}); start a new experiment instead")
             finished[key] = run_dir.name
         elif any((run_dir / "checkpoints").glob("*")):
+            join_base(record, manifest, run_dir.name, f"--resume {exp_dir}")
             partial[key] = str(run_dir)
     for arm in arms:  # the record lists exactly the finished runs, in seed order
         record["arms"][arm] = [finished[(arm, s)] for s in exp.seeds if (arm, s) in finished]
     jobs = [_Job(arm, seed, _run_spec(spec, exp_dir, seed).model_dump_json(), partial.get((arm, seed)))
             for seed in exp.seeds for arm, spec in arms.items() if (arm, seed) not in finished]
     return jobs, {name: seed for (_, seed), name in finished.items()}
+
+
+def join_base(record: dict[str, Any], manifest: dict[str, Any], run_name: str, where: str) -> None:
+    """Admit a run's shared base into the experiment: every run of one base config (its key:
+    seed, preset, data, ...) must have started from the same weights. The first run records the
+    weights' sha256 under ``record["bases"][key]``; a run whose base hash differs (a base built
+    on another machine, or unpinned) is refused with one line."""
+    base = manifest.get("base")
+    if not base:
+        return
+    bases = record.setdefault("bases", {})
+    env = base.get("environment") or {}
+    have = bases.setdefault(base["key"], {"sha256": base.get("sha256"), "seed": base.get("seed"),
+                                          "preset": base.get("preset"), "cpu": env.get("cpu"),
+                                          "pinned": env.get("pinned")})
+    if have["sha256"] != base.get("sha256"):
+        raise UserError(f"{where}: run {run_name} ({manifest.get('arm')}, seed {manifest.get('seed')}) started from "
+                        f"base {base['key']} ({base.get('preset')}, seed {base.get('seed')}) with weights sha256 "
+                        f"{_short(base.get('sha256'))} (cpu {env.get('cpu')!r}, pinned {env.get('pinned')}), but "
+                        f"the experiment's runs of that base have {_short(have['sha256'])} (cpu {have.get('cpu')!r}, "
+                        f"pinned {have.get('pinned')}); it does not join the experiment: rebuild the base with the "
+                        "CPU pin on (MLMT_BENCH_CPU_PIN unset) and redo the run, or start a new experiment")
+
+
+def _short(sha: str | None) -> str:
+    return sha[:16] if sha else "none (a base built before weight hashes)"
+
+
+def _check_cached_bases(jobs: list[_Job], record: dict[str, Any], exp_dir: Path) -> None:
+    """Before any run starts: a base this experiment already used that is in this machine's cache
+    with other weights (built elsewhere or unpinned) refuses the runs that would start from it."""
+    from mlmt_bench import runner
+    from mlmt_bench.models.shared_base import ensure_base, is_cached
+
+    known = record.get("bases") or {}
+    for job in jobs:
+        spec = RunSpec.model_validate_json(job.spec_json)
+        if spec.base is None or job.resume_dir is not None:
+            continue
+        cfg = runner.base_config(spec)
+        if cfg.key() in known and is_cached(cfg):
+            base = ensure_base(cfg, progress=False, require_valid=False)
+            join_base(record, {"base": base.summary(), "arm": job.arm, "seed": job.seed},
+                      f"(not started) {spec.name}", f"--resume {exp_dir}")
 
 
 def _run_job(job: _Job, exp_name: str, progress: bool) -> tuple[str, float]:
