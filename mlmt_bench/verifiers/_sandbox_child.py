@@ -8,17 +8,29 @@ constants.
 Process layout (one run = one program and its tests)::
 
     host (pytest / trainer thread)
-      └─ judge  J   this script; new session; trusted; reads its config from stdin
-           └─ candidate C   fork of J; isolated; runs setup + program; answers eval requests
+      └─ judge  J   this script; new session; root; reads its config from stdin; runs no test
+           ├─ evaluator E   fork of J; isolated like C, with a uid of its own; evaluates the tests
+           └─ candidate C   fork of J; isolated; runs setup + program; answers E's eval requests
+
+J only supervises: it makes the run's cgroups, forks E and C, hands the tests to E, waits for
+E's report (killing E ``EVAL_GRACE_S`` after E's own deadline, whatever E is doing), kills what
+is left and writes the verdict for the host. J never parses a value from C, and what E reports
+is checked as data: the tests may come with the input (a ``verify`` line, a dataset) and be as
+untrusted as the program, so they run in E, never as root on the host. E is in the run's memory
+and pids cgroups, a network namespace and a jail of its own (without /proc), under rlimits,
+no_new_privs and a private uid; it is not in C's PID namespace (it must outlive C's init), so
+J, a child subreaper, kills E's leftovers itself.
 
 Why candidates cannot fake a pass
 ---------------------------------
-The expected values never enter C. J parses every test (``assert f(3) == 5``) and evaluates it
+The expected values never enter C. E parses every test (``assert f(3) == 5``) and evaluates it
 itself; only the sub-expressions that involve the candidate's names (``f(3)``) are sent to C as
 source text over a pipe, and C answers with a *value*, encoded as plain data (ints, strings,
-lists, dicts ...). J decodes it into fresh builtin objects and does the comparison, the
-``assert`` and any helper calls (``math.isclose``, ``set`` ...) with its own, untouched
-interpreter. So:
+lists, dicts ...). E decodes it into fresh builtin objects (a frame of at most ``MAX_FRAME``
+bytes and ``MAX_STRUCTURE`` JSON separators, counted before it is parsed; no dict or set whose
+keys were forged to share one hash value) and does the comparison, the ``assert`` and any
+helper calls (``math.isclose``, ``set`` ...) with its own, untouched interpreter. (Below, "J"
+is the trusted side that evaluates the tests: E, forked from J.) So:
 
 * overriding ``__eq__`` / ``__bool__`` on a returned object is useless: the object never leaves C,
   only its plain-data encoding does (custom objects cannot be encoded and fail the test);
@@ -30,7 +42,7 @@ interpreter. So:
   frame inspection (``sys._getframe(1)``) only sees the request, not the expected value;
 * anything C writes on the result pipe is treated as untrusted data (a forged "answer" is just a
   value, and C does not know the expected one). Verdicts travel only from J to the host, on J's
-  stdout, tagged with a nonce that the host sends after C has been forked.
+  stdout, tagged with a nonce that the host sends after C and E have been forked.
 
 Isolation of C (each step is used when the host's probe found it working; see ``probe``):
 own uid/gid (a random unprivileged uid per run, so RLIMIT_NPROC is enforced and kill(-1) as
@@ -82,10 +94,16 @@ PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
 
-MAX_FRAME = 32 << 20  # largest result frame J accepts from C
-MAX_ITEMS = 2_000_000  # largest number of encoded items in one value
+MAX_FRAME = 16 << 20  # largest result frame E accepts from C
+MAX_ITEMS = 1_000_000  # largest number of encoded items in one value
 MAX_ITER = 1_000_000  # longest iterator C materialises
+# a frame is parsed only if it has at most this many JSON separators and openings (``,`` ``[``
+# ``{`` ``:``, counted in C code before anything is built; strings holding them count too): what
+# E builds from a frame is then bounded by the count, not by how small its items can be made
+MAX_STRUCTURE = 2 * MAX_ITEMS + 64
+MAX_SAME_HASH = 64  # distinct keys of one dict / set with one hash value (a collision attack)
 DETAIL_CHARS = 300
+EVAL_GRACE_S = 2.0  # J kills E this long after E's own deadline (E stuck in a C-level computation)
 
 # stdlib modules J must never import on a test's behalf (side effects on import)
 _NO_IMPORT = frozenset({
@@ -317,6 +335,7 @@ def decode_value(x):
         if len(rest) % 2:
             raise DecodeError("malformed dict")
         pairs = [(d(rest[i]), d(rest[i + 1])) for i in range(0, len(rest), 2)]
+        _check_hashes([k for k, _ in pairs], rest[0::2])
         if tag == "D":
             return dict(pairs)
         if tag == "CN":
@@ -327,10 +346,10 @@ def decode_value(x):
         if tag == "OD":
             return collections.OrderedDict(pairs)
         return collections.defaultdict(None, pairs)
-    if tag == "S":
-        return {d(i) for i in rest}
-    if tag == "F":
-        return frozenset(d(i) for i in rest)
+    if tag in ("S", "F"):
+        items = [d(i) for i in rest]
+        _check_hashes(items, rest)
+        return set(items) if tag == "S" else frozenset(items)
     if tag == "IT":
         return iter([d(i) for i in rest])
     if tag == "I" and len(rest) == 1 and isinstance(rest[0], str):
@@ -368,6 +387,38 @@ def decode_value(x):
             raise DecodeError("unknown handle")
         return _HANDLES[rest[0]]
     raise DecodeError(f"unknown value tag {tag[:20]!r}")
+
+
+def _check_hashes(keys: list, encoded: list) -> None:
+    """DecodeError if more than ``MAX_SAME_HASH`` distinct keys share one hash value.
+
+    Integers, fractions, decimals and floats hash to their value modulo 2**61 - 1, so a forged
+    result can hold a million distinct keys with one hash, which makes building the dict or set
+    quadratic (minutes, in C code that no deadline interrupts). The hashes are counted first (a
+    Counter of ints: distinct ints never collide there); only a crowded hash value has its keys
+    told apart, by their encoded form as text (str hashes are randomised)."""
+    import collections
+
+    try:
+        counts = collections.Counter(map(hash, keys))
+    except TypeError:
+        raise DecodeError("unhashable key") from None
+    if not counts or max(counts.values()) <= MAX_SAME_HASH:
+        return
+    crowded = {h for h, n in counts.items() if n > MAX_SAME_HASH}
+    distinct: dict = {}
+    for key, enc in zip(keys, encoded):
+        h = hash(key)
+        if h in crowded:
+            seen = distinct.setdefault(h, set())
+            seen.add(json.dumps(enc))
+            if len(seen) > MAX_SAME_HASH:
+                raise DecodeError(f"more than {MAX_SAME_HASH} distinct keys with one hash value")
+
+
+def structure_count(raw: bytes) -> int:
+    """JSON separators and openings in ``raw``, an upper bound on the values json.loads builds."""
+    return raw.count(b",") + raw.count(b"[") + raw.count(b"{") + raw.count(b":")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -656,14 +707,7 @@ def candidate_main(cfg: dict, req_r: int, resp_w: int, out_w: int, err_w: int) -
         os.dup2(null, 0)
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
-        keep = {0, 1, 2, req_r, resp_w}
-        for name in os.listdir("/proc/self/fd"):
-            fd = int(name)
-            if fd not in keep:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+        _close_fds_but({0, 1, 2, req_r, resp_w})
         mechanisms = list(cfg.get("parent_mechanisms") or ())
         if cfg.get("cgroup_dirs"):
             join_cgroups(cfg["cgroup_dirs"])
@@ -692,32 +736,17 @@ def candidate_main(cfg: dict, req_r: int, resp_w: int, out_w: int, err_w: int) -
         cand = os.fork()
         if cand != 0:
             _monitor(cand, req_r, resp_w)
-        limits = [
+        _set_rlimits([
             (resource.RLIMIT_CPU, int(cfg["cpu_s"])),
             (resource.RLIMIT_AS, int(cfg["memory_mb"]) << 20),
             (resource.RLIMIT_FSIZE, int(cfg["fsize_mb"]) << 20),
             (resource.RLIMIT_NOFILE, int(cfg["nofile"])),
             (resource.RLIMIT_CORE, 0),
             (resource.RLIMIT_NPROC, int(cfg["nproc_abs"])),
-        ]
-        for res, val in limits:
-            _soft, hard = resource.getrlimit(res)
-            if hard != resource.RLIM_INFINITY:
-                val = min(val, hard)
-            if res == resource.RLIMIT_CPU:
-                resource.setrlimit(res, (val, min(val + 1, hard) if hard != resource.RLIM_INFINITY else val + 1))
-            else:
-                resource.setrlimit(res, (val, val))
+        ])
         mechanisms.append("rlimits")
-        prctl(PR_SET_NO_NEW_PRIVS, 1)
-        if uid is not None:
-            os.setgroups([])
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)
-            if os.getuid() != uid or os.geteuid() != uid:
-                raise OSError("uid drop failed")
+        if _drop_privileges(uid):
             mechanisms.append("uid_drop")
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # cleared by the uid change: set it again
         signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # Python ignores it; here it ends the run
         os.umask(0o077)
         home = os.getcwd()
@@ -1012,11 +1041,16 @@ class Judge:
                 return
             if len(self.buf) < 4 + n:
                 return
-            raw = bytes(self.buf[4:4 + n])
+            with memoryview(self.buf) as view, view[4:4 + n] as part:
+                raw = bytes(part)
             del self.buf[:4 + n]
+            if structure_count(raw) > MAX_STRUCTURE:  # not parsed: the pending request fails
+                self.frames.append({"t": "result", "id": self.next_id, "ok": False, "etype": "ResultTooLarge",
+                                    "error": f"result too large to decode (more than {MAX_ITEMS} items)"})
+                continue
             try:
                 frame = json.loads(raw)
-            except (ValueError, RecursionError):
+            except (ValueError, RecursionError, MemoryError):
                 frame = {"t": "garbage"}
             if not isinstance(frame, dict):
                 frame = {"t": "garbage"}
@@ -1070,7 +1104,7 @@ class Judge:
     def kill(self) -> None:
         try:
             os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):  # E, after its uid drop: J kills C once E reports
             pass
 
     def _gone(self, status: str, why: str) -> None:
@@ -1298,12 +1332,219 @@ def prepare_test(test: str, ns: dict, setup_bound: set[str], program_defs: set[s
     return compile(new, "<test>", "exec")
 
 
+def _set_rlimits(limits) -> None:
+    """``(resource, value)`` pairs as soft and hard limits (CPU: hard one second above), never above
+    an existing hard limit."""
+    for res, val in limits:
+        _soft, hard = resource.getrlimit(res)
+        if hard != resource.RLIM_INFINITY:
+            val = min(val, hard)
+        if res == resource.RLIMIT_CPU:
+            resource.setrlimit(res, (val, min(val + 1, hard) if hard != resource.RLIM_INFINITY else val + 1))
+        else:
+            resource.setrlimit(res, (val, val))
+
+
+def _drop_privileges(uid: int | None) -> bool:
+    """no_new_privs, then (``uid`` given) no groups and ``uid`` as real, effective and saved
+    uid and gid; the parent-death signal set again (a uid change clears it). Whether it dropped."""
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+    if uid is not None:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+        if os.getuid() != uid or os.geteuid() != uid:
+            raise OSError("uid drop failed")
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    return uid is not None
+
+
+def _close_fds_but(keep) -> None:
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+_REPORT_STATUSES = frozenset({"starting", "loading", "loaded", "ok", "load_error", "sandbox_error", "protocol",
+                              "internal", "timeout", "died", "output_limit"})
+
+
+def evaluator_main(cfg: dict, fds: dict) -> None:
+    """The test evaluator E, forked by J before C: isolated like C (the run's cgroups, a network
+    namespace, a jail of its own, rlimits, no_new_privs and a private uid ``cfg["eval_uid"]``),
+    then it reads the tests and C's pid from J, evaluates the tests against C (the :class:`Judge`)
+    and writes its report to J. The tests may be as untrusted as the program (a ``verify`` input
+    line brings its own): here they can harm neither the host nor J. Never returns."""
+    try:
+        null = os.open("/dev/null", os.O_RDWR)
+        for fd in (0, 1, 2):  # J's stdin (the tests' channel from the host), stdout and stderr
+            os.dup2(null, fd)
+        _close_fds_but({0, 1, 2, *fds.values()})
+        mechanisms = []
+        if cfg.get("cgroup_dirs"):
+            join_cgroups(cfg["cgroup_dirs"])
+            mechanisms.append("evaluator_cgroup")
+        flags = (CLONE_NEWNET if cfg.get("netns") else 0) | \
+            (CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS if cfg.get("jail") else 0)
+        if flags:
+            unshare(flags)
+        if cfg.get("netns"):
+            mechanisms.append("evaluator_netns")
+        uid = cfg.get("eval_uid")
+        if cfg.get("jail"):
+            _build_jail({**cfg, "pidns": False}, uid)  # no /proc: E is in the host's PID namespace
+            mechanisms.append("evaluator_jail")
+        else:
+            os.chdir("/")
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        _set_rlimits([
+            (resource.RLIMIT_CPU, int(float(cfg["timeout_s"]) * 2 + 10)),
+            (resource.RLIMIT_AS, (int(cfg["memory_mb"]) + 256) << 20),
+            (resource.RLIMIT_FSIZE, int(cfg["fsize_mb"]) << 20),
+            (resource.RLIMIT_NOFILE, int(cfg["nofile"])),
+            (resource.RLIMIT_CORE, 0),
+            (resource.RLIMIT_NPROC, int(cfg["nproc"] if uid is not None else cfg["nproc_abs"])),
+        ])
+        if _drop_privileges(uid):
+            mechanisms.append("evaluator_uid_drop")
+        prctl(PR_SET_DUMPABLE, 0)
+        os.umask(0o077)
+        msg = read_frame(fds["tests_r"], limit=1 << 30)
+        os.close(fds["tests_r"])
+        tests, pid = list(msg["tests"]), int(msg["pid"])
+    except BaseException as exc:  # noqa: BLE001
+        try:
+            write_frame(fds["report_w"], {"setup_error": f"test evaluator: {type(exc).__name__}: {exc}"[:500]})
+        finally:
+            os._exit(70)
+    os.write(fds["report_w"], b"R")  # J's deadline starts now
+    report = {"status": "starting", "passed": [False] * len(tests), "details": [""] * len(tests),
+              "mechanisms": [], "load_error": None, "load_etype": None}
+    judge = Judge(cfg, pid, fds["resp_r"], fds["out_r"], fds["err_r"], fds["req_w"])
+    try:
+        _judge_run(judge, cfg, tests, report)
+    except ProgramGone:
+        pass
+    except BaseException as exc:  # noqa: BLE001 - report rather than die silently
+        report["status"] = "internal"
+        report["load_error"] = f"judge error: {type(exc).__name__}: {exc}"[:500]
+    try:
+        judge._drain_all()  # e.g. the monitor's exit frame
+        report["mechanisms"] += mechanisms
+        write_frame(fds["report_w"], {
+            "report": report, "gone": judge.status, "violation": judge.violation, "exit": judge.exit_desc,
+            "exit_signal": judge.exit_signal, "stdout": judge.tails[fds["out_r"]].decode("utf-8", "replace"),
+            "stderr": judge.tails[fds["err_r"]].decode("utf-8", "replace")})
+    finally:
+        os._exit(0)
+
+
+def _read_evaluator(fd: int, start_by: float, timeout_s: float, n_tests: int):
+    """(E's report: a dict, or None if it sent none usable; whether E got ready; whether J timed
+    it out): waits for E's ready byte until ``start_by``, then ``timeout_s`` + :data:`EVAL_GRACE_S`
+    for the report. Nothing E sends is trusted (see :func:`_checked_report`): it is read up to the size an
+    honest report of ``n_tests`` can have, and parsed only if its structure is that small too."""
+    limit = (128 << 10) + n_tests * (DETAIL_CHARS * 6 + 16)
+    structure_limit = n_tests * (DETAIL_CHARS + 4) + 8192
+    buf = bytearray()
+    ready, timed_out = False, False
+    deadline = start_by
+    poll = select.poll()
+    poll.register(fd, select.POLLIN)
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            timed_out = True
+            break
+        if not poll.poll(remaining * 1000):
+            continue
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            break
+        buf += chunk
+        if not ready and buf[:1] == b"R":
+            ready = True
+            del buf[:1]
+            deadline = time.monotonic() + timeout_s + EVAL_GRACE_S
+        if len(buf) > limit + 4:
+            break
+    if timed_out or len(buf) < 4:
+        return None, ready, timed_out
+    (n,) = struct.unpack(">I", bytes(buf[:4]))
+    raw = bytes(buf[4:4 + n])
+    if n > limit or len(raw) != n or structure_count(raw) > structure_limit:
+        return None, ready, False
+    try:
+        msg = json.loads(raw)
+    except (ValueError, RecursionError, MemoryError):
+        return None, ready, False
+    return (msg if isinstance(msg, dict) else None), ready, False
+
+
+def _text(value, limit: int) -> str | None:
+    return None if value is None else str(value)[:limit] if isinstance(value, (str, int, float)) else "?"
+
+
+def _checked_report(msg: dict | None, n_tests: int) -> dict:
+    """J's fields from E's report, each checked for type and length (E runs the tests, which may
+    be untrusted: what it says is data)."""
+    msg = msg if isinstance(msg, dict) else {}
+    rep = msg.get("report") if isinstance(msg.get("report"), dict) else {}
+    passed = rep.get("passed")
+    details = rep.get("details")
+    status = rep.get("status")
+    gone = msg.get("gone")
+    mechanisms = rep.get("mechanisms")
+    sig = msg.get("exit_signal")
+    return {
+        "status": status if status in _REPORT_STATUSES else "protocol",
+        "passed": [p is True for p in passed] if isinstance(passed, list) and len(passed) == n_tests
+        else [False] * n_tests,
+        "details": [str(d)[:DETAIL_CHARS] if isinstance(d, str) else "" for d in details]
+        if isinstance(details, list) and len(details) == n_tests else [""] * n_tests,
+        "mechanisms": [str(m)[:60] for m in mechanisms[:40]] if isinstance(mechanisms, list) else [],
+        "load_error": _text(rep.get("load_error"), 500), "load_etype": _text(rep.get("load_etype"), 60),
+        "gone": gone if gone in _REPORT_STATUSES else None,
+        "violation": _text(msg.get("violation"), DETAIL_CHARS), "exit": _text(msg.get("exit"), 200) or "",
+        "exit_signal": sig if type(sig) is int and 0 <= sig < 128 else 0,
+        "stdout": _text(msg.get("stdout"), 4000) or "", "stderr": _text(msg.get("stderr"), 4000) or "",
+        "setup_error": _text(msg.get("setup_error"), 500),
+    }
+
+
+def _reap(pid: int) -> int | None:
+    """Wait for J's child ``pid`` (killed first); its wait status, or None if already reaped."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    while True:
+        try:
+            return os.waitpid(pid, 0)[1]
+        except ChildProcessError:
+            return None
+        except InterruptedError:
+            continue
+
+
 def judge_main() -> None:
     os.environ.clear()
     try:
         prctl(PR_SET_DUMPABLE, 0)  # C (same uid in the fallback mode) cannot ptrace J or read /proc/J/fd
     except OSError:
         pass
+    if sys.argv[0].startswith("/dev/fd/"):  # the script itself, passed as a file descriptor
+        try:
+            os.close(int(sys.argv[0][len("/dev/fd/"):]))
+        except (ValueError, OSError):
+            pass
     if len(sys.argv) > 1 and sys.argv[1] == "--probe":
         print(json.dumps(probe()), flush=True)
         return
@@ -1320,73 +1561,99 @@ def judge_main() -> None:
     resp_r, resp_w = os.pipe()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
+    tests_r, tests_w = os.pipe()
+    report_r, report_w = os.pipe()
     parent_mech = []
     cg_dirs = []
     if cfg.get("cgroup"):
         cg_dirs = make_cgroups(f"mlmt-{cfg['token']}", int(cfg["total_memory_mb"]) << 20, int(cfg["nproc"]) + 8)
     cfg["cgroup_dirs"] = cg_dirs
-    if cfg.get("pidns"):
-        unshare(CLONE_NEWPID)
-        parent_mech.append("pidns")
-    cfg["parent_mechanisms"] = parent_mech
     if not cfg.get("jail"):
-        for mod in PREIMPORT:  # C inherits them; see PREIMPORT
+        for mod in PREIMPORT:  # C and E inherit them; see PREIMPORT
             try:
                 __import__(mod)
             except Exception:  # noqa: BLE001
                 pass
+    # E first, in J's own PID namespace: it must outlive C's (which ends with C's monitor)
+    epid = os.fork()
+    if epid == 0:
+        try:
+            evaluator_main(cfg, {"tests_r": tests_r, "report_w": report_w, "req_w": req_w, "resp_r": resp_r,
+                                 "out_r": out_r, "err_r": err_r})
+        finally:
+            os._exit(71)
+    os.close(tests_r)
+    os.close(report_w)
+    if cfg.get("pidns"):
+        unshare(CLONE_NEWPID)
+        parent_mech.append("pidns")
+    cfg["parent_mechanisms"] = parent_mech
     pid = os.fork()
     if pid == 0:
         try:
             candidate_main(cfg, req_r, resp_w, out_w, err_w)
         finally:
             os._exit(71)
-    for fd in (req_r, resp_w, out_w, err_w):
+    for fd in (req_r, resp_w, out_w, err_w, req_w, resp_r, out_r, err_r):
         os.close(fd)
     # the tests arrive only now, after the fork: C never had them in its memory
     part2 = read_frame(0, limit=1 << 30)
     os.close(0)
     tests = list(part2["tests"])
-    report = {"nonce": part2["nonce"], "status": "starting", "passed": [False] * len(tests),
-              "details": [""] * len(tests), "mechanisms": [], "violation": None, "load_error": None,
-              "load_etype": None, "exit": "", "stdout": "", "stderr": ""}
-    judge = Judge(cfg, pid, resp_r, out_r, err_r, req_w)
+    try:
+        write_frame(tests_w, {"tests": tests, "pid": pid})
+    except OSError:
+        pass  # E died in its setup: its report says why
+    os.close(tests_w)
     try:
         import resource as _res
         cpu = int(float(cfg["timeout_s"]) * 2 + 10)
         _res.setrlimit(_res.RLIMIT_CPU, (cpu, cpu + 1))
     except (ValueError, OSError):
         pass
-    try:
-        _judge_run(judge, cfg, tests, report)
-    except ProgramGone:
-        pass
-    except BaseException as exc:  # noqa: BLE001 - report rather than die silently
-        report["status"] = "internal"
-        report["load_error"] = f"judge error: {type(exc).__name__}: {exc}"[:500]
-    finally:
-        judge.kill()
-        judge._child_exited(block=True)
-        judge._drain_all()
-    if judge.status is not None and report["status"] in ("loading", "loaded"):
-        report["status"] = judge.status
+    timeout_s = float(cfg["timeout_s"])
+    msg, ready, timed_out = _read_evaluator(report_r, time.monotonic() + timeout_s + 5.0, timeout_s, len(tests))
+    os.close(report_r)
+    e_status = _reap(epid)
+    c_status = _reap(pid)
+    got = _checked_report(msg, len(tests))
+    report = {"nonce": part2["nonce"], **{k: got[k] for k in ("status", "passed", "details", "mechanisms",
+                                                                "load_error", "load_etype")}}
+    exit_desc, exit_signal = got["exit"], got["exit_signal"]
+    if not exit_desc and c_status is not None:  # no report from the monitor: it was killed (by J, on a limit)
+        if os.WIFSIGNALED(c_status):
+            exit_desc = f"killed by {_signame(os.WTERMSIG(c_status))}"
+        else:
+            exit_desc = f"exited with code {os.WEXITSTATUS(c_status)}"
+    gone = got["gone"]
+    if msg is None:  # E sent nothing usable: timed out by J, or died (a limit, the memory cgroup)
+        why = "the test evaluator " + ("timed out" if timed_out else "ended without a report" + (
+            f" ({_signame(os.WTERMSIG(e_status))})" if e_status is not None and os.WIFSIGNALED(e_status) else ""))
+        report["status"] = "starting" if not ready else "loaded"
+        gone = "timeout" if timed_out and ready else "died" if ready else None
+        report["load_error"] = why
+    elif got["setup_error"]:
+        report["status"] = "starting"
+        report["load_error"] = got["setup_error"]
+    if gone is not None and report["status"] in ("loading", "loaded"):
+        report["status"] = gone
     elif report["status"] == "starting":
         report["status"] = "sandbox_error"
         report["load_error"] = report["load_error"] or (
-            f"sandboxed process failed to start ({judge.status or 'no reply'}; {judge.exit_desc})")
+            f"sandboxed process failed to start ({gone or 'no reply'}; {exit_desc})")
     for i, ok in enumerate(report["passed"]):
         if not ok and not report["details"][i]:
-            report["details"][i] = f"not run ({report['status']}{'; ' + judge.exit_desc if judge.exit_desc else ''})"
-    report["violation"] = judge.violation
-    report["exit"] = judge.exit_desc
-    report["exit_signal"] = judge.exit_signal
-    report["stdout"] = judge.tails[out_r].decode("utf-8", "replace")
-    report["stderr"] = judge.tails[err_r].decode("utf-8", "replace")
+            report["details"][i] = f"not run ({report['status']}{'; ' + exit_desc if exit_desc else ''})"
+    report["violation"] = got["violation"]
+    report["exit"] = exit_desc
+    report["exit_signal"] = exit_signal
+    report["stdout"] = got["stdout"]
+    report["stderr"] = got["stderr"]
     report["judge_s"] = round(time.monotonic() - t0, 4)
     if not cfg.get("pidns"):
-        if cfg.get("uid") is not None:
-            _reap_uid(int(cfg["uid"]))
-        _kill_descendants()
+        for uid in {cfg.get("uid"), cfg.get("eval_uid")} - {None}:
+            _reap_uid(int(uid))
+    _kill_descendants()  # orphans of E (outside C's PID namespace) and, without one, of C
     if cg_dirs:
         if oom_kills(cg_dirs) and not report["violation"]:
             report["violation"] = "memory limit exceeded (the run's memory cgroup)"

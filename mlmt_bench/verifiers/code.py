@@ -18,7 +18,8 @@ Reward is the fraction of ``problem.tests`` that pass; ``correct`` means all pas
 
 Order of execution in the sandbox, as in MBPP: the program, then ``problem.setup`` (MBPP
 ``test_setup_code`` / ``test_imports``; it may use the program's names), then the tests, each
-evaluated by the trusted judge (see :mod:`mlmt_bench.verifiers.sandbox`). The program runs as a
+evaluated by the judge's evaluator process, sandboxed too (tests that come with a ``verify``
+input line or a dataset are untrusted; see :mod:`mlmt_bench.verifiers.sandbox`). The program runs as a
 module named ``__solution__`` (``if __name__ == "__main__":`` blocks are skipped), with the
 standard library only; builtins it monkeypatches are restored before each answer is sent.
 

@@ -3,10 +3,13 @@
 Public API: :class:`Limits`, :class:`RunResult`, :func:`run_tests`, :func:`capabilities`.
 
 Each :func:`run_tests` call starts a throwaway *judge* process (``_sandbox_child.py``, a new
-session, run with ``python -I -S -B`` and a scrubbed environment). The judge forks the
-*candidate* process, which isolates itself and runs the program; the judge evaluates the tests
-and asks the candidate only for the values of candidate-dependent sub-expressions, so results
-cannot be forged from inside the candidate (see the module docstring of ``_sandbox_child``).
+session, run with ``python -I -S -B`` and a scrubbed environment; the script is passed as a
+memfd and the interpreter by its real path, so the command line shows no host path). The judge
+forks the *candidate* process, which isolates itself and runs the program, and the *evaluator*,
+isolated the same way under a uid of its own, which evaluates the tests and asks the candidate
+only for the values of candidate-dependent sub-expressions: results cannot be forged from
+inside the candidate, and tests that came with the input (untrusted too) never run as root on
+the host (see the module docstring of ``_sandbox_child``).
 
 Isolation used, depending on what :func:`capabilities` finds (all of it when running as root
 on Linux with namespaces allowed, as on this project's machines):
@@ -136,6 +139,36 @@ def _python() -> str:
     return sys.executable or "python3"
 
 
+def _judge_command(*args: str) -> tuple[list[str], tuple[int, ...]]:
+    """argv of the judge and the file descriptors it inherits. The interpreter is named by its
+    real path (the one the jail shows; not a virtualenv's link) and the script is read from a
+    memfd (``/dev/fd/N``), so that no host path (virtualenv, package) is in the command line a
+    sandboxed process can read (``/proc/self/cmdline``). The caller closes the descriptors."""
+    python = os.path.realpath(_python())
+    try:
+        fd = os.memfd_create("mlmt-judge", 0)
+    except (AttributeError, OSError):  # no memfd: the script's path
+        return [python, "-I", "-S", "-B", str(CHILD_SCRIPT), *args], ()
+    try:
+        data = CHILD_SCRIPT.read_bytes()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return [python, "-I", "-S", "-B", f"/dev/fd/{fd}", *args], (fd,)
+
+
+def _close_all(fds: Sequence[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
 def check_environment() -> None:
     """UserError if ``MLMT_SANDBOX_DISABLE`` is set: the environment must not weaken the sandbox."""
     if os.environ.get(DISABLE_ENV, "").strip():
@@ -172,9 +205,12 @@ def capabilities(refresh: bool = False, disable: Sequence[str] = ()) -> dict[str
     with _caps_lock:
         if _caps is None or refresh:
             try:
-                out = subprocess.run([_python(), "-I", "-S", "-B", str(CHILD_SCRIPT), "--probe"],
-                                     capture_output=True, timeout=60, env=_base_env(""), cwd="/",
-                                     start_new_session=True)
+                argv, fds = _judge_command("--probe")
+                try:
+                    out = subprocess.run(argv, capture_output=True, timeout=60, env=_base_env(""), cwd="/",
+                                         start_new_session=True, pass_fds=fds)
+                finally:
+                    _close_all(fds)
                 caps = json.loads(out.stdout.decode().strip().splitlines()[-1])
             except Exception as exc:  # noqa: BLE001 - no probe: fall back to the weakest mode
                 caps = {"root": False, "errors": {"probe": repr(exc)}}
@@ -253,6 +289,7 @@ def run_tests(program: str, tests: Sequence[str], setup: str = "", limits: Limit
     token = secrets.token_hex(16)
     nonce = secrets.token_hex(16)
     uid = _alloc_uid() if caps["uid_drop"] else None
+    eval_uid = _alloc_uid() if caps["uid_drop"] else None  # the test evaluator's (see _sandbox_child)
     workdir = None
     if not caps["jail"]:
         workdir = tempfile.mkdtemp(prefix="mlmt-sbx-")
@@ -267,7 +304,8 @@ def run_tests(program: str, tests: Sequence[str], setup: str = "", limits: Limit
         "program": program, "setup": setup or "", "timeout_s": float(limits.timeout_s),
         "cpu_s": int(limits.timeout_s) + 2, "memory_mb": int(limits.memory_mb),
         "fsize_mb": int(limits.fsize_mb), "nofile": int(limits.nofile), "nproc_abs": int(nproc_abs),
-        "output_bytes": int(limits.output_bytes), "uid": uid, "token": token, "workdir": workdir,
+        "output_bytes": int(limits.output_bytes), "uid": uid, "eval_uid": eval_uid, "token": token,
+        "workdir": workdir,
         "pidns": bool(caps["pidns"]), "netns": bool(caps["netns"]), "jail": bool(caps["jail"]),
         "cgroup": bool(caps["cgroup"]), "nproc": int(limits.nproc),
         "total_memory_mb": int(limits.total_memory_mb or 2 * limits.memory_mb + 128),
@@ -280,10 +318,13 @@ def run_tests(program: str, tests: Sequence[str], setup: str = "", limits: Limit
     err = b""
     hard_timeout = float(limits.timeout_s) + 10.0
     try:
-        proc = subprocess.Popen(
-            [_python(), "-I", "-S", "-B", str(CHILD_SCRIPT)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            start_new_session=True, close_fds=True, cwd="/", env=_base_env(token))
+        argv, fds = _judge_command()
+        try:
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                start_new_session=True, close_fds=True, pass_fds=fds, cwd="/", env=_base_env(token))
+        finally:
+            _close_all(fds)
         try:
             out, err = proc.communicate(payload, timeout=hard_timeout)
         except subprocess.TimeoutExpired:
@@ -297,9 +338,10 @@ def run_tests(program: str, tests: Sequence[str], setup: str = "", limits: Limit
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-        _cleanup(caps, uid, token, workdir)
-        if uid is not None:
-            _free_uid(uid)
+        _cleanup(caps, uid, token, workdir, eval_uid)
+        for u in (uid, eval_uid):
+            if u is not None:
+                _free_uid(u)
     wall = time.monotonic() - t0
     report = None
     for line in reversed(out.decode("utf-8", "replace").splitlines()):
@@ -335,14 +377,18 @@ def _killpg(pgid: int) -> None:
         pass
 
 
-def _cleanup(caps: dict[str, Any], uid: int | None, token: str, workdir: str | None) -> None:
+def _cleanup(caps: dict[str, Any], uid: int | None, token: str, workdir: str | None,
+             eval_uid: int | None = None) -> None:
     """Kill whatever the run left behind and remove its files (belt and braces: with a PID
-    namespace and a jail the kernel has already done both)."""
-    if not caps["pidns"]:
-        try:
+    namespace and a jail the kernel has already done both for the candidate; the judge has
+    killed the test evaluator's processes)."""
+    try:
+        if not caps["pidns"]:
             _kill_leftovers(uid, token)
-        except Exception as exc:  # noqa: BLE001
-            log.warning("sandbox cleanup (processes) failed: %s", exc)
+        if eval_uid is not None:  # the evaluator is in no PID namespace of its own
+            _kill_leftovers(eval_uid, token)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("sandbox cleanup (processes) failed: %s", exc)
     if caps.get("cgroup"):  # normally removed by the judge; not if the judge itself was killed
         from mlmt_bench.verifiers._sandbox_child import _cgroup_base, remove_cgroups
 
@@ -352,7 +398,8 @@ def _cleanup(caps: dict[str, Any], uid: int | None, token: str, workdir: str | N
             remove_cgroups(dirs, wait_s=1.0)
     if workdir:
         shutil.rmtree(workdir, ignore_errors=True)
-    if uid is not None and not caps["jail"]:
+    owners = {u for u in (uid, eval_uid) if u is not None}
+    if owners and not caps["jail"]:
         for d in _WORLD_WRITABLE:
             try:
                 entries = list(os.scandir(d))
@@ -361,7 +408,7 @@ def _cleanup(caps: dict[str, Any], uid: int | None, token: str, workdir: str | N
             for e in entries:
                 try:
                     st = e.stat(follow_symlinks=False)
-                    if st.st_uid != uid:
+                    if st.st_uid not in owners:
                         continue
                     if stat.S_ISDIR(st.st_mode):
                         shutil.rmtree(e.path, ignore_errors=True)
