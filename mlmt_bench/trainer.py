@@ -297,19 +297,23 @@ class Trainer:
                 continue
             policy.save(tmp / role, states.get(id(policy), (None, None))[0])
             saved[id(policy)] = role
-        torch.save({
+        from mlmt_bench.checkpoint_state import save_state
+
+        save_state(tmp, {  # safetensors + JSON: loading it back runs no code (mlmt_bench/checkpoint_state.py)
             "counters": self.counters.__dict__,
             "optimizers": {saved[k]: (states[k][1], s.state_dict() if s else None)
                            for k, (o, s) in self.optimizers.items()},
             "algorithm": self.algorithm.state_dict(),
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
-        }, tmp / "trainer_state.pt")
+        })
         path = self.run_dir.commit_checkpoint(tmp, self.counters.step)
         self.dist.barrier()
         return path
 
     def load_checkpoint(self, ckpt: Path) -> None:
-        state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+        from mlmt_bench.checkpoint_state import load_state
+
+        state = load_state(ckpt)  # no pickle: data only, whoever wrote the run directory
         loaded: set[int] = set()
         for role, policy in self.policies.items():
             if policy is None or id(policy) in loaded or not (ckpt / role).exists():

@@ -102,8 +102,10 @@ def test_fsdp_on_two_cpu_processes_equals_ddp_and_resumes(tiny_ckpt, tmp_path):
     assert w_fsdp.keys() == w_ddp.keys()  # the gathered checkpoint is an ordinary HF directory (tied head once)
     assert max(float((w_fsdp[k] - w_ddp[k]).abs().max()) for k in w_ddp) < 5e-5
     # the optimiser state was gathered into a plain optimizer.state_dict()
-    opt_f = torch.load(ckpt_f / "trainer_state.pt", weights_only=False)["optimizers"]["solver"][0]
-    opt_d = torch.load(ckpt_d / "trainer_state.pt", weights_only=False)["optimizers"]["solver"][0]
+    from mlmt_bench.checkpoint_state import load_state
+
+    opt_f = load_state(ckpt_f)["optimizers"]["solver"][0]
+    opt_d = load_state(ckpt_d)["optimizers"]["solver"][0]
     assert opt_f["state"].keys() == opt_d["state"].keys() and opt_f["param_groups"] == opt_d["param_groups"]
     assert all(torch.allclose(opt_f["state"][i]["exp_avg_sq"], opt_d["state"][i]["exp_avg_sq"], rtol=1e-3, atol=1e-12)
                for i in opt_d["state"])
