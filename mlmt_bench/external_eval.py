@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from mlmt_bench.errors import UserError
-from mlmt_bench.tracking import atomic_write_text
+from mlmt_bench.tracking import atomic_write_text, check_output_dir, check_output_file
 
 BACKENDS = ("hf", "vllm")
 
@@ -114,6 +114,10 @@ def run_lm_eval(
     """Run the harness; returns ``{"model", "tasks": {task: {metric: value}}, "n_samples", "out"}``."""
     if not tasks:
         raise UserError("--tasks: give at least one task")
+    if out is not None:  # before the evaluation: a regular file or a new path, its directory made at the end
+        check_output_dir(Path(out).parent, "--out")
+        if Path(out).parent.is_dir():
+            check_output_file(out, "--out")
     model_dir = resolve_checkpoint(path, policy)
     model_args = harness_model_args(model_dir, backend)
     if include_path is not None and not Path(include_path).is_dir():

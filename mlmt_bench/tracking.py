@@ -7,21 +7,33 @@ Layout of ``<output_dir>/<name>-<UTC timestamp>/``::
     metrics.jsonl        one JSON object per line, appended and flushed as produced
     samples.jsonl        full episodes (all turns, rewards, verdicts), appended and flushed
     checkpoints/step-N/  written under a temporary name and renamed when complete
+
+Where anything is written (run directories may come from someone else, ARCHITECTURE.md):
+every file goes to a regular file or a new path, through a fresh temporary file renamed over
+it (:func:`atomic_write_bytes`) or opened without following a symlink (:class:`JsonlWriter`);
+a device, FIFO, socket, symlink, anything under /proc or /sys, or a directory where a file is
+expected (and the reverse) is a one-line refusal (:func:`check_output_file`,
+:func:`check_output_dir`). A run's output root is never a system directory
+(:func:`check_output_root`), and no part of a run directory may be a symlink
+(:meth:`RunDir.open` checks them all before a resume writes anything).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
 import platform
 import shutil
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, BinaryIO, Iterator
 
 from mlmt_bench.errors import UserError
 
@@ -33,15 +45,138 @@ def utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file + rename, so readers never see half a file."""
+# never written into, nor used as the root of a run's outputs: the kernel's views, and the
+# directories of the system itself
+_PSEUDO_FS = ("/proc", "/sys")
+SYSTEM_DIRS = ("/proc", "/sys", "/dev", "/etc", "/bin", "/sbin", "/usr", "/boot", "/lib", "/lib32", "/lib64",
+               "/libx32", "/run", "/var/lib", "/var/log", "/var/cache", "/var/spool", "/snap")
+_SYSTEM_ROOTS = ("/", "/var", "/home", "/root", "/opt", "/srv", "/mnt", "/media", "/tmp", "/var/tmp")
+
+
+def _inside(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory + "/")
+
+
+def _what(mode: int) -> str:
+    return ("a directory" if stat.S_ISDIR(mode) else "a regular file" if stat.S_ISREG(mode)
+            else "a character device" if stat.S_ISCHR(mode)
+            else "a block device" if stat.S_ISBLK(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "a symbolic link" if stat.S_ISLNK(mode)
+            else "not a regular file")
+
+
+def _real(path: Path, what: str) -> str:
+    try:
+        return os.path.realpath(os.path.abspath(path))
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte
+        raise UserError(f"{_label(what, path)}: unusable path ({getattr(exc, 'strerror', None) or exc})") from None
+
+
+def _check_pseudo(path: Path, real: str, what: str) -> None:
+    """UserError if ``path``, as written or resolved, is under /proc or /sys."""
+    for p in (os.path.normpath(os.path.abspath(path)), real):
+        top = next((d for d in _PSEUDO_FS if _inside(p, d)), None)
+        if top is not None:
+            raise UserError(f"{_label(what, path)}: under {top}, refused (only regular files are written)")
+
+
+def _shown(path: Path | str) -> str:
+    from mlmt_bench.bounded_input import shorten
+
+    return shorten(str(path), 200)
+
+
+def _label(what: str, path: Path | str) -> str:
+    return f"{what} {_shown(path)}" if what else _shown(path)
+
+
+def check_output_file(path: Path | str, what: str = "output") -> Path:
+    """``path`` as a place to write a file: a regular file (replaced) or a new name in an existing
+    directory. Anything else is a one-line UserError: a device, FIFO, socket, symlink, directory,
+    a path under /proc or /sys, a parent that is not a directory."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
+    real = _real(path, what)
+    _check_pseudo(path, real, what)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{_label(what, path)}: unusable path ({getattr(exc, 'strerror', None) or exc})") from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise UserError(f"{_label(what, path)}: is {_what(st.st_mode)}, refused (only regular files are written)")
+    parent = path.parent if str(path.parent) else Path(".")
+    try:
+        pst = os.stat(parent)
+    except (OSError, ValueError):
+        raise UserError(f"{_label(what, path)}: directory {_shown(parent)} does not exist") from None
+    if not stat.S_ISDIR(pst.st_mode):
+        raise UserError(f"{_label(what, path)}: {_shown(parent)} is {_what(pst.st_mode)}, not a directory")
+    return path
+
+
+def check_output_dir(path: Path | str, what: str = "output directory") -> Path:
+    """``path`` as a directory to write files into: an existing directory (a symlink to one is
+    followed) or a new path whose nearest existing ancestor is a directory; never under /proc
+    or /sys. A one-line UserError otherwise."""
+    path = Path(path)
+    real = _real(path, what)
+    _check_pseudo(path, real, what)
+    probe = Path(real)
+    while True:
+        try:
+            st = os.stat(probe)
+            break
+        except (FileNotFoundError, NotADirectoryError):
+            probe = probe.parent
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{_label(what, path)}: unusable path ({getattr(exc, 'strerror', None) or exc})") from None
+    if not stat.S_ISDIR(st.st_mode):
+        where = "" if str(probe) == real else f"{_shown(probe)} "
+        raise UserError(f"{_label(what, path)}: {where}is {_what(st.st_mode)}, not a directory")
+    return path
+
+
+def check_output_root(path: Path | str, what: str = "output_dir") -> Path:
+    """:func:`check_output_dir`, and not a system directory: ``/`` or a top-level directory such
+    as /home or /tmp itself, nor anything in ``SYSTEM_DIRS`` (/etc, /usr, /dev, /proc ...)."""
+    path = Path(path)
+    real = _real(path, what)
+    if real in _SYSTEM_ROOTS or any(_inside(real, d) for d in SYSTEM_DIRS):
+        shown = _label(what, path) + (f" (= {_shown(real)})" if real != str(path) else "")
+        raise UserError(f"{shown}: a system directory, refused as the root of run outputs; use a directory of "
+                        "your own")
+    return check_output_dir(path, what)
+
+
+@contextlib.contextmanager
+def atomic_open(path: Path | str, what: str = "output") -> Iterator[BinaryIO]:
+    """A binary file to fill, renamed over ``path`` when the block ends (removed if it raises):
+    a fresh temporary file (``O_EXCL``, a random name) beside it, so readers never see half a
+    file and a planted name cannot redirect the write. ``path`` must be a regular file or a new
+    name (:func:`check_output_file`, checked before and again before the rename): a device, FIFO
+    or symlink there is refused, never replaced."""
+    path = check_output_file(path, what)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent if str(path.parent) else ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        check_output_file(path, what)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through :func:`atomic_open`."""
+    with atomic_open(path) as f:
         f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -73,7 +208,17 @@ class JsonlWriter:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._f = open(path, "a", encoding="utf-8")
+        try:  # never through a symlink, never into a FIFO or device
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                         | getattr(os, "O_CLOEXEC", 0), 0o644)
+        except OSError as exc:
+            raise UserError(f"{_shown(path)}: cannot append ({exc.strerror or exc}; a symlink is refused)") from None
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            raise UserError(f"{_shown(path)}: is {_what(mode)}, refused (only regular files are written)")
+        os.set_blocking(fd, True)
+        self._f = os.fdopen(fd, "a", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
         self._f.write(json.dumps(record, ensure_ascii=False, default=_json_default) + "\n")
@@ -118,10 +263,15 @@ class RunDir:
         self._samples: JsonlWriter | None = None
         self._eval_problems: JsonlWriter | None = None
 
+    LOGS = ("manifest.json", "spec.resolved.yaml", "metrics.jsonl", "samples.jsonl", "eval_problems.jsonl")
+
     @classmethod
     def create(cls, output_dir: Path | str, name: str, spec_yaml: str, seed: int) -> "RunDir":
-        output_dir = Path(output_dir)
-        output_dir.mkdir(parents=True, exist_ok=True)
+        output_dir = check_output_root(output_dir)
+        try:
+            output_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"output_dir {_shown(output_dir)}: cannot create it ({exc.strerror or exc})") from None
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         for i in range(1000):  # mkdir is atomic: two runs started the same second get distinct dirs
             path = output_dir / (f"{name}-{stamp}" + (f"-{i}" if i else ""))
@@ -151,10 +301,49 @@ class RunDir:
 
     @classmethod
     def open(cls, path: Path | str) -> "RunDir":
+        """An existing run directory, to resume: it, its logs, ``checkpoints/`` and each of its
+        entries must be what they say (no symlink, device or FIFO), and it must not be a system
+        directory; otherwise a one-line UserError before anything is read or written."""
         path = Path(path)
+        check_output_root(path, "run directory")
+        run = cls(path)
+        run.check_parts()
         if not (path / "manifest.json").is_file() or not (path / "spec.resolved.yaml").is_file():
             raise UserError(f"{path}: not a run directory (no manifest.json / spec.resolved.yaml)")
-        return cls(path)
+        return run
+
+    def check_parts(self) -> None:
+        """UserError if the run directory, a log file, ``checkpoints/`` or anything in it is a
+        symlink or of the wrong kind (a resume would follow it and write elsewhere)."""
+        def check(p: Path, want_dir: bool) -> os.stat_result | None:
+            try:
+                st = os.lstat(p)
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                raise UserError(f"{_shown(p)}: unreadable ({exc.strerror or exc})") from None
+            ok = stat.S_ISDIR(st.st_mode) if want_dir else stat.S_ISREG(st.st_mode)
+            if not ok:
+                raise UserError(f"{_shown(p)}: is {_what(st.st_mode)}, refused (every part of a run directory "
+                                f"must be a real {'directory' if want_dir else 'file'}, not a link)")
+            return st
+
+        if check(self.path, True) is None:
+            raise UserError(f"{_shown(self.path)}: no such run directory")
+        for name in self.LOGS:
+            check(self.path / name, False)
+        if check(self.checkpoints, True) is None:
+            return
+        seen = 0
+        for root, dirs, files in os.walk(self.checkpoints, onerror=None, followlinks=False):
+            for name in dirs + files:  # os.walk lists a symlink to a directory among dirs, never enters it
+                seen += 1
+                if seen > 100_000:
+                    raise UserError(f"{_shown(self.checkpoints)}: more than 100000 entries, refused")
+                st = os.lstat(os.path.join(root, name))
+                if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+                    raise UserError(f"{_shown(os.path.join(root, name))}: is {_what(st.st_mode)}, refused (every "
+                                    "part of a run directory must be a real file or directory, not a link)")
 
     # manifest -------------------------------------------------------------------------------
     def manifest(self) -> dict[str, Any]:
@@ -216,9 +405,14 @@ class RunDir:
         return self.checkpoints / f"step-{step:06d}"
 
     def begin_checkpoint(self, step: int) -> Path:
-        """A temporary directory to fill; :meth:`commit_checkpoint` renames it into place."""
+        """A temporary directory to fill; :meth:`commit_checkpoint` renames it into place.
+        ``checkpoints/`` must be a real directory (a symlink would send the checkpoint elsewhere)."""
+        if self.checkpoints.is_symlink() or (self.checkpoints.exists() and not self.checkpoints.is_dir()):
+            raise UserError(f"{_shown(self.checkpoints)}: not a real directory (a symlink?), refused")
         tmp = self.checkpoints / f".tmp-step-{step:06d}"
-        if tmp.exists():
+        if tmp.is_symlink() or tmp.is_file():
+            tmp.unlink()
+        elif tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
         return tmp
@@ -235,8 +429,9 @@ class RunDir:
         return final
 
     def latest_checkpoint(self) -> Path | None:
-        done = sorted(p for p in self.checkpoints.glob("step-*") if p.is_dir() and not p.name.endswith(".old"))
+        done = sorted(p for p in self.checkpoints.glob("step-*")
+                      if p.is_dir() and not p.is_symlink() and not p.name.endswith(".old"))
         return done[-1] if done else None
 
     def iter_checkpoints(self) -> Iterator[Path]:
-        yield from sorted(p for p in self.checkpoints.glob("step-*") if p.is_dir())
+        yield from sorted(p for p in self.checkpoints.glob("step-*") if p.is_dir() and not p.is_symlink())

@@ -8,7 +8,9 @@ Each input line is a JSON object, either
 
 Each output line is the input object plus ``"verdict": Verdict.to_json()``, in input order.
 The output is written to a temporary file next to OUT and renamed over it at the end, so a
-failure never leaves a half-written OUT nor clobbers an existing one. Every input line is
+failure never leaves a half-written OUT nor clobbers an existing one. OUT must be a regular
+file or a new path (:func:`~mlmt_bench.tracking.check_output_file`): a device, FIFO, socket,
+symlink, directory or anything under /proc or /sys is refused before anything is scored. Every input line is
 validated before any scoring starts; a bad one is a one-line
 :class:`~mlmt_bench.errors.UserError` naming ``file:line``, and so is a line longer than
 ``MAX_LINE_BYTES`` or nested deeper than ``MAX_DEPTH`` (:mod:`mlmt_bench.bounded_input`); IN
@@ -20,15 +22,14 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from mlmt_bench.bounded_input import MAX_DEPTH, MAX_LINE_BYTES, check_regular_file, short_repr, shorten
+from mlmt_bench.bounded_input import MAX_DEPTH, MAX_LINE_BYTES, check_regular_file, echo, shorten, unquoted
 from mlmt_bench.errors import UserError
 from mlmt_bench.jsonl import iter_jsonl
+from mlmt_bench.tracking import atomic_open, check_output_file
 from mlmt_bench.types import VERDICT_KINDS, Problem, Verdict
 from mlmt_bench.verifiers.base import Verifier
 
@@ -79,7 +80,7 @@ class _ProblemIndex:
         if problem is None:  # "11" for "mbpp/11", "5" for "gsm8k/5"
             problem = index.get(f"{benchmark}/{pid}")
         if problem is None:
-            raise UserError(f"{where}: benchmark {benchmark!r} has no problem with id {short_repr(pid)}")
+            raise UserError(f"{where}: benchmark {benchmark!r} has no problem with id {echo(pid)}")
         return problem
 
 
@@ -107,7 +108,7 @@ def read_requests(in_path: Path) -> list[tuple[dict[str, Any], Problem, str]]:
             try:
                 problem = Problem.from_json(pj)
             except (TypeError, ValueError, KeyError) as exc:
-                raise UserError(f"{where}: bad 'problem' ({type(exc).__name__}: {shorten(str(exc))})") from None
+                raise UserError(f"{where}: bad 'problem' ({type(exc).__name__}: {shorten(unquoted(str(exc)))})") from None
         elif "benchmark" in obj and "id" in obj:
             if not isinstance(obj["benchmark"], str):
                 raise UserError(f"{where}: 'benchmark' must be a string")
@@ -137,13 +138,11 @@ def verify_file(verifier_name: str, in_path: Path, out_path: Path, workers: int 
     in_path, out_path = Path(in_path), Path(out_path)
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise UserError(f"workers must be a positive integer, got {workers!r}")
+    check_output_file(out_path, "--out")  # a regular file or a new path: never a device, FIFO or /proc
     if in_path.resolve() == out_path.resolve():
         raise UserError(f"{out_path}: output must differ from the input file")
     verifier = build_verifier(verifier_name, workers)
     requests = read_requests(in_path)
-    out_dir = out_path.parent if str(out_path.parent) else Path(".")
-    if not out_dir.is_dir():
-        raise UserError(f"{out_path}: directory {out_dir} does not exist")
 
     problems = [p for _, p, _ in requests]
     responses = [r for _, _, r in requests]
@@ -154,23 +153,12 @@ def verify_file(verifier_name: str, in_path: Path, out_path: Path, workers: int 
     kinds = {k: 0 for k in VERDICT_KINDS}
     correct = 0
     total = 0.0
-    fd, tmp = tempfile.mkstemp(prefix=f".{out_path.name}.", suffix=".tmp", dir=out_dir)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for (obj, _, _), v in zip(requests, verdicts):
-                f.write(json.dumps({**obj, "verdict": v.to_json()}, ensure_ascii=False) + "\n")
-                kinds[v.kind] = kinds.get(v.kind, 0) + 1
-                correct += int(bool(v.correct))
-                total += float(v.reward)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out_path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_open(out_path, "--out") as f:  # checked again before the rename, after the scoring
+        for (obj, _, _), v in zip(requests, verdicts):
+            f.write((json.dumps({**obj, "verdict": v.to_json()}, ensure_ascii=False) + "\n").encode("utf-8"))
+            kinds[v.kind] = kinds.get(v.kind, 0) + 1
+            correct += int(bool(v.correct))
+            total += float(v.reward)
     n = len(requests)
     return {
         "n": n,
