@@ -19,6 +19,11 @@ in well under a second. The limits, all named here:
                        :func:`short_repr`).
 =====================  ===================================================================
 
+A value read from a file is quoted in an error only if it is plain (:func:`echo`: a number, or a
+short name such as ``grop`` or ``Qwen/Qwen2.5-1.5B``); anything else is described ("a string of
+37 characters"), never shown: a spec can ``extends:`` any file (``/etc/shadow``), and an error
+names the file and the field, not the file's content. YAML syntax errors say where, not what.
+
 Real specs use a few hundred nodes, a depth below 10 and a few KB; the limits leave a wide
 margin and bound the worst case (measured in ``tests/test_hostile_input.py``).
 
@@ -29,6 +34,7 @@ once to count depth and expanded nodes, and only a document within the limits is
 from __future__ import annotations
 
 import os
+import re
 import reprlib
 import stat
 from pathlib import Path
@@ -66,6 +72,40 @@ def short_repr(value: Any, limit: int = MAX_ECHO_CHARS) -> str:
     r.maxstring = r.maxother = r.maxlong = limit + 8
     r.maxlevel, r.maxdict, r.maxlist, r.maxtuple, r.maxset, r.maxfrozenset, r.maxdeque = 3, 4, 6, 6, 6, 6, 6
     return shorten(r.repr(value), limit)
+
+
+_PLAIN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+\-/ ]{0,%d}\Z" % (MAX_ECHO_CHARS - 1))
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]{0,%d}\Z" % (MAX_ECHO_CHARS - 1))
+
+
+def is_plain(value: Any) -> bool:
+    """Whether ``value`` may be quoted in an error: a number, bool, None, or a short string of
+    letters, digits, ``_ . - + /`` and spaces (a name, a path, a number as text)."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return not isinstance(value, int) or abs(value) < 10 ** 30
+    if isinstance(value, (list, tuple)):  # a short list of such: [1, 2]
+        return len(value) <= 6 and all(not isinstance(v, (list, tuple)) and is_plain(v) for v in value) \
+            and len(repr(value)) <= MAX_ECHO_CHARS
+    return isinstance(value, str) and bool(_PLAIN.match(value))
+
+
+def is_name(key: Any) -> bool:
+    """Whether a mapping key may be shown in an error: a short identifier (every spec field is one)."""
+    return isinstance(key, int) and not isinstance(key, bool) or isinstance(key, str) and bool(_NAME.match(key))
+
+
+def echo(value: Any) -> str:
+    """``value`` for an error message: its repr when :func:`is_plain`, else what it is, never its
+    content ("a string of 37 characters", "a mapping of 3 keys")."""
+    if is_plain(value):
+        return repr(value)
+    if isinstance(value, str):
+        return f"a string of {len(value)} characters (not shown)"
+    if isinstance(value, dict):
+        return f"a mapping of {len(value)} key{'s' * (len(value) != 1)} (not shown)"
+    if isinstance(value, (list, tuple)):
+        return f"a list of {len(value)} item{'s' * (len(value) != 1)} (not shown)"
+    return f"a value of type {type(value).__name__} (not shown)"
 
 
 def human_bytes(n: int) -> str:
@@ -154,11 +194,22 @@ def load_yaml(text: str, source: str) -> Any:
         raise UserError(f"{source}: invalid YAML value: {shorten(str(exc), 120)}") from None
 
 
+_QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'" + r'|"(?:[^"\\]|\\.)*"')
+
+
 def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """Where and what, without the file's text: a quoted piece of it in PyYAML's message (an
+    undefined alias's name, a tag) is dropped, a single quoted character kept."""
     mark = getattr(exc, "problem_mark", None)
     where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
     problem = getattr(exc, "problem", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
-    return where + shorten(problem, 120)
+    return where + shorten(unquoted(problem), 120)
+
+
+def unquoted(text: str) -> str:
+    """``text`` (an exception's message) without the pieces of input it quotes, but single
+    characters: "found undefined alias (not shown)", "unexpected keyword argument (not shown)"."""
+    return _QUOTED.sub(lambda m: m.group(0) if len(m.group(0)) <= 6 else "(not shown)", text)
 
 
 def check_yaml_bounds(text: str, source: str) -> None:
@@ -190,7 +241,7 @@ def check_yaml_bounds(text: str, source: str) -> None:
         elif kind is yaml.AliasEvent:
             if event.anchor not in done:
                 if any(entry[0] == event.anchor for entry in stack):
-                    raise _bound_error(source, event, f"alias *{shorten(event.anchor, 30)} is inside the node it names")
+                    raise _bound_error(source, event, "an alias is inside the node it names")
                 continue  # an undefined alias: the loader reports it
             count, levels = done[event.anchor]
             nodes += count

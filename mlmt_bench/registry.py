@@ -90,13 +90,13 @@ class Registry(Generic[T]):
         return entry.target
 
     def unknown_message(self, name: str) -> str:
-        from mlmt_bench.bounded_input import MAX_ECHO_CHARS, short_repr
+        from mlmt_bench.bounded_input import echo, is_plain
 
         known = self.names()
-        name = str(name)  # the user's: shown shortened, and only a short one is worth a hint
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.5) if len(name) <= MAX_ECHO_CHARS else []
+        name = str(name)  # the user's (maybe a file's): shown only if plain, and only then worth a hint
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.5) if is_plain(name) else []
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        return f"unknown {self.kind} {short_repr(name)}{hint} (known: {', '.join(known)})"
+        return f"unknown {self.kind} {echo(name)}{hint} (known: {', '.join(known)})"
 
 
 benchmarks: Registry[Any] = Registry("benchmark")

@@ -298,14 +298,20 @@ _BOUNDS = {"greater_than_equal": ("≥", "ge"), "greater_than": (">", "gt"),
 
 def format_validation_error(source: str, exc: ValidationError, prefix: str = "",
                             model: type[BaseModel] | None = None) -> str:
-    """The first pydantic error as ``source: field.path: what, got value`` (the field path and
-    the value shortened: they may be anything the user wrote, of any size)."""
+    """The first pydantic error as ``source: field.path: what, got value``, naming the file of the
+    ``extends:`` chain the value came from when it is another. Keys and values are file content:
+    a key that is not a field-like name and a value that is not plain are described, not shown
+    (:func:`~mlmt_bench.bounded_input.echo`), so no error prints a line of someone's file."""
     err = exc.errors()[0]
-    loc = ".".join(str(x) for x in (prefix.split(".") if prefix else []) + list(err["loc"]))
+    full = (prefix.split(".") if prefix else []) + list(err["loc"])
+    named = next((i for i, x in enumerate(full) if not bounded_input.is_name(x)), len(full))
+    loc = ".".join(str(x) for x in full[:named])  # a key that is no field name is not shown: it is file content
+    if named < len(full):
+        loc = "a key that is not a field name" + (f" under {loc}" if loc else "")
     loc = bounded_input.shorten(loc, 2 * bounded_input.MAX_ECHO_CHARS)
     ctx = err.get("ctx") or {}
     kind = err["type"]
-    got = bounded_input.short_repr(err.get("input"))
+    got = bounded_input.echo(err.get("input"))
     if kind == "missing":
         what = "required field is missing"
     elif kind == "extra_forbidden":
@@ -321,7 +327,43 @@ def format_validation_error(source: str, exc: ValidationError, prefix: str = "",
         what = f"{ctx['error']}, got {got}"
     else:
         what = f"{err['msg'][0].lower()}{err['msg'][1:]}, got {got}"
-    return f"{source}: {loc}: {what}" if loc else f"{source}: {what}"
+    origin = _defined_in(source, full) if kind != "missing" else None
+    where = f" ({_ORIGIN} {bounded_input.shorten(origin, 200)}, through extends:)" if origin else ""
+    return f"{source}: {loc}: {what}{where}" if loc else f"{source}: {what}{where}"
+
+
+_ORIGIN = "set in"
+
+
+def _defined_in(source: str, loc: list[Any]) -> str | None:
+    """The file of ``source``'s ``extends:`` chain whose value of the field at ``loc`` the merge
+    kept (the nearest file that sets it), when it is not ``source`` itself; else None."""
+    path = Path(source)
+    try:
+        if not path.is_file():
+            return None
+    except (OSError, ValueError):
+        return None
+    chain: list[tuple[Path, Any]] = []
+    while len(chain) <= bounded_input.MAX_EXTENDS:
+        try:
+            data = read_yaml(path)
+        except UserError:
+            break
+        chain.append((path, data))
+        parent = data.get("extends")
+        if not isinstance(parent, str) or any(p.resolve() == (path.parent / parent).resolve() for p, _ in chain):
+            break
+        path = path.parent / parent
+    for file, data in chain:
+        node = data
+        for key in loc:
+            if not isinstance(node, dict) or key not in node:
+                break
+            node = node[key]
+        else:
+            return None if file == chain[0][0] else str(file)
+    return None
 
 
 def _field_hint(model: type[BaseModel] | None, loc: list[Any]) -> str:
@@ -332,8 +374,10 @@ def _field_hint(model: type[BaseModel] | None, loc: list[Any]) -> str:
             return ""
         current = _model_of(fields[part].annotation)
     fields = getattr(current, "model_fields", None)
-    if not fields or len(str(loc[-1])) > bounded_input.MAX_ECHO_CHARS:
+    if not fields:
         return ""
+    if not bounded_input.is_name(loc[-1]):  # not shown, so no "did you mean" for it either
+        return f" (expected one of: {', '.join(fields)})"
     close = difflib.get_close_matches(str(loc[-1]), list(fields), n=1, cutoff=0.5)
     return f"; did you mean {close[0]!r}?" if close else f" (expected one of: {', '.join(fields)})"
 
@@ -356,6 +400,7 @@ def _blame_override(exc: UserError, source: str, overrides: list[str] | tuple[st
     for text in overrides:
         key = text.partition("=")[0].strip()
         if field == key or field.startswith(key + ".") or key.startswith(field + "."):
+            rest = rest.split(f" ({_ORIGIN} ", 1)[0]  # the value is the override's, not a file's
             return UserError(f"--set {bounded_input.shorten(text)}: {rest}")
     return exc
 
@@ -367,6 +412,12 @@ def _validate_run(data: dict[str, Any], source: str) -> RunSpec:
         spec = RunSpec.model_validate(data)
     except ValidationError as exc:
         raise UserError(format_validation_error(source, exc, model=RunSpec)) from None
+    from mlmt_bench.tracking import check_output_root
+
+    try:  # where the run will write: checked now, not after minutes of setup
+        check_output_root(spec.output_dir, "")
+    except UserError as exc:
+        raise UserError(f"{source}: output_dir: {exc}") from None
     checks = [("benchmark.name", registry.benchmarks, spec.benchmark.name),
               ("backend.name", registry.backends, spec.backend.name),
               ("algorithm.name", registry.algorithms, spec.algorithm.name),
