@@ -86,20 +86,22 @@ def test_templates_are_short():
 # --------------------------------------------------------------------------- oracle critic
 
 
-def test_oracle_feedback_recomputes_each_step_then_judges_it():
+def test_oracle_feedback_recomputes_quotes_and_judges_each_step():
     p = _problem("7+5*3-4")
-    assert oracle_feedback(p, "7+5=12;12*3=36;36-4=32;#32") == "7+5=12 ok;12*3=36 ok;36-4=32 ok;answer ok"
-    assert oracle_feedback(p, "7+5=12;12*3=35;35-4=31;#31") == "7+5=12 ok;12*3=36 wrong"
-    assert oracle_feedback(p, "7+5=13;13*3=39;39-4=35;#35") == "7+5=12 wrong"
-    assert oracle_feedback(p, "7+5=12;12*3=36;36-4=32;#30") == "7+5=12 ok;12*3=36 ok;36-4=32 ok;answer wrong: #32"
-    assert oracle_feedback(p, "7+5=12;12*3=36") == "7+5=12 ok;12*3=36 ok;36-4=32 wrong"  # a missing step
-    assert oracle_feedback(p, "") == "7+5=12 wrong"
-    assert oracle_feedback(p, "blah;;#") == "7+5=12 wrong"
-    assert feedback_is_ok("7+5=12 ok;12*3=36 ok;36-4=32 ok;answer ok")
-    assert not feedback_is_ok("7+5=12 ok;12*3=36 wrong")
-    assert corrected_step("7+5=12 ok;12*3=36 wrong") == (2, (12, "*", 3, 36))
-    assert corrected_step(" 7+5=12 wrong") == (1, (7, "+", 5, 12))
-    assert corrected_step("7+5=12 ok;12*3=36 ok;36-4=32 ok;answer wrong: #32") is None
+    ok = "7+5>12 7+5=12 ok;12*3>36 12*3=36 ok;36-4>32 36-4=32 ok;"
+    assert oracle_feedback(p, "7+5=12;12*3=36;36-4=32;#32") == ok + "answer ok"
+    assert oracle_feedback(p, "7+5=12;12*3=35;35-4=31;#31") == "7+5>12 7+5=12 ok;12*3>36 12*3=35 wrong"
+    assert oracle_feedback(p, "7+5=13;13*3=39;39-4=35;#35") == "7+5>12 7+5=13 wrong"
+    assert oracle_feedback(p, "7+5=12;12*3=36;36-4=32;#30") == ok + "answer wrong: #32"
+    assert oracle_feedback(p, "7+5=12;12*3=36") == \
+        "7+5>12 7+5=12 ok;12*3>36 12*3=36 ok;36-4>32 36-4=? wrong"  # a missing step
+    assert oracle_feedback(p, "") == "7+5>12 7+5=? wrong"
+    assert oracle_feedback(p, "blah;;#") == "7+5>12 7+5=? wrong"
+    assert oracle_feedback(p, "7+6=13;13*3=39;39-4=35;#35") == "7+5>12 7+5=13 wrong"  # a miscopied operand
+    assert feedback_is_ok(ok + "answer ok") and not feedback_is_ok("7+5>12 7+5=12 ok;12*3>36 12*3=35 wrong")
+    assert corrected_step("7+5>12 7+5=12 ok;12*3>36 12*3=35 wrong") == (2, (12, "*", 3, 36))
+    assert corrected_step(" 7+5>12 7+5=? wrong") == (1, (7, "+", 5, 12))
+    assert corrected_step(ok + "answer wrong: #32") is None
     assert corrected_step("answer ok") is None and corrected_step("wrong") is None
 
 
@@ -139,18 +141,18 @@ def test_scripted_corrector_follows_oracle_feedback(ops):
 def test_corrector_applies_only_what_the_feedback_says():
     p = _problem("7+5*3-4")
     wrong = "7+5=12;12*3=35;35-4=31;#31"
-    assert apply_feedback(p, wrong, "7+5=12 ok;12*3=36 wrong") == "7+5=12;12*3=36;36-4=32;#32"
-    assert apply_feedback(p, wrong, "7+5=12 ok;12*3=36 wrong", revision=True) == "12*3=36;36-4=32;#32"
+    assert apply_feedback(p, wrong, "7+5>12 7+5=12 ok;12*3>36 12*3=35 wrong") == "7+5=12;12*3=36;36-4=32;#32"
+    assert apply_feedback(p, wrong, "7+5>12 7+5=12 ok;12*3>36 12*3=35 wrong", revision=True) == "12*3=36;36-4=32;#32"
     # A wrong correction is followed too (it is the feedback's fault, not the corrector's).
-    assert apply_feedback(p, wrong, "7+5=12 ok;12*3=37 wrong", revision=True) == "12*3=37;37-4=33;#33"
+    assert apply_feedback(p, wrong, "7+5>12 7+5=12 ok;12*3>37 12*3=35 wrong", revision=True) == "12*3=37;37-4=33;#33"
     assert apply_feedback(p, "7+5=12;12*3=36;36-4=32;#30",
-                          "7+5=12 ok;12*3=36 ok;36-4=32 ok;answer wrong: #32") == "7+5=12;12*3=36;36-4=32;#32"
+                          "7+5>12 7+5=12 ok;12*3>36 12*3=36 ok;36-4>32 36-4=32 ok;answer wrong: #32") == "7+5=12;12*3=36;36-4=32;#32"
     assert apply_feedback(p, wrong, OK_FEEDBACK) == wrong
-    assert apply_feedback(p, wrong, "7+5=12 ok;12*3=36 ok;36-4=32 ok;answer ok", revision=True) == "#31"
+    assert apply_feedback(p, wrong, "7+5>12 7+5=12 ok;answer ok", revision=True) == "#31"
     assert apply_feedback(p, wrong, "gibberish") == wrong
-    assert apply_feedback(p, "junk", "7+5=12 ok;12*3=36 wrong") == "junk"  # the steps it keeps are unreadable
+    assert apply_feedback(p, "junk", "7+5>12 7+5=12 ok;12*3>36 12*3=35 wrong") == "junk"  # the steps it keeps are unreadable
     # A custom arithmetic computes the recomputed steps (the warm start's misconceptions).
-    assert apply_feedback(p, wrong, "7+5=12 wrong", revision=True,
+    assert apply_feedback(p, wrong, "7+5>12 7+5=12 wrong", revision=True,
                           arithmetic=lambda a, op, b, m: (a + b if op == "+" else a * b if op == "*" else a - b) % m + 1
                           ) == "7+5=12;12*3=37;37-4=34;#34"
 

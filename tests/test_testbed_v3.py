@@ -134,8 +134,8 @@ def test_feedback_verdicts():
     from mlmt_bench.benchmarks.synthetic import SyntheticArith
 
     s = SyntheticArith()
-    assert s.feedback_verdict("9-6=3 ok;3+9=12 ok;12+1=13 ok;answer ok") is True
-    assert s.feedback_verdict("9-6=3 ok;3+9=12 wrong") is False and s.feedback_verdict("zz") is False
+    assert s.feedback_verdict("9-6>3 9-6=3 ok;3+9>12 3+9=12 ok;12+1>13 12+1=13 ok;answer ok") is True
+    assert s.feedback_verdict("9-6>3 9-6=3 ok;3+9>12 3+9=11 wrong") is False and s.feedback_verdict("zz") is False
     b = Benchmark()
     assert b.feedback_verdict("The answer is correct.") is True
     assert b.feedback_verdict("This is not correct: step 2 has an error") is False
@@ -233,3 +233,34 @@ def test_each_role_samples_at_its_own_temperature(tiny_ckpt, tmp_path, one_torch
     assert training_temperatures(spec) == {"solver": 0.9, "critic": 0.3}
     spec.policies.critic.temperature = None
     assert training_temperatures(spec) == {"solver": 0.9, "critic": spec.backend.temperature}
+
+
+def test_bases_table(tmp_path):
+    from mlmt_bench.report.bases import write_bases
+
+    check = {"acc@t1": 0.4, "acc@t2_critic": 0.5, "acc@t2_null": 0.35, "acc@t2_oracle": 0.8,
+             "critic": {"gold": {"false_alarm_rate": 0.05, "false_alarm_rate_in": 0.06, "false_alarm_rate_out": 0.04,
+                                 "shortcut_gap": 0.02}, "slip": {"miss_rate": 0.3, "exact_correction_rate": 0.6},
+                        "own": {"false_alarm_rate": 0.02, "miss_rate": 0.25, "exact_correction_rate": 0.7}}}
+    bases = [{"seed": 0, "preset": "tiny-0.5m", "key": "abc", "invalid_because": [],
+              "check": {**check, "sampled": {**check, "temperature": 1.0}}},
+             {"seed": 1, "preset": "tiny-0.5m", "key": "def", "invalid_because": ["shortcut gap +9.0 points > 5"],
+              "check": check}]
+    paths = write_bases(bases, tmp_path, "mlmt-bench base x.yaml --out d")
+    md = (tmp_path / "bases.md").read_text()
+    rows = [l for l in md.splitlines() if l.startswith("| 0") or l.startswith("| 1")]
+    assert len(rows) == 3  # seed 0 greedy and at T=1, seed 1 greedy only
+    assert "| 5.0% | 6.0% / 4.0% (+2.0) | 30.0% / 60.0% | 2.0% / 25.0% / 70.0% | yes |" in rows[0]
+    assert "| 1.0 |" in rows[1] and rows[2].endswith("| no: shortcut gap +9.0 points > 5 |")
+    assert json.loads((tmp_path / "bases.json").read_text()) == bases and set(paths) == {"bases.json", "bases.md"}
+
+
+def test_an_unpinned_base_has_its_own_key(monkeypatch):
+    from mlmt_bench import reproducible
+
+    cfg = BaseConfig(seed=0)
+    for k, v in reproducible.PIN.items():
+        monkeypatch.setenv(k, v)
+    pinned = cfg.key()
+    monkeypatch.delenv("MKL_CBWR")
+    assert cfg.key() != pinned  # the pin is not (all) in effect: another entry

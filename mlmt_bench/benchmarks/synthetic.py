@@ -22,9 +22,9 @@ Besides the problems, the module provides what the warm start and the ``oracle_f
 ablation need:
 
 - :func:`oracle_feedback` ``(problem, attempt) -> str``: a critic that sees the gold steps. It
-  recomputes each step and judges the attempt's (``9-6=3 ok;3+9=12 ok;12+1=13 ok;answer ok``),
-  stops at the first wrong one, whose recomputed form is the correction (``9-6=3 ok;3+9=12
-  wrong``), or ends ``answer wrong: #13`` when only the final line is wrong.
+  recomputes each step, quotes the attempt's and judges it (``9-6>3 9-6=3 ok;3+9>12 3+9=11
+  wrong``), stops at the first wrong one, whose recomputed form is the correction, or ends
+  ``answer wrong: #13`` when only the final line is wrong.
 - :func:`inject_errors` ``(solution, rng) -> str``: a plausible wrong attempt (an arithmetic
   slip, a miscopied operand or operator, a dropped step ...) whose later steps are computed
   consistently from the mistake, as a model would.
@@ -66,8 +66,10 @@ Step = tuple[int, str, int, int]  # (a, op, b, result)
 
 _STEP_RE = re.compile(r"^\s*(-?\d+)\s*([+\-*])\s*(-?\d+)\s*=\s*(-?\d+)\s*$")
 _ANSWER_RE = re.compile(r"#\s*(-?\d+)")
-#: ``S1 ok;S2 ok;S wrong``: the approved steps (group 1), then the flagged step's correct form
-_FEEDBACK_STEP_RE = re.compile(r"^((?:[^;]*\bok\s*;)*)\s*(-?\d+)\s*([+\-*])\s*(-?\d+)\s*=\s*(-?\d+)\s+wrong\b")
+#: ``C1 ok;C2 ok;a<op>b>r a<op>b=w wrong``: the approved checks (group 1), then the flagged step's
+#: operation and its recomputed result (the quoted ``w`` is not used)
+_FEEDBACK_STEP_RE = re.compile(r"^((?:[^;]*\bok\s*;)*)\s*(-?\d+)\s*([+\-*])\s*(-?\d+)\s*>\s*(-?\d+)\s+"
+                               r"[^;]*?\bwrong\b")
 _OK_RE = re.compile(r"\bok\b")
 _FEEDBACK_ANSWER_RE = re.compile(r"answer wrong:\s*#\s*(-?\d+)")
 _PROBLEM_RE = re.compile(r"^\s*(\d+)((?:\s*[+\-*]\s*\d+)+)\s*$")
@@ -158,15 +160,30 @@ def _modulus(problem: Problem) -> int:
 # --------------------------------------------------------------------------- oracle critic
 
 
-def step_feedback(gold: Sequence[Step], i: int, step: Step) -> str:
-    """Feedback flagging step ``i`` (1-based): the gold steps before it, each recomputed and
-    approved, then ``step`` (its correct form) judged wrong: ``7+5=12 ok;12*3=36 wrong``."""
-    return "".join(f"{format_step(g)} {STEP_OK}{STEP_SEP}" for g in gold[: i - 1]) + f"{format_step(step)} {STEP_WRONG}"
+def check_step(gold: Step, written: Step | None, verdict: str) -> str:
+    """One step of a check: the gold step's operation, ``>`` and the recomputed result; the same
+    operation, ``=`` and the result the attempt wrote (``?`` if unreadable or missing); then the
+    verdict: ``3+9>12 3+9=11 wrong``."""
+    a, op, b, r = gold
+    seen = "?" if written is None else str(written[3])
+    return f"{a}{op}{b}>{r} {a}{op}{b}={seen} {verdict}"
+
+
+def _written(steps: Sequence[Step | None], j: int) -> Step | None:
+    return steps[j] if j < len(steps) else None
+
+
+def step_feedback(gold: Sequence[Step], i: int, step: Step, written: Sequence[Step | None] = ()) -> str:
+    """Feedback flagging step ``i`` (1-based) with ``step`` as its correct form: the gold steps
+    before it checked and approved, then step ``i`` judged wrong (``written``: the attempt's
+    steps, whose results the check quotes): ``7+5>12 7+5=12 ok;12*3>36 12*3=35 wrong``."""
+    return "".join(check_step(g, _written(written, j), STEP_OK) + STEP_SEP for j, g in enumerate(gold[: i - 1])) + \
+        check_step(step, _written(written, i - 1), STEP_WRONG)
 
 
 def approve_all(gold: Sequence[Step]) -> str:
-    """Every step recomputed and approved, then the answer: ``7+5=12 ok;12*3=36 ok;36-4=32 ok;answer ok``."""
-    return "".join(f"{format_step(g)} {STEP_OK}{STEP_SEP}" for g in gold) + OK_FEEDBACK
+    """Every step checked and approved, then the answer: ``7+5>12 7+5=12 ok;...;answer ok``."""
+    return "".join(check_step(g, g, STEP_OK) + STEP_SEP for g in gold) + OK_FEEDBACK
 
 
 def feedback_is_ok(feedback: str) -> bool:
@@ -185,20 +202,26 @@ def corrected_step(feedback: str) -> tuple[int, Step] | None:
 def oracle_feedback(problem: Problem, attempt: str) -> str:
     """Rule-based feedback from a critic that sees the gold steps.
 
-    **(v3)** It checks the way a verifier would: step by step, it writes the step recomputed
-    from the problem (``a<op>b=r`` with the true result) and then its verdict on the attempt's
-    step, ``ok`` when the attempt wrote the same. It stops at the first step that is missing,
-    unreadable or differs, whose recomputed form is the correction. A right final answer gets
-    every step approved and ``answer ok``::
+    **(v3)** It checks the way a verifier would, step by step: the step's operation, ``>`` and
+    the result recomputed from the problem; the operation again, ``=`` and the result the attempt
+    wrote; then its verdict, ``ok`` when the attempt wrote the gold step. It stops at the first
+    step that is missing, unreadable or differs, whose recomputed form is the correction. A right
+    final answer gets every step approved and ``answer ok``::
 
-        7+5=12;12*3=35;35-4=31;#31   ->  7+5=12 ok;12*3=36 wrong
-        7+5=12;12*3=36;36-4=32;#32   ->  7+5=12 ok;12*3=36 ok;36-4=32 ok;answer ok
-        7+5=12;12*3=36;36-4=32;#30   ->  7+5=12 ok;12*3=36 ok;36-4=32 ok;answer wrong: #32
+        7+5=12;12*3=35;35-4=31;#31   ->  7+5>12 7+5=12 ok;12*3>36 12*3=35 wrong
+        7+5=12;12*3=36;36-4=32;#32   ->  7+5>12 7+5=12 ok;12*3>36 12*3=36 ok;36-4>32 36-4=32 ok;answer ok
+        7+5=12;12*3=36;36-4=32;#30   ->  ...;36-4>32 36-4=32 ok;answer wrong: #32
 
-    Recomputing before judging lets a small model *check* (compare two written steps) instead
-    of deciding a step's fate in one token before computing anything, which a ~0.5M model can
-    only do by recalling which operations a solver gets wrong (v2's shortcut). The price: the
-    feedback on a right attempt states its (right) answer.
+    Why this shape (each tried on a tiny-0.5m base; docs in README "Tiny models"): asked to judge
+    a step in one token before computing anything, the model can only recall which operations a
+    solver gets wrong (v2's shortcut); asked to recompute ``3+9=`` it copies the attempt's
+    ``3+9=11`` (an induction copy), and right after quoting the attempt's result it copies the
+    quote. After ``>``, which no attempt contains, there is nothing to copy, so it computes, with
+    the true arithmetic (the solver's ``=`` carries its misconceptions) — but then, with the
+    attempt's result far away, it approves everything. Writing the operation a second time with
+    ``=`` makes the model quote the attempt's result (a copy it is good at) next to its own, and
+    the verdict compares the two. The price: a long feedback (about 60 characters), and one on
+    a right attempt states its (right) answer.
     """
     gold = _gold_steps(problem)
     steps, answer = parse_attempt(attempt)
@@ -206,8 +229,8 @@ def oracle_feedback(problem: Problem, attempt: str) -> str:
         return approve_all(gold)  # a right answer is never flagged, even if a step slipped
     for i, g in enumerate(gold):
         if i >= len(steps) or steps[i] != g:
-            return step_feedback(gold, i + 1, g)
-    return "".join(f"{format_step(g)} {STEP_OK}{STEP_SEP}" for g in gold) + f"answer wrong: {ANSWER_MARK}{gold[-1][3]}"
+            return step_feedback(gold, i + 1, g, steps)
+    return "".join(check_step(g, g, STEP_OK) + STEP_SEP for g in gold) + f"answer wrong: {ANSWER_MARK}{gold[-1][3]}"
 
 
 def apply_feedback(problem: Problem, attempt: str, feedback: str, *, revision: bool = False,

@@ -8,7 +8,8 @@ conversation, each an :data:`Example` (token ids and the trained spans):
 - ``refine`` (after feedback): ``[user: problem, assistant: attempt, user: refine prompt with
   the oracle's feedback, assistant: revision]``; the revision copies the corrected step from
   the feedback and recomputes the steps after it (``apply_feedback(..., revision=True)``);
-  the feedback recomputes each step before judging it (``9-6=3 ok;3+9=12 wrong``, v3);
+  the feedback recomputes each step, quotes the attempt's and judges it (``9-6>3 9-6=3 ok;3+9>12
+  3+9=11 wrong``, v3);
 - ``resolve`` (after the null feedback g∅): the same shape with ``g∅``, and the target a
   *genuine new attempt*: a fresh draw of the solver's own solution, never a copy of the attempt
   (so that single-level self-correction has something to learn);
@@ -50,9 +51,11 @@ from mlmt_bench.benchmarks.synthetic import (
     apply_op,
     approve_all,
     corrected_step,
+    STEP_WRONG,
     feedback_is_ok,
     format_solution,
     format_step,
+    parse_attempt,
     parse_problem,
     solve,
     step_feedback,
@@ -97,23 +100,25 @@ class Misconceptions:
 
 
 def counterfactual_feedback(problem: Any, feedback: str, rng: random.Random) -> str:
-    """``S1 ok;...;a<op>b=r wrong`` with ``r`` replaced by a nearby wrong value."""
+    """``C1 ok;...;a<op>b>r a<op>b=w wrong`` with ``r`` replaced by a nearby wrong value."""
     flagged = corrected_step(feedback)
     if flagged is None:
         return feedback
-    i, (a, op, b, r) = flagged
-    return step_feedback(_gold_steps(problem), i, (a, op, b, _slip(r, rng, _modulus(problem))))
+    head, _, tail = feedback.rpartition(">")
+    value, _, rest = tail.partition(" ")
+    return f"{head}>{_slip(flagged[1][3], rng, _modulus(problem))} {rest}"
 
 
-def noisy_feedback(problem: Any, true_feedback: str, rng: random.Random, null_feedback: str) -> str:
-    """Wrong or unhelpful feedback (a miss, a false alarm, a wrong step or value)."""
+def noisy_feedback(problem: Any, attempt: str, true_feedback: str, rng: random.Random, null_feedback: str) -> str:
+    """Wrong or unhelpful feedback on ``attempt`` (a miss, a false alarm, a wrong step or value)."""
     gold = _gold_steps(problem)
+    written, _ = parse_attempt(attempt)
     modulus = _modulus(problem)
     n = len(gold)
     options: list[Callable[[], str]] = [lambda: null_feedback]
     i = rng.randrange(n)
     a, op, b, r = gold[i]
-    slipped = step_feedback(gold, i + 1, (a, op, b, _slip(r, rng, modulus)))
+    slipped = step_feedback(gold, i + 1, (a, op, b, _slip(r, rng, modulus)), written)
     options.append(lambda: slipped)  # a wrong value (a false alarm if the attempt is right)
     if not feedback_is_ok(true_feedback):
         options.append(lambda: approve_all(gold))  # a miss
@@ -121,14 +126,14 @@ def noisy_feedback(problem: Any, true_feedback: str, rng: random.Random, null_fe
         others = [j for j in range(n) if flagged is None or j != flagged[0] - 1]
         if others:
             j = rng.choice(others)
-            options.append(lambda: step_feedback(gold, j + 1, gold[j]))  # the wrong step
+            options.append(lambda: step_feedback(gold, j + 1, gold[j], written))  # the wrong step
     return rng.choice(options)()
 
 
 def decision_chars(feedback: str) -> list[tuple[int, int]]:
     """[start, end) character spans of a walk feedback's verdicts and computed values."""
     out = [(m.start(1), m.start(1) + 1) for m in re.finditer(r"(?:^|[;\s])(ok|wrong|answer)", feedback)]
-    out += [(m.start(1), m.end(1)) for m in re.finditer(r"[=#]\s*(-?\d+)", feedback)]
+    out += [(m.start(1), m.end(1)) for m in re.finditer(r"[>#]\s*(-?\d+)", feedback)]
     return out
 
 
@@ -269,7 +274,7 @@ class Curriculum:
         attempt = self.critique_attempt(p, rng)
         feedback = self.bench.oracle_feedback(p, attempt)
         if rng.random() < self.cfg.critic_noise:
-            feedback = noisy_feedback(p, feedback, rng, self.templates.null_feedback)
+            feedback = noisy_feedback(p, attempt, feedback, rng, self.templates.null_feedback)
         ids, spans = self._conv([{"role": "user", "content": self.templates.render_feedback(p, attempt)},
                                  {"role": "assistant", "content": feedback}])
         # Up-weight the decisions: each verdict's first character and the values the critic
