@@ -218,11 +218,22 @@ def verify(
 def base(
     spec: Path = typer.Argument(..., help="Run or experiment spec with a `base:` section."),
     overrides: Optional[list[str]] = SetOption,
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Also write bases.json and bases.md (the table of "
+                                       "checks) into this directory."),
 ) -> None:
     """Build (or find in the cache) the shared base of every arm and seed, and show its check."""
     from mlmt_bench import runner
 
+    if out is not None:
+        from mlmt_bench.tracking import check_output_dir
+
+        check_output_dir(out, "--out")
     result = runner.bases_from_spec(spec, overrides or [], progress=not state.quiet)
+    if out is not None:
+        from mlmt_bench.report.bases import write_bases
+
+        command = " ".join(["mlmt-bench base", str(spec), *(f"--set {o}" for o in overrides or []), "--out", str(out)])
+        write_bases(result, out, command)
 
     def human() -> None:
         for b in result:
@@ -259,9 +270,6 @@ def critic_line(check: dict) -> str:
             f"miss {pct(own.get('miss_rate'))}, exact {pct(own.get('exact_correction_rate'))}")
 
 
-    _emit(result, human)
-
-
 @app.command()
 @_user_errors
 def report(
@@ -283,6 +291,10 @@ def report(
                              "re-renders it byte for byte."),
 ) -> None:
     """Compare runs: final metrics with 95% bootstrap CIs, McNemar tests, accuracy vs tokens (or, with --sweep, a sweep's history, importances and best spec)."""
+    if out is not None:  # a directory or a new path: never a file, a device or under /proc
+        from mlmt_bench.tracking import check_output_dir
+
+        check_output_dir(out, "--out")
     if sweep is not None:
         from mlmt_bench.report.sweep_report import report_sweep
 
@@ -394,6 +406,9 @@ def sweep(
 
 
 def main() -> None:
+    from mlmt_bench import reproducible
+
+    reproducible.apply()  # before anything loads torch: the same float results on every x86-64 machine
     app()
 
 

@@ -134,11 +134,17 @@ class BaseConfig(BaseModel):
         return self if self.seed is not None else self.model_copy(update={"seed": seed})
 
     def key(self) -> str:
-        """First 16 hex digits of the sha256 of the canonical config JSON and the format version."""
+        """First 16 hex digits of the sha256 of the canonical config JSON, the format version and
+        whether the CPU pin is in this process's environment (it changes the weights: an unpinned
+        build, e.g. from a Python caller that never ran :func:`reproducible.apply`, never passes for
+        a pinned one in the cache)."""
+        from mlmt_bench import reproducible
+
         if self.seed is None:
             raise ValueError("a base's key needs its seed (BaseConfig.with_seed)")
-        payload = json.dumps({"format": BASE_FORMAT, **self.model_dump(mode="json", exclude={"allow_invalid"})},
-                             sort_keys=True)
+        pin = reproducible.PIN if all(os.environ.get(k) == v for k, v in reproducible.PIN.items()) else "off"
+        payload = json.dumps({"format": BASE_FORMAT, **({} if pin == reproducible.PIN else {"cpu_pin": pin}),
+                              **self.model_dump(mode="json", exclude={"allow_invalid"})}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
