@@ -301,7 +301,10 @@ def render_html(summary: dict[str, Any], loaded: dict[str, list[RunRecord]], acc
                 "std. feedback_effect: acc@t2 after the feedback g minus after the null feedback g∅ on the same "
                 "attempts; feedback_sensitivity: log π(ŷ | g) − log π(ŷ | g∅) per token of ŷ; leakage_rate: "
                 "feedbacks that state the gold answer; correction / regression rate: i→c / P(attempt wrong), "
-                "c→i / P(attempt right).",
+                "c→i / P(attempt right). Critic diagnostics (METHOD.md v3), of the current critic on the current "
+                "solver's attempts: false alarms (right attempts flagged), misses (wrong ones approved), exact "
+                "corrections (the first wrong step and its right value), verdict accuracy; and the learned value's "
+                "explained variance on fresh refinements (below 0.1: not exercised).",
                 "No arm recorded feedback metrics (no critic or oracle feedback, or eval.feedback_metrics off)."),
         "<h2 id='cost'>Cost per method</h2>",
         "<p>Training totals at the end of each run (final record); mean ± std over seeds. FLOPs are the "
