@@ -61,7 +61,7 @@ from mlmt_bench.report.runs import (
     is_num,
     load_run,
     strip_stamp,
-    with_base_critic,
+    with_base_critic_arms,
 )
 from mlmt_bench.tracking import atomic_write_text
 
@@ -293,18 +293,6 @@ def build_comparison(
     summary["files"] = {"comparison.md": str(md_path), "acc_vs_tokens.png": str(png_path),
                         "index.html": str(html_path)}
     return summary
-
-
-def with_base_critic_arms(loaded: dict[str, list[RunRecord]]) -> dict[str, list[RunRecord]]:
-    """Each arm followed by its ``<arm> + base critic`` arm where its runs evaluated with the frozen
-    base critic (METHOD v3, equal test-time compute)."""
-    out: dict[str, list[RunRecord]] = {}
-    for arm, results in loaded.items():
-        out[arm] = results
-        derived = [d for d in map(with_base_critic, results) if d is not None]
-        if derived:
-            out[f"{arm} + base critic"] = derived
-    return out
 
 
 def _value_notes(loaded: dict[str, list[RunRecord]]) -> list[str]:

@@ -119,8 +119,7 @@ def publish_runs(grouped: dict[str, list[Path]], out_dir: Path, *, record: dict[
     but for its arms and its ``comparison`` (the source's file paths). title, baseline, at_flops:
     the options of the report, recorded for a re-render.
     """
-    from mlmt_bench.report.compare import with_base_critic_arms
-    from mlmt_bench.report.runs import load_run
+    from mlmt_bench.report.runs import load_run, with_base_critic_arms
 
     out_dir = Path(out_dir)
     src_of: dict[str, Path] = {}

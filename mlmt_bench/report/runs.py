@@ -356,3 +356,13 @@ def group_runs(paths: list[Path]) -> dict[str, list[Path]]:
     return arms
 
 
+def with_base_critic_arms(loaded: dict[str, list[RunRecord]]) -> dict[str, list[RunRecord]]:
+    """Each arm followed by its ``<arm> + base critic`` arm where its runs evaluated with the frozen
+    base critic (METHOD v3, equal test-time compute)."""
+    out: dict[str, list[RunRecord]] = {}
+    for arm, results in loaded.items():
+        out[arm] = results
+        derived = [d for d in map(with_base_critic, results) if d is not None]
+        if derived:
+            out[f"{arm} + base critic"] = derived
+    return out
