@@ -236,6 +236,8 @@ def base(
         write_bases(result, out, command)
 
     def human() -> None:
+        from mlmt_bench.report.bases import critic_line
+
         for b in result:
             c = b.get("check") or {}
             typer.echo(f"base {b['key']} ({b['preset']}, seed {b['seed']}, {b['params']:,} parameters, "
@@ -250,24 +252,6 @@ def base(
 
     _emit(result, human)
     runner.refuse_invalid_bases(result)
-
-
-def critic_line(check: dict) -> str:
-    """One line of a base check's critic validity (empty for a check without critic probes)."""
-    crit = check.get("critic") or {}
-    gold, slip, own = crit.get("gold") or {}, crit.get("slip") or {}, crit.get("own") or {}
-    if not gold:
-        return ""
-
-    def pct(x: Any) -> str:
-        return "–" if x is None else f"{100 * x:.1f}%"
-
-    gap = gold.get("shortcut_gap")
-    return (f"false alarms on gold {pct(gold.get('false_alarm_rate'))} (misconception ops "
-            f"{pct(gold.get('false_alarm_rate_in'))} vs others {pct(gold.get('false_alarm_rate_out'))}: gap "
-            f"{'–' if gap is None else f'{100 * gap:+.1f}'} pts); one slip: miss {pct(slip.get('miss_rate'))}, exact "
-            f"{pct(slip.get('exact_correction_rate'))}; own attempts: false alarms {pct(own.get('false_alarm_rate'))}, "
-            f"miss {pct(own.get('miss_rate'))}, exact {pct(own.get('exact_correction_rate'))}")
 
 
 @app.command()

@@ -21,6 +21,22 @@ def _pct(x: Any) -> str:
     return DASH if x is None else f"{100 * x:.1f}%"
 
 
+def critic_line(check: dict[str, Any]) -> str:
+    """One line of a check's critic validity, as ``mlmt-bench base`` prints it (empty for a check
+    without critic probes)."""
+    crit = check.get("critic") or {}
+    gold, slip, own = crit.get("gold") or {}, crit.get("slip") or {}, crit.get("own") or {}
+    if not gold:
+        return ""
+    gap = gold.get("shortcut_gap")
+    return (f"false alarms on gold {_pct(gold.get('false_alarm_rate'))} (misconception ops "
+            f"{_pct(gold.get('false_alarm_rate_in'))} vs others {_pct(gold.get('false_alarm_rate_out'))}: gap "
+            f"{DASH if gap is None else f'{100 * gap:+.1f}'} pts); one slip: miss {_pct(slip.get('miss_rate'))}, "
+            f"exact {_pct(slip.get('exact_correction_rate'))}; own attempts: false alarms "
+            f"{_pct(own.get('false_alarm_rate'))}, miss {_pct(own.get('miss_rate'))}, exact "
+            f"{_pct(own.get('exact_correction_rate'))}")
+
+
 def _row(b: dict[str, Any], check: dict[str, Any], temperature: str) -> list[str]:
     crit = check.get("critic") or {}
     gold, slip, own = crit.get("gold") or {}, crit.get("slip") or {}, crit.get("own") or {}
