@@ -1,10 +1,12 @@
 """Bounded reading of what a user hands in as structured text.
 
 Every spec file (run, experiment and its ``base:``, sweep, each file of an ``extends:`` chain),
-every ``--set`` value and every ``mlmt-bench verify`` input line is read through this module,
-so that no input, however crafted, can make a command hang, exhaust memory or end in a
-traceback: a violation is one :class:`~mlmt_bench.errors.UserError` line (exit code 2), found
-in well under a second. The limits, all named here:
+every ``--set`` value, every ``mlmt-bench verify`` input line and every file of a run directory
+that ``report`` or ``run --resume`` reads (run directories travel: :func:`read_json`,
+:func:`jsonl_bounds`) is read through this module, so that no input, however crafted, can
+make a command hang, exhaust memory or end in a traceback: a violation is one
+:class:`~mlmt_bench.errors.UserError` line (exit code 2), found in well under a second (a run's
+logs: in the time it takes to read up to the limits). The limits, all named here:
 
 =====================  ===================================================================
 ``MAX_FILE_BYTES``     1 MiB: one YAML file, or one ``--set`` value. Only regular files are
@@ -14,7 +16,18 @@ in well under a second. The limits, all named here:
                        alias counted as a full copy of what it refers to (an "alias bomb"
                        stops here); an alias inside the node it names is refused.
 ``MAX_EXTENDS``        16 files in one ``extends:`` chain.
-``MAX_LINE_BYTES``     16 MiB: one JSON line of a ``verify`` input (its nesting: ``MAX_DEPTH``).
+``MAX_LINE_BYTES``     16 MiB: one JSON line of a ``verify`` input or a run's log (its nesting:
+                       ``MAX_DEPTH``).
+``MAX_JSONL_BYTES``    256 MiB: one JSON Lines file (a ``verify`` input, a run's
+                       ``metrics`` / ``samples`` / ``eval_problems`` log), counted after gzip
+                       decompression (a gzip bomb stops here).
+``MAX_JSONL_LINES``    2,000,000 lines of one such file, blank ones included (a file of
+                       newlines is read in about a second, not for minutes).
+``MAX_JSONL_NODES``    4,000,000 JSON values and object keys in one such file: each takes ~60
+                       bytes once parsed (``[[],[],…]`` ~20 times its size), so what is kept
+                       stays below ~250 MB; a real log or input holds well under a million.
+``MAX_JSON_BYTES``     4 MiB: one JSON file of a run or experiment directory (``manifest.json``,
+                       ``experiment.json``: a run writes a few KB), nested at most ``MAX_DEPTH``.
 ``MAX_ECHO_CHARS``     60: user input quoted in an error message is cut to this (:func:`shorten`,
                        :func:`short_repr`).
 =====================  ===================================================================
@@ -23,6 +36,14 @@ A value read from a file is quoted in an error only if it is plain (:func:`echo`
 short name such as ``grop`` or ``Qwen/Qwen2.5-1.5B``); anything else is described ("a string of
 37 characters"), never shown: a spec can ``extends:`` any file (``/etc/shadow``), and an error
 names the file and the field, not the file's content. YAML syntax errors say where, not what.
+Every message the CLI prints goes through :func:`printable` first: a control character (ESC,
+BEL, CR, NUL, any other C0 / C1 one) or a bidi override (U+202E) that a spec, a name or a
+``--set`` value slips into a message is shown escaped (``\\x1b``, ``\\u202e``), so no input can
+recolour, rewrite or reorder the terminal's text.
+
+A key given twice in one YAML mapping (at any depth; ``<<:`` merge keys excepted, those may be
+overridden) is an error naming the key and both lines: PyYAML would silently keep the last one,
+so a second ``train:`` mapping would drop the first one's ``token_budget``.
 
 Real specs use a few hundred nodes, a depth below 10 and a few KB; the limits leave a wide
 margin and bound the worst case (measured in ``tests/test_hostile_input.py``).
@@ -33,10 +54,13 @@ once to count depth and expanded nodes, and only a document within the limits is
 
 from __future__ import annotations
 
+import errno
+import itertools
 import os
 import re
 import reprlib
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +87,21 @@ class InvalidYAML(UserError):
 def shorten(text: str, limit: int = MAX_ECHO_CHARS) -> str:
     """``text`` cut to ``limit`` characters (the last one then ``…``)."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def printable(text: str) -> str:
+    """``text`` with every character that is not printable escaped as Python writes it (``\\x1b``,
+    ``\\u202e``, ``\\udcff``): C0 / C1 controls, DEL, bidi controls and other format characters,
+    line / paragraph separators, surrogates. What a message shows the terminal cannot act on, and
+    a lone surrogate (an undecodable argument) cannot make writing it fail."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else _escape(ch) for ch in text)
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def short_repr(value: Any, limit: int = MAX_ECHO_CHARS) -> str:
@@ -156,7 +195,7 @@ def check_regular_file(path: Path | str) -> os.stat_result:
     except (FileNotFoundError, NotADirectoryError):
         raise UserError(f"{path}: file not found") from None
     except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
-        raise UserError(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
+        raise UserError(f"{path}: cannot read ({why_unusable(exc)})") from None
     _check_regular(Path(path), st.st_mode)
     return st
 
@@ -165,7 +204,31 @@ def _check_regular(path: Path, mode: int) -> None:
     if stat.S_ISDIR(mode):
         raise UserError(f"{path}: is a directory, expected a file")
     if not stat.S_ISREG(mode):
-        raise UserError(f"{path}: not a regular file (a device, FIFO or socket), refused")
+        raise UserError(f"{path}: not a regular file ({kind_of(mode)}), refused")
+
+
+def kind_of(mode: int) -> str:
+    """What an ``st_mode`` is, for a message: "a directory", "a character device", "a FIFO" ..."""
+    return ("a directory" if stat.S_ISDIR(mode) else "a regular file" if stat.S_ISREG(mode)
+            else "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
+            else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a symbolic link" if stat.S_ISLNK(mode) else "neither a file nor a directory")
+
+
+def resolved(path: Path | str) -> Path:
+    """``Path(path).resolve()``, or a one-line UserError naming ``path`` where it cannot be
+    resolved: a symbolic link loop (a RuntimeError before Python 3.13, an OSError after), a NUL."""
+    try:
+        return Path(path).resolve()
+    except (RuntimeError, OSError, ValueError) as exc:
+        raise UserError(f"{shorten(str(path), 200)}: cannot read ({why_unusable(exc)})") from None
+
+
+def why_unusable(exc: BaseException) -> str:
+    """Why a path cannot be used, in a few words: a RuntimeError is ``Path.resolve``'s symlink loop."""
+    if isinstance(exc, RuntimeError) or getattr(exc, "errno", None) == errno.ELOOP:
+        return "a symbolic link loop"
+    return getattr(exc, "strerror", None) or str(exc)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -187,11 +250,59 @@ def load_yaml(text: str, source: str) -> Any:
         raise UserError(f"{source}: {size} bytes of YAML, more than the limit of {human_bytes(MAX_FILE_BYTES)}")
     try:
         check_yaml_bounds(text, source)
-        return yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader (CSafeLoader / SafeLoader)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a safe loader (CSafeLoader / SafeLoader)
+    except DuplicateKey as exc:
+        raise UserError(f"{source}: {exc}") from None
     except yaml.YAMLError as exc:
         raise InvalidYAML(f"{source}: invalid YAML: {_yaml_problem(exc)}") from None
     except (ValueError, OverflowError, TypeError) as exc:  # raised by a constructor (int, date ...)
         raise UserError(f"{source}: invalid YAML value: {shorten(str(exc), 120)}") from None
+
+
+class DuplicateKey(Exception):
+    """A key given twice in one YAML mapping (raised while it is built; :func:`load_yaml` makes it
+    a UserError, never InvalidYAML: ``--set`` must not take such a value as a plain string)."""
+
+    def __init__(self, key: Any, first: Any, second: Any) -> None:
+        shown = repr(key) if is_name(key) or is_plain(key) else "(not shown)"
+        if first.line == second.line:
+            where = f"line {first.line + 1}, columns {first.column + 1} and {second.column + 1}"
+        else:
+            where = f"lines {first.line + 1} and {second.line + 1}"
+        super().__init__(f"duplicate key {shown} at {where} (the second would silently replace the first)")
+
+
+class _UniqueKeyLoader(_LOADER):  # type: ignore[misc, valid-type]
+    """The safe loader, refusing a key given twice in one mapping (:class:`DuplicateKey`).
+
+    The check runs in ``flatten_mapping``, which the constructor calls on every mapping before
+    building it and on every mapping a ``<<:`` merge key pulls in, before it rewrites the node
+    (merged pairs then precede the node's own, which may override them): so each mapping is
+    checked once, as written, nested ones and aliased ones included."""
+
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        checked: set[int] | None = getattr(self, "_checked_mappings", None)
+        if checked is None:
+            checked = self._checked_mappings = set()  # ids of nodes, all alive until the document is built
+        if id(node) not in checked:
+            checked.add(id(node))
+            _check_unique_keys(self, node)
+        super().flatten_mapping(node)
+
+
+def _check_unique_keys(loader: Any, node: yaml.MappingNode) -> None:
+    seen: dict[Any, Any] = {}  # key -> its start mark
+    for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode) or key_node.tag in (
+                "tag:yaml.org,2002:merge", "tag:yaml.org,2002:value"):
+            continue  # `<<:` merges (overridable); a non-scalar key: the constructor refuses it (unhashable)
+        key = loader.construct_object(key_node)
+        try:
+            if key in seen:  # equal as built: `a` and `"a"`, `1` and `0x1` (the dict would keep one)
+                raise DuplicateKey(key, seen[key], key_node.start_mark)
+            seen[key] = key_node.start_mark
+        except TypeError:  # unhashable: the constructor reports it
+            continue
 
 
 _QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'" + r'|"(?:[^"\\]|\\.)*"')
@@ -264,13 +375,83 @@ def _bound_error(source: str, event: Any, what: str) -> UserError:
 
 
 def check_json_depth(value: Any, where: str, limit: int = MAX_DEPTH) -> None:
-    """UserError if ``value`` (parsed JSON) nests lists / objects deeper than ``limit``."""
-    stack = [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is None:
-            continue
-        if level > limit:
-            raise UserError(f"{where}: JSON nested deeper than {limit} levels")
-        stack.extend((child, level + 1) for child in children if isinstance(child, (dict, list)))
+    """UserError if ``value`` (parsed JSON) nests lists / objects deeper than ``limit`` (:func:`json_nodes`)."""
+    json_nodes(value, where, limit)
+
+
+def json_nodes(value: Any, where: str, max_depth: int = MAX_DEPTH) -> int:
+    """How many values and object keys ``value`` (parsed JSON) holds, itself included; UserError
+    if it nests lists / objects deeper than ``max_depth``.
+
+    Walked one level at a time with the loops in C (``itertools``: no Python step per item, so
+    5 million ``[]`` take about a second, not 15 s), holding only the next level's lists and
+    objects (8 bytes each, beside the 56+ bytes of each of them): never a stack of every child
+    with its level, which doubled the memory of ``[[],[],…]``."""
+    count = 1
+    lists = [value] if isinstance(value, list) else []
+    dicts = [value] if isinstance(value, dict) else []
+    depth = 0
+    while lists or dicts:
+        depth += 1
+        if depth > max_depth:
+            raise UserError(f"{where}: JSON nested deeper than {max_depth} levels")
+        count += sum(map(len, lists)) + 2 * sum(map(len, dicts))
+        lists, dicts = (_of_type(_children(lists, dicts), _children(lists, dicts), kind) for kind in (list, dict))
+    return count
+
+
+def _children(lists: list[Any], dicts: list[Any]) -> Iterator[Any]:
+    """The items of ``lists`` and the values of ``dicts``, iterated in C."""
+    return itertools.chain(itertools.chain.from_iterable(lists), itertools.chain.from_iterable(map(dict.values, dicts)))
+
+
+def _of_type(items: Iterator[Any], same_items: Iterator[Any], kind: type) -> list[Any]:
+    """Those of ``items`` that are a ``kind`` (``same_items``: a second iterator over them), in C."""
+    return list(itertools.compress(items, map(isinstance, same_items, itertools.repeat(kind))))
+
+
+# ----------------------------------------------------------------------------------------------
+# Run directories and JSON Lines files (limits: the table above)
+#
+# A run directory may come from someone else (a published report, a copied experiment), and a
+# ``verify`` input is anyone's: ``report``, ``run --resume`` and ``verify`` read them through the
+# readers below, never with a bare ``read_text`` / ``json.loads`` / ``yaml.safe_load``.
+
+MAX_JSONL_BYTES = 256 << 20
+MAX_JSONL_LINES = 2_000_000
+MAX_JSONL_NODES = 4_000_000
+MAX_JSON_BYTES = 4 << 20
+
+
+def jsonl_bounds() -> dict[str, int]:
+    """The keyword arguments of :func:`mlmt_bench.jsonl.iter_jsonl` that bound a JSON Lines file
+    read from a run directory or handed to ``verify``: a line of at most ``MAX_LINE_BYTES``
+    nested at most ``MAX_DEPTH``; at most ``MAX_JSONL_BYTES`` (decompressed), ``MAX_JSONL_LINES``
+    and ``MAX_JSONL_NODES`` in all; only a regular file. Read when called (tests lower them)."""
+    return {"max_line_bytes": MAX_LINE_BYTES, "max_depth": MAX_DEPTH, "max_total_bytes": MAX_JSONL_BYTES,
+            "max_lines": MAX_JSONL_LINES, "max_nodes": MAX_JSONL_NODES}
+
+
+def read_json(path: Path | str, limit: int | None = None) -> Any:
+    """The JSON document in the regular file ``path`` (``manifest.json``, ``experiment.json``):
+    at most ``limit`` bytes (default ``MAX_JSON_BYTES``: ~1.4 million values at most), nested at
+    most ``MAX_DEPTH``; one-line UserError otherwise, never quoting the file."""
+    import json
+
+    text = read_text(path, MAX_JSON_BYTES if limit is None else limit)
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    except RecursionError:
+        raise UserError(f"{path}: invalid JSON (nested too deeply)") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise UserError(f"{path}: invalid JSON ({shorten(unquoted(str(exc)), 120)})") from None
+    json_nodes(value, str(path))  # the depth
+    return value
+
+
+def read_yaml_file(path: Path | str) -> Any:
+    """The YAML document in the regular file ``path`` (a run's ``spec.resolved.yaml``) within the
+    limits of a spec file (``MAX_FILE_BYTES``, ``MAX_DEPTH``, ``MAX_NODES``: no alias bomb)."""
+    return load_yaml(read_text(path), str(path))

@@ -42,8 +42,19 @@ def _emit(result: Any, human: Callable[[], None] | None = None) -> None:
         human()
 
 
+def _echo(text: str) -> None:
+    """``typer.echo`` of a line that may hold user text (a path, a name), control characters
+    escaped (:func:`~mlmt_bench.bounded_input.printable`): no input writes to the terminal raw."""
+    from mlmt_bench.bounded_input import printable
+
+    typer.echo(printable(text))
+
+
 def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """One line on stderr and exit code 2 for bad input; the traceback only with --debug."""
+    """One line on stderr and exit code 2 for bad input; the traceback only with --debug.
+
+    The one place every ``error: ...`` line is written: its control characters and bidi overrides
+    (from a spec, a name, a ``--set`` value) are escaped here, so no message can drive the terminal."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -52,7 +63,9 @@ def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except UserError as exc:
             if state.debug:
                 raise
-            msg = str(exc).replace("\n", " ")
+            from mlmt_bench.bounded_input import printable
+
+            msg = printable(str(exc).replace("\n", " "))
             if state.json:
                 sys.stdout.write(json.dumps({"error": msg}) + "\n")
             sys.stderr.write(f"error: {msg}\n")
@@ -133,8 +146,8 @@ def validate(
                   "parameters": list(sweep.space), "valid": True}
         if sweep.spec.sampler == "grid":
             result["grid_points"] = grid_size(sweep)
-        _emit(result, lambda: typer.echo(f"{spec}: valid sweep spec {result['name']!r} over "
-                                         f"{', '.join(result['parameters'])} (run spec {result['run']})"))
+        _emit(result, lambda: _echo(f"{spec}: valid sweep spec {result['name']!r} over "
+                                    f"{', '.join(result['parameters'])} (run spec {result['run']})"))
         return
     loaded = specs.load_any(spec, overrides or [])
     if isinstance(loaded, tuple):
@@ -143,7 +156,7 @@ def validate(
                   "seeds": exp.seeds, "valid": True}
     else:
         result = {"spec": str(spec), "kind": "run", "name": loaded.name, "valid": True}
-    _emit(result, lambda: typer.echo(f"{spec}: valid {result['kind']} spec {result['name']!r}"))
+    _emit(result, lambda: _echo(f"{spec}: valid {result['kind']} spec {result['name']!r}"))
 
 
 @app.command()
@@ -194,7 +207,7 @@ def run(
         raise UserError("give a SPEC file or --resume RUN_DIR")
     else:
         result = runner.run(loaded, progress=not state.quiet)
-    _emit(result, lambda: typer.echo(f"run directory: {result['run_dir']}"))
+    _emit(result, lambda: _echo(f"run directory: {result['run_dir']}"))
 
 
 @app.command()
@@ -385,7 +398,9 @@ def sweep(
                        overrides=overrides or [], progress=not state.quiet, workers=workers, heartbeat_s=heartbeat)
     _emit(result, lambda: print_summary(result))
     if result.get("stopped"):
-        sys.stderr.write(f"error: sweep stopped: {result['stopped']}\n")
+        from mlmt_bench.bounded_input import printable
+
+        sys.stderr.write(f"error: sweep stopped: {printable(str(result['stopped']))}\n")
         raise typer.Exit(1)
 
 

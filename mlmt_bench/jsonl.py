@@ -36,23 +36,36 @@ def decode_error(path: Path, line: int, exc: BaseException) -> UserError:
 
 
 def iter_jsonl(path: Path | str, *, max_line_bytes: int | None = None, max_depth: int | None = None,
-               torn_tail_ok: bool = False) -> Iterator[tuple[int, Any]]:
+               torn_tail_ok: bool = False, max_total_bytes: int | None = None, max_lines: int | None = None,
+               max_nodes: int | None = None) -> Iterator[tuple[int, Any]]:
     """(line number, parsed value) of each non-blank line of a JSON Lines file (plain or gzip).
 
     A line that is not JSON (or not UTF-8), or a file that cannot be decoded, is a one-line
     file:line UserError, except the last line when ``torn_tail_ok``; so is a line longer than
-    ``max_line_bytes`` (newline included; read no further) or nested deeper than ``max_depth``
-    (see :mod:`mlmt_bench.bounded_input`; None: no limit)."""
+    ``max_line_bytes`` (newline included; read no further) or nested deeper than ``max_depth``,
+    and a file of more than ``max_total_bytes`` (decompressed: a gzip bomb is read no further),
+    ``max_lines`` lines (blank ones included) or ``max_nodes`` JSON values and keys in all
+    (:func:`~mlmt_bench.bounded_input.json_nodes`); with ``max_total_bytes`` only a regular file
+    is opened. :func:`mlmt_bench.bounded_input.jsonl_bounds` gives all of them (None: no limit)."""
     from mlmt_bench.bounded_input import check_json_depth, human_bytes, shorten
 
     path = Path(path)
     lineno = 0
     limit = -1 if max_line_bytes is None else max_line_bytes + 1
+    bounded = max_total_bytes is not None or max_lines is not None or max_nodes is not None
+    total = nodes = 0
+    if bounded:  # a device or FIFO is refused before it is opened (reading /dev/zero never ends)
+        from mlmt_bench.bounded_input import check_regular_file
+
+        check_regular_file(path)
     try:
         with (gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")) as f:
             for lineno, raw in enumerate(iter(lambda: f.readline(limit), b""), 1):
                 if max_line_bytes is not None and len(raw) > max_line_bytes:
                     raise UserError(f"{path}:{lineno}: line longer than {human_bytes(max_line_bytes)}")
+                if bounded:
+                    total += len(raw)
+                    _check_total(path, lineno, total, max_total_bytes, max_lines, human_bytes)
                 try:
                     value = _parse(raw, path, lineno, shorten)
                 except UserError:
@@ -61,7 +74,14 @@ def iter_jsonl(path: Path | str, *, max_line_bytes: int | None = None, max_depth
                     raise
                 if value is _BLANK:
                     continue
-                if max_depth is not None:
+                if max_nodes is not None:
+                    from mlmt_bench.bounded_input import json_nodes
+
+                    nodes += json_nodes(value, f"{path}:{lineno}", 1 << 30 if max_depth is None else max_depth)
+                    if nodes > max_nodes:
+                        raise UserError(f"{path}:{lineno}: more than the limit of {max_nodes:,} JSON values "
+                                        "in one file")
+                elif max_depth is not None:
                     check_json_depth(value, f"{path}:{lineno}", max_depth)
                 yield lineno, value
     except UserError:
@@ -71,6 +91,15 @@ def iter_jsonl(path: Path | str, *, max_line_bytes: int | None = None, max_depth
 
 
 _BLANK = object()
+
+
+def _check_total(path: Path, lineno: int, total: int, max_total_bytes: int | None, max_lines: int | None,
+                 human_bytes: Any) -> None:
+    if max_total_bytes is not None and total > max_total_bytes:
+        raise UserError(f"{path}:{lineno}: more than the limit of {human_bytes(max_total_bytes)} of JSON Lines "
+                        "(decompressed) in one file")
+    if max_lines is not None and lineno > max_lines:
+        raise UserError(f"{path}:{lineno}: more than the limit of {max_lines:,} lines in one file")
 
 
 def _parse(raw: bytes, path: Path, lineno: int, shorten: Any) -> Any:

@@ -90,13 +90,18 @@ class Registry(Generic[T]):
         return entry.target
 
     def unknown_message(self, name: str) -> str:
-        from mlmt_bench.bounded_input import echo, is_plain
+        return unknown_message(self.kind, name, self.names())
 
-        known = self.names()
-        name = str(name)  # the user's (maybe a file's): shown only if plain, and only then worth a hint
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.5) if is_plain(name) else []
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        return f"unknown {self.kind} {echo(name)}{hint} (known: {', '.join(known)})"
+
+def unknown_message(kind: str, name: Any, known: list[str]) -> str:
+    """``unknown <kind> 'grop'; did you mean 'grpo'? (known: ...)``: the message for a name not in
+    ``known`` (components here; also e.g. a report's arms), the name shown only if plain."""
+    from mlmt_bench.bounded_input import echo, is_plain
+
+    name = str(name)  # the user's (maybe a file's): shown only if plain, and only then worth a hint
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.5) if is_plain(name) else []
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown {kind} {echo(name)}{hint} (known: {', '.join(known)})"
 
 
 benchmarks: Registry[Any] = Registry("benchmark")
@@ -168,10 +173,10 @@ def _builtin() -> None:
     v("code", "mlmt_bench.verifiers.code:CodeVerifier", "runs code against tests in a resource-limited sandbox")
     v("choice", "mlmt_bench.verifiers.choice:ChoiceVerifier", "multiple-choice letter extraction")
     v("synthetic", "mlmt_bench.verifiers.synthetic:SyntheticVerifier", "exact integer answer of a synthetic problem")
-    # Policies (mlmt_bench/models/).
+    # Policies (mlmt_bench/models/): ModelFactory objects (models/factory.py: what each needs).
     m = models.register
-    m("hf", "mlmt_bench.models.policy:load_hf_policy", "any HF causal LM from a hub name or local directory")
-    m("tiny", "mlmt_bench.models.policy:load_tiny_policy", "tiny Llama-architecture LM built from a preset config")
+    m("hf", "mlmt_bench.models.factory:hf", "any HF causal LM from a hub name or local directory")
+    m("tiny", "mlmt_bench.models.factory:tiny", "tiny Llama-architecture LM built from a preset config")
     # Generation backends (mlmt_bench/rollout/).
     k = backends.register
     k("hf", "mlmt_bench.rollout.hf_backend:HFBackend",

@@ -3,15 +3,21 @@
 Every error is a :class:`UserError` whose message names the file, the field path, the bad
 value and what was expected, e.g.
 ``registry/runs/x.yaml: algorithm.params.group_size: must be ≥ 2, got 1``.
+
+The fields that size a run's work and memory have upper limits (``MAX_NEW_TOKENS`` ...: the table
+above their definitions says why each is generous), a step's sequences are bounded in all
+(``MAX_SEQUENCES_PER_STEP``), seeds lie in numpy's range, and every float must be finite: a spec
+that could not run is refused when it is validated, before anything is allocated.
 """
 
 from __future__ import annotations
 
 import copy
 import difflib
+import math
 import os
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -22,9 +28,41 @@ from mlmt_bench.errors import UserError
 
 _M = TypeVar("_M", bound=BaseModel)
 
+# Upper limits of the fields that size a run's work and memory, checked when a spec is validated so
+# that a typo (``1e9`` for ``1e3``) is a one-line error instead of a MemoryError or a run that never
+# ends after minutes of setup. Each is far beyond what a real GPU run uses:
+#
+# =========================  ===================================================================
+# ``MAX_NEW_TOKENS``         131,072 (2**17) tokens per turn (``backend.max_new_tokens``,
+#                            ``feedback_max_new_tokens``): the longest context of current open
+#                            models (128k); reasoning runs sample 8k-64k.
+# ``MAX_PROBLEMS_PER_STEP``  100,000 problems per step (``train.problems_per_step``): large RL
+#                            runs use 64-2,048.
+# ``MAX_SEQUENCES_PER_STEP`` 1,048,576 (2**20) sequences in a step's largest turn:
+#                            problems_per_step × group_size × feedbacks × refinements (a
+#                            billion tokens at 1k tokens each; large runs sample ~10^4).
+# ``MAX_SEED``               2**32 - 1 (``seed``, an experiment's ``seeds``, from 0): numpy's seed
+#                            range; torch takes more, but the trainer derives seeds from it
+#                            (``seed * 7919 + ...`` must stay below torch.Generator's 2**63).
+# ``MAX_LORA_RANK``          16,384 (``lora.r``): the hidden size of the largest models.
+# ``MAX_THREADS``            1,024 torch CPU threads (``train.threads``).
+# =========================  ===================================================================
+#
+# Every float of a spec must be finite: ``.inf`` and ``.nan`` are refused in typed fields
+# (``allow_inf_nan=False``) and in free-form sections (options, params, ``base``) alike
+# (:func:`_check_finite`). The algorithms' own limits: :mod:`mlmt_bench.algorithms.params`.
+MAX_NEW_TOKENS = 1 << 17
+MAX_PROBLEMS_PER_STEP = 100_000
+MAX_SEQUENCES_PER_STEP = 1 << 20
+MAX_SEED = 2**32 - 1
+MAX_LORA_RANK = 1 << 14
+MAX_THREADS = 1024
+
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
+
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class TemplateSpec(_Spec):
@@ -51,7 +89,7 @@ class BenchmarkSpec(_Spec):
 
 
 class LoraSpec(_Spec):
-    r: int = Field(8, ge=1)
+    r: int = Field(8, ge=1, le=MAX_LORA_RANK)
     alpha: int = Field(16, ge=1)
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     target_modules: list[str] | Literal["all-linear"] = Field(default_factory=lambda: ["q_proj", "v_proj"])
@@ -80,8 +118,9 @@ class BackendSpec(_Spec):
     options: dict[str, Any] = Field(default_factory=dict)
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_new_tokens: int = Field(48, ge=1, description="per turn")
-    feedback_max_new_tokens: int | None = Field(None, ge=1, description="critic turn; default max_new_tokens")
+    max_new_tokens: int = Field(48, ge=1, le=MAX_NEW_TOKENS, description="per turn")
+    feedback_max_new_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS,
+                                                description="critic turn; default max_new_tokens")
     stop: list[str] | None = None
 
 
@@ -92,7 +131,7 @@ class AlgorithmSpec(_Spec):
 
 class TrainSpec(_Spec):
     steps: int = Field(20, ge=0)
-    problems_per_step: int = Field(8, ge=1)
+    problems_per_step: int = Field(8, ge=1, le=MAX_PROBLEMS_PER_STEP)
     grad_accum: int = Field(1, ge=1, description="at least this many micro-batches per update")
     micro_batch_tokens: int | None = Field(
         32768, ge=1, description="padded tokens (rows × longest row) per forward/backward of an update, "
@@ -104,11 +143,13 @@ class TrainSpec(_Spec):
     schedule: Literal["constant", "cosine"] = "constant"
     warmup_steps: int = Field(0, ge=0)
     checkpoint_every: int = Field(0, ge=0, description="steps between checkpoints; 0 = only at the end")
+    keep_checkpoints: int | None = Field(None, ge=1, description="after each checkpoint, delete all but the newest "
+                                         "N; null = keep all")
     token_budget: int | None = Field(None, ge=1, description="stop once this many tokens were generated")
     flop_budget: float | None = Field(None, gt=0, description="stop once this many FLOPs were spent (METHOD.md v2 "
                                                                "counting: prompts, trained sequences, extra passes)")
     deterministic: bool = True
-    threads: int | None = Field(None, ge=1, description="torch CPU threads; default all cores")
+    threads: int | None = Field(None, ge=1, le=MAX_THREADS, description="torch CPU threads; default all cores")
 
 
 class EvalSpec(_Spec):
@@ -128,7 +169,7 @@ class EvalSpec(_Spec):
 
 class RunSpec(_Spec):
     name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")
-    seed: int = 0
+    seed: Seed = 0
     output_dir: str = "runs"
     benchmark: BenchmarkSpec
     policies: PoliciesSpec = Field(default_factory=PoliciesSpec)
@@ -147,7 +188,7 @@ class ExperimentSpec(_Spec):
     name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")
     base: dict[str, Any] | str = Field(description="a run spec, inline or as a path relative to this file")
     arms: dict[str, dict[str, Any]] = Field(min_length=1)
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    seeds: list[Seed] = Field(default_factory=lambda: [0], min_length=1)
     output_dir: str = "runs"
     budget: Literal["tokens", "flops", "none"] = Field(
         "tokens", description="what every arm must spend equally: train.token_budget (generated tokens), "
@@ -200,7 +241,7 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 def load_raw(path: Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     """A spec file with its ``extends:`` chain resolved (paths relative to the extending file)."""
     path = Path(path)
-    resolved = path.resolve()
+    resolved = bounded_input.resolved(path)  # a symlink loop: one line naming the file, no RuntimeError
     if resolved in _chain:
         cycle = " -> ".join(str(p) for p in (*_chain, resolved))
         raise UserError(f"{path}: circular extends: {cycle}")
@@ -215,6 +256,10 @@ def load_raw(path: Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     parent_path = (path.parent / parent)
     if not os.path.lexists(parent_path):
         raise UserError(f"{path}: extends: file not found: {bounded_input.shorten(str(parent_path), 200)}")
+    try:
+        bounded_input.resolved(parent_path)
+    except UserError as exc:  # a symlink loop: blamed on the extends: that names it
+        raise UserError(f"{path}: extends: {exc}") from None
     return deep_merge(load_raw(parent_path, (*_chain, resolved)), data)
 
 
@@ -405,9 +450,47 @@ def _blame_override(exc: UserError, source: str, overrides: list[str] | tuple[st
     return exc
 
 
+def _check_finite(data: Any, source: str) -> None:
+    """UserError naming the first float of ``data`` (a raw spec) that is ``inf`` or ``nan``, in
+    any section, typed or free-form (a learning rate of ``.inf`` trains to nan; a plugin's option
+    of ``.nan`` compares false with everything)."""
+    stack: list[tuple[Any, list[Any]]] = [(data, [])]
+    while stack:
+        node, loc = stack.pop()
+        if isinstance(node, float) and not math.isfinite(node):
+            named = next((i for i, x in enumerate(loc) if not bounded_input.is_name(x)), len(loc))
+            where = ".".join(str(x) for x in loc[:named]) + (" (under a key that is not a field name)"
+                                                             if named < len(loc) else "")
+            origin = _defined_in(source, loc)
+            extra = f" ({_ORIGIN} {bounded_input.shorten(origin, 200)}, through extends:)" if origin else ""
+            raise UserError(f"{source}: {bounded_input.shorten(where, 2 * bounded_input.MAX_ECHO_CHARS)}: "
+                            f"must be a finite number, got {node!r}{extra}")
+        if isinstance(node, dict):
+            stack.extend((v, [*loc, k]) for k, v in reversed(node.items()))
+        elif isinstance(node, list):
+            stack.extend((v, [*loc, i]) for i, v in reversed(list(enumerate(node))))
+
+
+def _check_step_size(spec: RunSpec, params: BaseModel, source: str) -> None:
+    """UserError when a step's largest turn would sample more than ``MAX_SEQUENCES_PER_STEP``
+    sequences (problems_per_step × the per-problem counts the algorithm's parameters declare,
+    ``sample_factors``: G, K, M): refused before anything is built, not found out of memory mid-run."""
+    from mlmt_bench.algorithms.params import AlgorithmParams
+
+    factors = [("train.problems_per_step", spec.train.problems_per_step)]
+    declared = params.sample_factors() if isinstance(params, AlgorithmParams) else {}
+    factors += [(f"algorithm.params.{name}", value) for name, value in declared.items() if value > 1]
+    total = math.prod(v for _, v in factors)
+    if total > MAX_SEQUENCES_PER_STEP:
+        names = " × ".join(n for n, _ in factors)
+        raise UserError(f"{source}: {names} = {total:,} sequences per step, more than the limit of "
+                        f"{MAX_SEQUENCES_PER_STEP:,}")
+
+
 def _validate_run(data: dict[str, Any], source: str) -> RunSpec:
     from mlmt_bench import registry
 
+    _check_finite(data, source)
     try:
         spec = RunSpec.model_validate(data)
     except ValidationError as exc:
@@ -429,13 +512,12 @@ def _validate_run(data: dict[str, Any], source: str) -> RunSpec:
     for where, reg, name in checks:
         if name not in reg:
             raise UserError(f"{source}: {where}: {reg.unknown_message(name)}")
-    from mlmt_bench.rollout.backend import reject_unknown_options
+    from mlmt_bench.rollout.backend import declared, reject_unknown_options
 
     try:
         backend_cls = registry.backends.get(spec.backend.name)
         reject_unknown_options(backend_cls, spec.backend.name, spec.backend.options)
-        if callable(getattr(backend_cls, "check_values", None)):
-            backend_cls.check_values(**spec.backend.options)
+        declared(backend_cls).check_values(**spec.backend.options)
     except UserError as exc:
         raise UserError(f"{source}: {exc}") from None
     params_model = algorithm_params_model(spec.algorithm.name)
@@ -444,17 +526,25 @@ def _validate_run(data: dict[str, Any], source: str) -> RunSpec:
     except ValidationError as exc:
         raise UserError(format_validation_error(source, exc, "algorithm.params", params_model)) from None
     spec.algorithm.params = params.model_dump()
-    if spec.benchmark.path is not None and not os.path.exists(os.path.expanduser(spec.benchmark.path)):
-        raise UserError(f"{source}: benchmark.path: no such file or directory: "
-                        f"{bounded_input.shorten(spec.benchmark.path, 200)}")
+    _check_step_size(spec, params, source)
+    if spec.benchmark.path is not None:  # a device or FIFO is refused here too, not after the setup
+        from mlmt_bench.benchmarks.data import data_path_problem
+
+        problem = data_path_problem(spec.benchmark.path)
+        if problem is not None:
+            raise UserError(f"{source}: benchmark.path: {bounded_input.shorten(spec.benchmark.path, 200)} {problem}")
     if spec.base is not None:
         from mlmt_bench.models.shared_base import BaseConfig
 
         try:
-            BaseConfig.model_validate(spec.base)
+            base_cfg = BaseConfig.model_validate(spec.base)
         except ValidationError as exc:
             raise UserError(format_validation_error(source, exc, "base", BaseConfig)) from None
-    roles = params.roles() if callable(getattr(params, "roles", None)) else None
+        if base_cfg.seed is not None and not 0 <= base_cfg.seed <= MAX_SEED:  # the run's seed's range
+            raise UserError(f"{source}: base.seed: must be in [0, {MAX_SEED}], got {bounded_input.echo(base_cfg.seed)}")
+    from mlmt_bench.algorithms.params import AlgorithmParams
+
+    roles = params.roles() if isinstance(params, AlgorithmParams) else None
     for role in roles.built() if roles is not None else ["solver"]:
         if getattr(spec.policies, role) is None:
             mode = roles.mode(role) if roles is not None else "trained"
@@ -521,6 +611,12 @@ def load_experiment(path: Path | str, overrides: list[str] | None = None) -> tup
                             "seeds: list; use --set seeds=[...]")
         (exp_over if head in _EXPERIMENT_FIELDS else run_over).append(text)
     exp = _validated(apply_overrides(load_raw(path), exp_over, ExperimentSpec), ExperimentSpec, str(path))
+    from mlmt_bench.tracking import check_output_root
+
+    try:  # the experiment's own output_dir (every arm's), blamed on it rather than on the first arm
+        check_output_root(exp.output_dir, "")
+    except UserError as exc:
+        raise _blame_override(UserError(f"{path}: output_dir: {exc}"), str(path), exp_over) from None
     base_raw = load_raw(path.parent / exp.base) if isinstance(exp.base, str) else exp.base
     exp.base = apply_overrides(base_raw, run_over, RunSpec)
     arms: dict[str, RunSpec] = {}

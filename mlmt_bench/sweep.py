@@ -16,8 +16,10 @@ A sweep file (:class:`mlmt_bench.spec.SweepSpec`) names a run spec and a search 
       algorithm.params.value: {type: categorical, choices: [mc, learned]}
 
 Everything is checked before the first trial: the sweep's fields, every ``space`` path (it must
-name a field of :class:`RunSpec`), every distribution, and the run spec with each distribution's
-end points applied. Errors are one-line :class:`UserError` naming the sweep file.
+name a field of :class:`RunSpec`), every distribution, the size of a grid (``MAX_GRID_POINTS``
+values per parameter, ``MAX_GRID_SIZE`` points in all, counted without building it), and the run
+spec with each distribution's end points applied. Errors are one-line :class:`UserError` naming
+the sweep file.
 
 Layout, with ``<dir> = <run spec's output_dir>/<sweep name>``::
 
@@ -83,6 +85,10 @@ HEARTBEAT_S = 60  # a running trial writes a heartbeat this often (default of --
 SQLITE_LOCK_TIMEOUT_S = 60  # how long a SQLite writer waits for another worker's lock
 WAIT_POLL_S = 5  # a worker waiting for the study's last trials looks again this often (at most)
 MAX_GRID_POINTS = 10_000  # values of one parameter on a grid (the grid is built in memory)
+# Points of the whole grid (the product of every parameter's values): Optuna's GridSampler builds
+# them all as tuples in every worker (~100 bytes each: 10 MB here; 10^12 points were 3.4 GB and a
+# MemoryError), and a sweep of RL runs never gets through more than ~10^4 trials.
+MAX_GRID_SIZE = 100_000
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")  # RunSpec.name: trial runs are named <study>-t<N>
 
@@ -155,10 +161,12 @@ def end_points(dist: SearchDistribution) -> list[Any]:
     return [dist.low, dist.high]
 
 
-def grid_values(dist: SearchDistribution, where: str) -> list[Any]:
+def grid_count(dist: SearchDistribution, where: str) -> int:
+    """How many values ``dist`` has on the grid, computed without listing them; UserError past
+    ``MAX_GRID_POINTS`` or for a float without a ``step``."""
     if isinstance(dist, CategoricalDist):
-        return list(dist.choices)
-    if isinstance(dist, IntDist):
+        n = len(dist.choices) - 1
+    elif isinstance(dist, IntDist):
         n = (dist.high - dist.low) // dist.step
     elif dist.step is None:
         raise UserError(f"{where}: the grid sampler needs a `step` for float parameters")
@@ -167,6 +175,25 @@ def grid_values(dist: SearchDistribution, where: str) -> list[Any]:
         n = math.floor(ratio + 1e-9) if math.isfinite(ratio) else math.inf
     if n + 1 > MAX_GRID_POINTS:
         raise UserError(f"{where}: more than {MAX_GRID_POINTS} grid values; use a larger step or another sampler")
+    return int(n) + 1
+
+
+def check_grid_size(space: dict[str, SearchDistribution], where: str) -> int:
+    """The number of points of the grid over ``space`` (the product of the parameters' counts,
+    computed, never built); UserError past ``MAX_GRID_SIZE``."""
+    total = 1
+    for key, dist in space.items():
+        total *= grid_count(dist, f"{where}: space.{shorten(key)}")
+        if total > MAX_GRID_SIZE:  # stop multiplying: the product of 50,000 counts is no small number
+            raise UserError(f"{where}: space: the grid has more than {MAX_GRID_SIZE:,} points (the product of "
+                            "every parameter's values); use larger steps, fewer parameters or another sampler")
+    return total
+
+
+def grid_values(dist: SearchDistribution, where: str) -> list[Any]:
+    n = grid_count(dist, where) - 1
+    if isinstance(dist, CategoricalDist):
+        return list(dist.choices)
     if isinstance(dist, IntDist):
         return list(range(dist.low, dist.high + 1, dist.step))
     return [round(dist.low + i * dist.step, 12) for i in range(n + 1)]
@@ -243,8 +270,7 @@ def load_sweep(path: Path | str, overrides: list[str] | None = None, study_name:
         _check_space_path(path, key)
         space[key] = parse_dist(raw, str(path), key)
     if spec.sampler == "grid":
-        for key, dist in space.items():
-            grid_values(dist, f"{path}: space.{shorten(key)}")
+        check_grid_size(space, str(path))
     _check_overrides(overrides or [], space)
 
     output_dir = Path(str(run_raw.get("output_dir") or "runs")) / spec.name
@@ -409,6 +435,7 @@ def make_sampler(kind: str, sweep: Sweep, seed: int | None) -> "optuna.samplers.
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if kind == "grid":
+        check_grid_size(sweep.space, str(sweep.path))
         grid = {k: grid_values(d, f"{sweep.path}: space.{k}") for k, d in sweep.space.items()}
         return optuna.samplers.GridSampler(grid, seed=seed)
     with warnings.catch_warnings():
@@ -433,10 +460,7 @@ def make_pruner(kind: str) -> "optuna.pruners.BasePruner":
 
 
 def grid_size(sweep: Sweep) -> int:
-    n = 1
-    for k, d in sweep.space.items():
-        n *= len(grid_values(d, f"{sweep.path}: space.{k}"))
-    return n
+    return check_grid_size(sweep.space, str(sweep.path))
 
 
 # ----------------------------------------------------------------------------------------------

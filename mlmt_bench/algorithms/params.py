@@ -4,6 +4,20 @@ Every **(decision)** of METHOD.md is a field here, so an ablation can flip it. T
 live in one table, :data:`MLMT_VARIANTS`: what each does with the two roles and where the
 feedback comes from. A new variant is a row here (and, if its episode differs, a line in
 ``mlmt.py``).
+
+Limits: every float must be finite (``allow_inf_nan=False``), and the counts that multiply a
+step's work or memory have upper limits far beyond real use, so that a typo is a one-line error
+at validation, not a MemoryError or a run that never ends (the run's own limits, and the bound on
+problems × G × K × M per step: :mod:`mlmt_bench.spec`):
+
+================================  ==============================================================
+``MAX_SAMPLES_PER_PROBLEM``       4,096: ``group_size`` (G), ``feedbacks`` (K), ``refinements``
+                                  (M); published GRPO runs use G = 8-64, a few use 512.
+``MAX_EPOCHS``                    1,024 passes over a rollout batch (PPO uses 1-4).
+``MAX_DYNAMIC_SAMPLING_ROUNDS``   64 extra rollouts per step (DAPO needs a few).
+``MAX_VALUE_HIDDEN``              65,536: width of the value model's MLP (a hidden × H matrix).
+``MAX_VALUE_FIT_STEPS``           100,000 Adam steps of the value model per training step.
+================================  ==============================================================
 """
 
 from __future__ import annotations
@@ -19,6 +33,12 @@ from mlmt_bench.rollout.episodes import FeedbackSource
 #: (built, never updated), ``shared`` (the solver's weights play it: one model, both prompts),
 #: ``absent`` (no model: the role is not in the episode, or a rule plays it).
 RoleMode = Literal["trained", "frozen", "shared", "absent"]
+
+MAX_SAMPLES_PER_PROBLEM = 4096
+MAX_EPOCHS = 1024
+MAX_DYNAMIC_SAMPLING_ROUNDS = 64
+MAX_VALUE_HIDDEN = 1 << 16
+MAX_VALUE_FIT_STEPS = 100_000
 
 
 @dataclass(frozen=True)
@@ -52,15 +72,43 @@ MLMT_VARIANTS: dict[str, Roles] = {
 }
 
 
-class _Params(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+#: γ of policy shaping, π / (π + γ), for off-policy (SHAPED) rows (Critique-GRPO's default).
+DEFAULT_SHAPING_GAMMA = 0.1
+
+
+@dataclass(frozen=True)
+class LossTerms:
+    """The policy loss an algorithm's parameters select, as the shared update reads it (with the
+    run's micro-batching, accumulation and clipping: ``algorithms.update.LossConfig``)."""
+
+    clip_low: float
+    clip_high: float
+    loss_agg: str
+    epochs: int
+    ratio: str = "token"
+    loss: str = "clip"
+    cispo_max: float = 5.0
+    shaping_gamma: float = DEFAULT_SHAPING_GAMMA
+
+
+class AlgorithmParams(BaseModel):
+    """What an algorithm's parameters declare to the trainer, ``plan`` and validation (nothing
+    outside the algorithm reads its fields): its roles, its loss, whether it needs a reference
+    model, its per-problem sample counts and its dynamic-sampling rounds."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     def roles(self) -> Roles:
         """The policies the algorithm with these parameters needs (default: one trained solver)."""
         return Roles("trained", "absent", "none")
 
+    def sample_factors(self) -> dict[str, int]:
+        """Field name -> count, for the counts that multiply a step's largest turn per problem
+        (G, K, M); the spec's bound on sequences per step multiplies them."""
+        return {}
 
-class LossParams(_Params):
+
+class LossParams(AlgorithmParams):
     """The shared clipped policy loss (METHOD.md, "Shared pieces")."""
 
     clip_low: float = Field(0.2, ge=0.0, le=1.0, description="ε_low: ratio clipped below at 1 − ε_low")
@@ -70,7 +118,7 @@ class LossParams(_Params):
         "token_mean", description="token_mean (DAPO), seq_mean_token_mean (GRPO), constant_norm (Dr.GRPO: the sum over "
                                   "completion tokens / (max_new_tokens × sequences sampled))")
     scale: Literal["std", "none"] = Field("std", description="divide advantages by the group std (none = Dr.GRPO)")
-    epochs: int = Field(1, ge=1, description="optimisation passes over each rollout batch")
+    epochs: int = Field(1, ge=1, le=MAX_EPOCHS, description="optimisation passes over each rollout batch")
     ratio: Literal["token", "sequence"] = Field(
         "token", description="importance ratio per token, or one length-normalised ratio per sequence (GSPO)")
     loss: Literal["clip", "cispo"] = Field(
@@ -83,17 +131,36 @@ class LossParams(_Params):
     mask_truncated: bool = Field(False, description="drop completions cut by the token limit from the loss "
                                                     "(DAPO's overlong filtering); they still count in the group's statistics")
 
+    def loss_terms(self) -> LossTerms:
+        return LossTerms(self.clip_low, self.clip_high, self.loss_agg, self.epochs, self.ratio, self.loss,
+                         self.cispo_max)
+
+    def needs_reference(self) -> bool:
+        """Whether some trained turn carries a KL term to π_ref (a reference model is kept)."""
+        return self.beta > 0
+
+    def extra_rollout_rounds(self) -> int:
+        """DAPO's dynamic sampling: at most this many extra rollouts per step (0: off)."""
+        return 0
+
 
 class GRPOParams(LossParams):
-    group_size: int = Field(8, ge=2, description="G: samples per problem")
+    group_size: int = Field(8, ge=2, le=MAX_SAMPLES_PER_PROBLEM, description="G: samples per problem")
     dynamic_sampling: bool = Field(False, description="DAPO: sample more problems until the step holds "
                                                       "problems_per_step groups with non-zero reward variance "
                                                       "(the extra tokens count in every budget)")
-    dynamic_sampling_rounds: int = Field(3, ge=1, description="at most this many extra rollouts per step")
+    dynamic_sampling_rounds: int = Field(3, ge=1, le=MAX_DYNAMIC_SAMPLING_ROUNDS,
+                                         description="at most this many extra rollouts per step")
+
+    def sample_factors(self) -> dict[str, int]:
+        return {"group_size": self.group_size}
+
+    def extra_rollout_rounds(self) -> int:
+        return self.dynamic_sampling_rounds if self.dynamic_sampling else 0
 
 
 class SelfCorrectParams(LossParams):
-    group_size: int = Field(8, ge=2, description="G: first attempts per problem")
+    group_size: int = Field(8, ge=2, le=MAX_SAMPLES_PER_PROBLEM, description="G: first attempts per problem")
     alpha: float = Field(10.0, ge=0.0, description="(decision) stage-II progress bonus r2 + α(r2 − r1)")
     beta2: float = Field(0.1, ge=0.0, description="(decision) stage-I KL on the first turn")
     stage1_frac: float = Field(0.3, ge=0.0, le=1.0, description="(decision) share of training in stage I")
@@ -101,18 +168,25 @@ class SelfCorrectParams(LossParams):
     def roles(self) -> Roles:
         return Roles("trained", "absent", "null")
 
+    def sample_factors(self) -> dict[str, int]:
+        return {"group_size": self.group_size}
+
+    def needs_reference(self) -> bool:
+        return self.beta > 0 or self.beta2 > 0  # stage I's KL on the first turn
+
 
 class MLMTParams(LossParams):
-    group_size: int = Field(8, ge=2, description="G: first attempts per problem")
-    feedbacks: int = Field(1, ge=1, description="K: feedbacks per attempt")
-    refinements: int = Field(1, ge=1, description="M: refinements per feedback")
+    group_size: int = Field(8, ge=2, le=MAX_SAMPLES_PER_PROBLEM, description="G: first attempts per problem")
+    feedbacks: int = Field(1, ge=1, le=MAX_SAMPLES_PER_PROBLEM, description="K: feedbacks per attempt")
+    refinements: int = Field(1, ge=1, le=MAX_SAMPLES_PER_PROBLEM, description="M: refinements per feedback")
     eta: float = Field(1.0, ge=0.0, description="(decision) turn-1 reward r1 + η·r2")
     lam: float = Field(0.5, ge=0.0, description="λ: weight of the lower-level value in the critic's advantage, "
                                                 "added after standardisation: std_group(R) + λ·(V − mean_group V)")
     value: Literal["learned", "none"] = Field("learned", description="V_L: a learned value model, or none (λ = 0)")
     value_lr: float = Field(1e-3, gt=0.0, description="Adam learning rate of the value model")
-    value_hidden: int = Field(64, ge=1, description="hidden width of the value model's MLP")
-    value_fit_steps: int = Field(32, ge=1, description="Adam steps on the value model per training step")
+    value_hidden: int = Field(64, ge=1, le=MAX_VALUE_HIDDEN, description="hidden width of the value model's MLP")
+    value_fit_steps: int = Field(32, ge=1, le=MAX_VALUE_FIT_STEPS,
+                                 description="Adam steps on the value model per training step")
     value_batch: int = Field(64, ge=1, description="minibatch of the value model's fitting")
     value_buffer: int = Field(2048, ge=1, description="at most this many of the newest refinements in the value "
                                                       "model's buffer (see value_buffer_steps)")
@@ -154,6 +228,9 @@ class MLMTParams(LossParams):
 
     def roles(self) -> Roles:
         return MLMT_VARIANTS[self.variant]
+
+    def sample_factors(self) -> dict[str, int]:
+        return {"group_size": self.group_size, "feedbacks": self.feedbacks, "refinements": self.refinements}
 
 
 PARAMS: dict[str, type[BaseModel]] = {

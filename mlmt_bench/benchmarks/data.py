@@ -31,6 +31,7 @@ import gzip
 import io
 import json
 import os
+import stat
 import threading
 import zlib
 from dataclasses import dataclass, field
@@ -303,6 +304,23 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {msg}"[:200] if msg else type(exc).__name__
 
 
+def data_path_problem(path: str | os.PathLike[str]) -> str | None:
+    """What is wrong with ``path`` (``~`` expanded) as a benchmark's data, or None for an existing
+    regular file or directory: "does not exist", or what it is instead ("is a character device,
+    refused"): a device or FIFO is never opened (reading /dev/zero never ends, a FIFO blocks)."""
+    from mlmt_bench.bounded_input import kind_of, why_unusable
+
+    try:
+        st = os.stat(os.path.expanduser(path))
+    except (FileNotFoundError, NotADirectoryError):
+        return "does not exist"
+    except (OSError, ValueError, RuntimeError) as exc:  # a symlink loop, a NUL byte
+        return f"cannot be used ({why_unusable(exc)})"
+    if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+        return None
+    return f"is {kind_of(st.st_mode)}, refused (expected a data file or a directory)"
+
+
 def load_records(spec: DataSpec, path: str | os.PathLike[str] | None = None) -> Found:
     """Rows of ``spec`` from the first place that has them (see the module docstring)."""
     want = " or ".join(spec.filenames)
@@ -316,7 +334,7 @@ def load_records(spec: DataSpec, path: str | os.PathLike[str] | None = None) -> 
             if f is not None:
                 return Found(read_records(f, spec.required, spec.zip_member), str(f))
             raise UserError(f"benchmark {spec.benchmark}: {want} not found in path {p}")
-        raise UserError(f"benchmark {spec.benchmark}: path {p} does not exist")
+        raise UserError(f"benchmark {spec.benchmark}: path {p} {data_path_problem(p) or 'does not exist'}")
     searched: list[str] = []
     # 2. $MLMT_BENCH_DATA
     env = os.environ.get(ENV_VAR, "")

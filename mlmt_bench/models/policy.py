@@ -8,6 +8,7 @@ Both return the same :class:`Policy`; nothing downstream knows which one it got.
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -91,12 +92,30 @@ class Policy:
             self.tokenizer.save_pretrained(directory)
 
 
+def check_model_dir(local: Path, path: str) -> None:
+    """UserError unless the existing ``local`` (``path`` as given) is a model directory: a
+    directory with a config.json (or a peft adapter's adapter_config.json). Without this,
+    ``/etc`` reaches the tokenizer loaders and ends in a sentencepiece traceback."""
+    from mlmt_bench.bounded_input import kind_of
+
+    try:
+        mode = local.stat().st_mode
+    except (OSError, ValueError, RuntimeError):
+        raise UserError(f"model {path!r}: not a model directory (cannot stat it)") from None
+    if not stat.S_ISDIR(mode):
+        raise UserError(f"model {path!r}: is {kind_of(mode)}, not a model directory")
+    if not any((local / name).is_file() for name in ("config.json", "adapter_config.json")):
+        raise UserError(f"model {path!r}: not a model directory (no config.json)")
+
+
 def _load(path: str, dtype: str, device: str | None) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     local = Path(path).expanduser()
     if not local.exists() and (os.environ.get("HF_HUB_OFFLINE") == "1" or path.startswith((".", "/", "~"))):
         raise UserError(f"model {path!r}: no such directory (and the hub is offline)")
+    if local.exists():
+        check_model_dir(local, path)
     try:
         with quiet_transformers():
             tokenizer = AutoTokenizer.from_pretrained(str(local) if local.exists() else path)

@@ -422,6 +422,18 @@ def render_markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def check_baseline(baseline: str, arms: list[str]) -> None:
+    """UserError (did-you-mean, the arms known) unless ``baseline``, asked for with ``--baseline``,
+    names one of ``arms`` or its ``<arm> + base critic`` row: a typo (``grop``) would otherwise
+    drop every paired test and tokens-to-reach from the report, with exit code 0."""
+    suffix = " + base critic"
+    if baseline in arms or (baseline.endswith(suffix) and baseline[: -len(suffix)] in arms):
+        return
+    from mlmt_bench.registry import unknown_message
+
+    raise UserError(f"--baseline: {unknown_message('arm', baseline, sorted(arms))}")
+
+
 def report_from_dirs(
     paths: list[Path],
     out_dir: Path | None = None,
@@ -451,6 +463,7 @@ def report_from_dirs(
                             "experiment or published report directory and no --arm)")
         out_dir = paths[0]
     recorded = record.get("report") if isinstance(record.get("report"), dict) else {}
+    asked = baseline  # the user's --baseline: it must name an arm (a default or recorded one may be absent)
     if baseline is None:
         baseline = recorded.get("baseline", "grpo")
     title = title or recorded.get("title") or (strip_stamp(paths[0].name) if one_exp else "")
@@ -459,6 +472,8 @@ def report_from_dirs(
     grouped = group_runs(paths)
     for arm, dirs in (arms or {}).items():
         grouped.setdefault(arm, []).extend(Path(d) for d in dirs)
+    if asked is not None:
+        check_baseline(asked, list(grouped))
     if raw:
         from mlmt_bench.report import publish
 

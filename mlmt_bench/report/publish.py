@@ -52,10 +52,19 @@ def _gzip(data: bytes) -> bytes:
 
 
 def _read(path: Path) -> bytes:
-    if is_gzip(path):
-        with gzip.open(path, "rb") as f:
-            return f.read()
-    return path.read_bytes()
+    """The bytes of a run's log, decompressed; the report has read it within the limits of
+    :func:`~mlmt_bench.bounded_input.jsonl_bounds` already, and a file that grew past
+    ``MAX_JSONL_BYTES`` since (or a gzip bomb) is a one-line error, read no further."""
+    from mlmt_bench import bounded_input
+
+    bounded_input.check_regular_file(path)
+    limit = bounded_input.MAX_JSONL_BYTES
+    with (gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")) as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise UserError(f"{path}: more than the limit of {bounded_input.human_bytes(limit)} of JSON Lines "
+                        "(decompressed) in one file")
+    return data
 
 
 def _kept_samples(path: Path, step: int | None, pids: set[str]) -> bytes:

@@ -6,12 +6,16 @@ per-problem correctness at every evaluation (step 0 included), ``manifest.json``
 ``spec.resolved.yaml`` the protocol (benchmark, split, evaluation settings) a report must not mix.
 A log may be gzip-compressed as ``<name>.jsonl.gz`` (a report published with its raw data,
 :mod:`mlmt_bench.report.publish`): :func:`log_file` finds either.
+
+A run directory may come from someone else, so every file of it is read within the limits of
+:mod:`mlmt_bench.bounded_input` (a size limit per JSON file, the spec limits for the YAML, a line
+and a decompressed-size limit for the logs): a crafted one is a one-line error, never a
+MemoryError.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import re
 from collections import defaultdict
@@ -19,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlmt_bench.bounded_input import read_json, read_yaml_file
 from mlmt_bench.errors import UserError
 from mlmt_bench.tracking import read_jsonl_lines
 
@@ -128,10 +133,7 @@ def load_run(path: Path | str, at_flops: float | None = None) -> RunRecord:
         raise UserError(f"{path}: not a run directory (no manifest.json / metrics.jsonl)")
     manifest: dict[str, Any] = {}
     if manifest_path.is_file():
-        try:
-            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise UserError(f"{manifest_path}: unreadable ({exc})".replace("\n", " ")) from None
+        manifest = read_json(manifest_path)
         if not isinstance(manifest, dict):
             raise UserError(f"{manifest_path}: expected a JSON object")
     if not metrics_path.is_file():
@@ -281,12 +283,7 @@ def _from_spec(path: Path) -> dict[str, Any]:
     """``{"protocol": {...}, "algorithm": name}`` from a run's spec.resolved.yaml (empty, None without it)."""
     if not path.is_file():
         return {"protocol": {}, "algorithm": None}
-    import yaml
-
-    try:
-        spec = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise UserError(f"{path}: unreadable ({str(exc).splitlines()[0]})") from None
+    spec = read_yaml_file(path) or {}  # an alias bomb or a 3 GiB file: one line, not a MemoryError
     if not isinstance(spec, dict):
         return {"protocol": {}, "algorithm": None}
     out = {}
@@ -336,10 +333,7 @@ def experiment_record(exp_dir: Path) -> dict[str, Any]:
     path = Path(exp_dir) / "experiment.json"
     if not path.is_file():
         return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UserError(f"{path}: unreadable ({exc})".replace("\n", " ")) from None
+    data = read_json(path)
     return data if isinstance(data, dict) else {}
 
 

@@ -13,9 +13,12 @@ file or a new path (:func:`~mlmt_bench.tracking.check_output_file`): a device, F
 symlink, directory or anything under /proc or /sys is refused before anything is scored. Every input line is
 validated before any scoring starts; a bad one is a one-line
 :class:`~mlmt_bench.errors.UserError` naming ``file:line``, and so is a line longer than
-``MAX_LINE_BYTES`` or nested deeper than ``MAX_DEPTH`` (:mod:`mlmt_bench.bounded_input`); IN
-must be a regular file (a device or FIFO is refused). IN is read by the one
-JSONL reader (:func:`~mlmt_bench.jsonl.iter_jsonl`), so it may be gzip-compressed.
+``MAX_LINE_BYTES`` or nested deeper than ``MAX_DEPTH``, and an input of more than
+``MAX_JSONL_BYTES`` (decompressed), ``MAX_JSONL_LINES`` lines or ``MAX_JSONL_NODES`` JSON values
+(:func:`mlmt_bench.bounded_input.jsonl_bounds`: every line is kept until the output is written,
+so the whole input is bounded, not only each line); IN must be a regular file (a device or FIFO
+is refused). IN is read by the one JSONL reader (:func:`~mlmt_bench.jsonl.iter_jsonl`), so it
+may be gzip-compressed (a gzip bomb is read no further than the limit).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from mlmt_bench.bounded_input import MAX_DEPTH, MAX_LINE_BYTES, check_regular_file, echo, shorten, unquoted
+from mlmt_bench.bounded_input import check_regular_file, echo, jsonl_bounds, shorten, unquoted
 from mlmt_bench.errors import UserError
 from mlmt_bench.jsonl import iter_jsonl
 from mlmt_bench.tracking import atomic_open, check_output_file
@@ -92,7 +95,7 @@ def read_requests(in_path: Path) -> list[tuple[dict[str, Any], Problem, str]]:
         raise UserError(f"cannot read input: {exc}") from None
     index = _ProblemIndex()
     out: list[tuple[dict[str, Any], Problem, str]] = []
-    for lineno, obj in iter_jsonl(in_path, max_line_bytes=MAX_LINE_BYTES, max_depth=MAX_DEPTH):
+    for lineno, obj in iter_jsonl(in_path, **jsonl_bounds()):
         where = f"{in_path}:{lineno}"
         if not isinstance(obj, dict):
             raise UserError(f"{where}: expected a JSON object, got {type(obj).__name__}")
@@ -155,7 +158,11 @@ def verify_file(verifier_name: str, in_path: Path, out_path: Path, workers: int 
     total = 0.0
     with atomic_open(out_path, "--out") as f:  # checked again before the rename, after the scoring
         for (obj, _, _), v in zip(requests, verdicts):
-            f.write((json.dumps({**obj, "verdict": v.to_json()}, ensure_ascii=False) + "\n").encode("utf-8"))
+            record = {**obj, "verdict": v.to_json()}
+            try:
+                f.write((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
+            except UnicodeEncodeError:  # a lone surrogate (a "\ud800" escape in the input): kept as an escape
+                f.write((json.dumps(record) + "\n").encode("utf-8"))
             kinds[v.kind] = kinds.get(v.kind, 0) + 1
             correct += int(bool(v.correct))
             total += float(v.reward)

@@ -33,6 +33,13 @@ from typing import Any, Sequence
 from mlmt_bench.errors import UserError
 from mlmt_bench.types import Problem, Verdict
 from mlmt_bench.verifiers.base import Verifier
+from mlmt_bench.verifiers.math_text import (  # re-exported: the maths verifier's text rules
+    extract_boxed,
+    extract_answer,
+    strip_unit_tails,
+    unwrap_commands,
+    normalize_answer,
+)
 from mlmt_bench.verifiers.timeout import (
     CallTimeout,
     WorkerRaised,
@@ -40,176 +47,6 @@ from mlmt_bench.verifiers.timeout import (
     call_inline,
     shared_pool,
 )
-
-# ---------------------------------------------------------------------------------------
-# Extraction
-# ---------------------------------------------------------------------------------------
-
-_BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
-
-
-def _balanced(text: str, start: int) -> int | None:
-    """Index just past the ``}`` that closes the ``{`` at ``text[start]``; None if unclosed.
-    Backslash-escaped braces (``\\{``) do not count."""
-    depth = 0
-    i = start
-    n = len(text)
-    while i < n:
-        c = text[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-        i += 1
-    return None
-
-
-def extract_boxed(text: str) -> str | None:
-    """Content of the last complete, non-empty ``\\boxed{...}`` / ``\\fbox{...}``."""
-    found: str | None = None
-    for m in _BOX_RE.finditer(text):
-        i = m.end()
-        while i < len(text) and text[i] in " \t":
-            i += 1
-        if i < len(text) and text[i] == "{":
-            end = _balanced(text, i)
-            if end is None:
-                continue
-            content = text[i + 1 : end - 1].strip()
-        else:  # "\boxed 5": one token
-            tok = re.match(r"[^\s$]+", text[i:])
-            content = tok.group(0).strip() if tok else ""
-        if content:
-            found = content
-    return found
-
-
-_PHRASE_RE = re.compile(
-    r"(?:final\s+answer|the\s+answer|\banswer)\s*(?:is|:|=)\s*:?\s*|####\s*", re.IGNORECASE
-)
-_NUMBER_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+")
-
-
-def _strip_math_delims(s: str) -> str:
-    s = s.strip()
-    for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"), ("**", "**")):
-        if s.startswith(left) and s.endswith(right) and len(s) >= len(left) + len(right):
-            s = s[len(left) : len(s) - len(right)].strip()
-    return s
-
-
-def _phrase_answer(text: str) -> str | None:
-    last = None
-    for m in _PHRASE_RE.finditer(text):
-        last = m
-    if last is None:
-        return None
-    rest = text[last.end() :]
-    # up to the end of the line, or of the sentence (". " / "." at the end); not inside $...$
-    line = rest.split("\n", 1)[0]
-    out = []
-    in_math = False
-    i = 0
-    while i < len(line):
-        c = line[i]
-        if c == "$":
-            in_math = not in_math
-        elif not in_math and c == "." and (i + 1 == len(line) or line[i + 1] in " \t"):
-            break
-        out.append(c)
-        i += 1
-    ans = _strip_math_delims("".join(out).strip().rstrip(".").strip())
-    return ans or None
-
-
-def extract_answer(response: str) -> str | None:
-    """The final answer written in ``response`` (see the module docstring), or None."""
-    if not response:
-        return None
-    boxed = extract_boxed(response)
-    if boxed is not None:
-        return boxed
-    phrase = _phrase_answer(response)
-    if phrase is not None:
-        return phrase
-    last = None
-    for m in _NUMBER_RE.finditer(response):
-        last = m
-    if last is not None:
-        return re.sub(r"\s+", "", last.group(0))
-    return None
-
-
-# ---------------------------------------------------------------------------------------
-# Normalisation
-# ---------------------------------------------------------------------------------------
-
-_UNITS = (
-    r"units?|square|sq\.?|cubic|cm|mm|km|m|meters?|metres?|centimeters?|centimetres?|"
-    r"kilometers?|kilometres?|inch(?:es)?|in\.|feet|foot|ft|yards?|yds?|miles?|mph|"
-    r"seconds?|secs?|minutes?|mins?|hours?|hrs?|days?|weeks?|months?|years?|"
-    r"cents?|dollars?|euros?|pounds?|lbs?|ounces?|oz|grams?|kg|kilograms?|liters?|litres?|"
-    r"ml|gallons?|degrees?|radians?|people|persons?|students?|points?|times|ways"
-)
-_UNIT_TAIL_RE = re.compile(r"(?<=[\d}\s.])\s+(?:" + _UNITS + r")(?:\^\{?[23]\}?)?\s*$", re.IGNORECASE)
-_TEXT_CMDS = ("text", "textbf", "textit", "textrm", "mbox", "mathrm", "mathbf", "mathit", "operatorname")
-
-
-def unwrap_commands(s: str, names: Sequence[str]) -> str:
-    """``\\text{abc}`` -> `` abc`` (a space, so "5\\text{cm}" keeps its unit apart)."""
-    pat = re.compile(r"\\(?:" + "|".join(names) + r")\s*\{")
-    while True:
-        m = pat.search(s)
-        if not m:
-            return s
-        end = _balanced(s, m.end() - 1)
-        if end is None:  # unbalanced: drop the command word only
-            return s[: m.start()] + s[m.end() - 1 :]
-        s = s[: m.start()] + " " + s[m.end() : end - 1] + s[end:]
-
-
-def normalize_answer(s: str, *, strip_spaces: bool = True) -> str:
-    """Fallback normaliser used before (and alongside) math-verify. Deterministic, pure."""
-    s = str(s).strip()
-    s = s.replace("\n", " ")
-    s = s.replace("\\$", "").replace("$", "")
-    s = re.sub(r"\\(?:displaystyle|left|right|bigl|bigr|Bigl|Bigr|big|Big|bigg|Bigg)(?![A-Za-z])", "", s)
-    s = re.sub(r"\\[dt]frac(?![A-Za-z])", r"\\frac", s)
-    s = s.replace("\\\\", "\x00")  # protect LaTeX row breaks (a double backslash) from the spacing rule
-    s = re.sub(r"\\[!,;:> ]", " ", s)
-    s = s.replace("\x00", "\\\\").replace("~", " ")
-    s = re.sub(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|°|\\degree", "", s)
-    s = s.replace("\\%", "").replace("%", "")
-    s = unwrap_commands(s, _TEXT_CMDS)
-    prev = None
-    while prev != s:
-        prev = s
-        s = _UNIT_TAIL_RE.sub("", s).rstrip()
-    s = s.strip().rstrip(".").strip()
-    # \frac12, \frac 59, \frac9{19}, \frac{270}7, \sqrt2
-    s = re.sub(r"\\frac\s*(\d)\s*(\d)", r"\\frac{\1}{\2}", s)
-    s = re.sub(r"\\frac\s*(\d)\s*\{", r"\\frac{\1}{", s)
-    s = re.sub(r"\\frac\s*\{([^{}]*)\}\s*(\d)", r"\\frac{\1}{\2}", s)
-    s = re.sub(r"\\sqrt\s*(\d)", r"\\sqrt{\1}", s)
-    s = re.sub(r"\s+", "" if strip_spaces else " ", s).strip()
-    compact = s.replace(" ", "")
-    # thousands separators: only for a plain number such as 1,000 or 11,111,111,100.5
-    if re.fullmatch(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?", compact):
-        s = compact.replace(",", "")
-    # .5 -> 0.5 ; 2.50 -> 2.5 ; 3.0 -> 3
-    s = re.sub(r"(?<![\d.])\.(\d)", r"0.\1", s)
-    if re.fullmatch(r"-?\d+\.\d+", s):
-        s = s.rstrip("0").rstrip(".")
-    m = re.fullmatch(r"\(([A-Za-z])\)", s)
-    if m:
-        s = m.group(1)
-    return s
-
 
 # ---------------------------------------------------------------------------------------
 # math-verify check (runs in a worker process)
@@ -334,6 +171,7 @@ class MathVerifier(Verifier):
     """
 
     name = "math"
+    leak_kind = "math"
 
     def __init__(self, timeout: float = 5.0, workers: int | None = None, isolation: str = "process",
                  memory_limit_mb: int | None = 4096, **options: Any) -> None:
