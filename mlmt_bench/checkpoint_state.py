@@ -9,6 +9,10 @@ dtype), so a resumed run continues bit for bit. A run directory may come from so
 safetensors file is a JSON header and raw tensor bytes, and the JSON is decoded into plain
 values only. It is read from a regular file only, its JSON within ``MAX_STATE_JSON_BYTES``.
 
+:func:`check_state` and :func:`check_weights` say whether a checkpoint is intact, i.e. holds
+what resuming reads, before anything is loaded into a trainer (so a resume can skip a corrupt
+checkpoint for an older one).
+
 A checkpoint from before this format holds ``trainer_state.pt`` (a pickle): it is read with
 ``torch.load(weights_only=True)``, torch's restricted unpickler, allowing beyond tensors and
 builtin containers only what numpy's RNG state needs (an ``ndarray`` of ``uint32``). Anything
@@ -111,6 +115,51 @@ def load_state(directory: Path) -> Any:
         return _decode(raw, tensors)
     except (KeyError, TypeError, ValueError, RecursionError) as exc:
         raise UserError(f"{path}: malformed checkpoint state ({type(exc).__name__}: {_short(exc)})") from None
+
+
+STATE_KEYS = ("counters", "optimizers", "algorithm", "rng")
+
+
+def check_state(directory: Path, state: Any) -> None:
+    """UserError unless ``state`` has what resuming reads: the four sections, ``counters`` and
+    ``optimizers`` as mappings, ``rng`` with the torch, python and numpy streams."""
+    ok = (isinstance(state, dict) and all(k in state for k in STATE_KEYS)
+          and isinstance(state["counters"], dict) and isinstance(state["optimizers"], dict)
+          and isinstance(state["rng"], dict) and all(k in state["rng"] for k in ("torch", "python", "numpy")))
+    if not ok:
+        raise UserError(f"{Path(directory) / STATE_FILE}: incomplete checkpoint state (it needs {', '.join(STATE_KEYS)} "
+                        "and the torch / python / numpy RNG states)")
+    import random
+
+    rng = state["rng"]
+    for name, load in (("torch", lambda s: torch.Generator().set_state(s)), ("python", random.Random().setstate),
+                       ("numpy", np.random.RandomState().set_state)):
+        try:  # on a scratch generator: a resume sets them only after everything else is loaded
+            load(rng[name])
+        except Exception:  # noqa: BLE001 - TypeError, ValueError, RuntimeError: each library its own
+            raise UserError(f"{Path(directory) / STATE_FILE}: malformed checkpoint state (rng.{name} is not a "
+                            f"{name} RNG state)") from None
+
+
+def check_weights(directory: Path, lora: bool) -> None:
+    """UserError unless ``directory`` holds the weights a policy's ``load_weights`` reads
+    (``adapter_model.safetensors`` for LoRA, else at least one ``*.safetensors``), each a regular
+    file whose header parses and whose size covers every tensor (a truncated file fails)."""
+    from safetensors import safe_open
+
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise UserError(f"{directory}: missing (the policy's weights)")
+    files = [directory / "adapter_model.safetensors"] if lora else sorted(directory.glob("*.safetensors"))
+    if not files or not os.path.lexists(files[0]):
+        raise UserError(f"{directory}: no {'adapter_model.safetensors' if lora else '*.safetensors'} weights")
+    for path in files:
+        _check_regular(path)
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                f.keys()
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
+            raise UserError(f"{path}: unreadable weights ({type(exc).__name__}: {_short(exc)})") from None
 
 
 def _decode(raw: Any, tensors: dict[str, torch.Tensor]) -> Any:

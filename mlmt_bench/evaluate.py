@@ -22,8 +22,6 @@ from mlmt_bench.metrics.turns import oracle_gated_accuracy, turn_metrics
 from mlmt_bench.rollout.episodes import Actors, Program, Rollout, Sampling, refine_prompt, rollout
 from mlmt_bench.types import Problem
 
-LEAK_KIND = {"math": "math", "code": "code", "choice": "choice", "synthetic": "exact"}
-
 
 @dataclass
 class EvalResult:
@@ -33,7 +31,7 @@ class EvalResult:
 
 
 def evaluate(program: Program, actors: Actors, problems: Sequence[Problem], sampling: Sampling, *,
-             verifier_name: str, feedback_metrics: bool = True, n_samples: int = 8,
+             feedback_metrics: bool = True, n_samples: int = 8,
              protocols: Sequence[str] = ("refine_all", "oracle_gated"),
              micro_batch_tokens: int | None = None) -> EvalResult:
     ro = rollout(program, actors, problems, sampling)
@@ -51,7 +49,7 @@ def evaluate(program: Program, actors: Actors, problems: Sequence[Problem], samp
             m["acc_oracle_gated"] = oracle_gated_accuracy(t1, t2)
     t2_null: list[bool | None] = [None] * len(problems)
     if program.feedback in ("critic", "oracle") and feedback_metrics:
-        t2_null = _feedback_metrics(ro, actors, sampling, verifier_name, m, micro_batch_tokens)
+        t2_null = _feedback_metrics(ro, actors, sampling, m, micro_batch_tokens)
     elif program.feedback == "null":  # the refinement *is* the one after g∅ (self_correct, null_feedback)
         t2_null = list(t2)
         m["acc@t2_null"] = m["acc@t2"]
@@ -79,7 +77,7 @@ def diagnose_critic(ro: Rollout, actors: Actors) -> dict[str, Any]:
     return {k: d[k] for k in DIAGNOSTICS if d[k] is not None}
 
 
-def _feedback_metrics(ro: Rollout, actors: Actors, sampling: Sampling, verifier_name: str,
+def _feedback_metrics(ro: Rollout, actors: Actors, sampling: Sampling,
                       m: dict[str, Any], micro_batch_tokens: int | None) -> list[bool]:
     solver, tpl = actors.solver, actors.templates
     feedbacks, refines = ro.of_kind("feedback"), ro.of_kind("refine")
@@ -106,8 +104,7 @@ def _feedback_metrics(ro: Rollout, actors: Actors, sampling: Sampling, verifier_
     if n_tok:
         m["feedback_sensitivity"] = fbm.feedback_sensitivity(lp_g, lp_null, n_tok)
     golds = [ro.problems[ro.turns[fi].problem].answer for fi in feedbacks]
-    kind = LEAK_KIND.get(verifier_name, "exact")
-    m["leakage_rate"] = fbm.leakage_rate([ro.turns[fi].text for fi in feedbacks], golds, kind)
+    m["leakage_rate"] = fbm.leakage_rate([ro.turns[fi].text for fi in feedbacks], golds, actors.verifier.leaks)
     fb_tokens = [len(ro.turns[fi].ids) for fi in feedbacks]
     m.update(fbm.feedback_length_stats(fb_tokens, [sum(len(t.ids) for t in ro.turns)]))
     return t2_null

@@ -26,7 +26,13 @@ from typing import Any, Sequence
 from mlmt_bench.errors import UserError
 from mlmt_bench.tracking import atomic_write_text, check_output_dir, check_output_file
 
-BACKENDS = ("hf", "vllm")
+#: lm-eval's own model types (the harness's ``--model``: ``hf`` is its HFLM, ``vllm`` its VLLM), not
+#: mlmt-bench's backend registry; each with the ``model_args`` that put a peft adapter on its base
+HARNESS_ADAPTER_ARGS: dict[str, Any] = {
+    "hf": lambda adapter_dir: {"peft": str(adapter_dir)},
+    "vllm": lambda adapter_dir: {"enable_lora": True, "lora_local_path": str(adapter_dir)},
+}
+BACKENDS = tuple(HARNESS_ADAPTER_ARGS)  # the harness model types ``--backend`` accepts
 
 
 def resolve_checkpoint(path: Path | str, policy: str = "solver") -> Path:
@@ -46,7 +52,8 @@ def resolve_checkpoint(path: Path | str, policy: str = "solver") -> Path:
 
 
 def harness_model_args(model_dir: Path, backend: str = "hf", dtype: str = "auto") -> dict[str, Any]:
-    """``model_args`` for the harness's ``hf`` or ``vllm`` model (a dict, so paths may hold commas)."""
+    """``model_args`` for the harness's ``hf`` or ``vllm`` model type (lm-eval's names; a dict, so
+    paths may hold commas)."""
     if backend not in BACKENDS:
         raise UserError(f"--backend {backend!r}: expected one of {', '.join(BACKENDS)}")
     args: dict[str, Any] = {"pretrained": str(model_dir), "dtype": dtype}
@@ -59,10 +66,7 @@ def harness_model_args(model_dir: Path, backend: str = "hf", dtype: str = "auto"
         if not base:
             raise UserError(f"{adapter}: no base_model_name_or_path; cannot tell which model the adapter is for")
         args["pretrained"] = base
-        if backend == "hf":
-            args["peft"] = str(model_dir)
-        else:
-            args.update(enable_lora=True, lora_local_path=str(model_dir))
+        args.update(HARNESS_ADAPTER_ARGS[backend](model_dir))
     return args
 
 

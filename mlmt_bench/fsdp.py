@@ -38,11 +38,14 @@ import os
 import weakref
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import torch
 
 from mlmt_bench.errors import UserError
+
+if TYPE_CHECKING:
+    from mlmt_bench.rollout.backend import BackendTraits
 
 
 def requested() -> bool:
@@ -67,9 +70,14 @@ def scalar(value: torch.Tensor) -> float:
 
 
 class Sharding:
-    """The FSDP state of a run; with FSDP off (the default) every method is the plain path."""
+    """The FSDP state of a run; with FSDP off (the default) every method is the plain path.
 
-    def __init__(self, dist: Any, backend_name: str = "hf") -> None:
+    ``backend`` names the run's backend and ``traits`` are what its class declares
+    (:class:`~mlmt_bench.rollout.backend.BackendTraits`; None: the conservative defaults, no FSDP):
+    FSDP is refused with one line unless the backend declares ``supports_fsdp``.
+    """
+
+    def __init__(self, dist: Any, backend: str = "", traits: BackendTraits | None = None) -> None:
         self.dist = dist
         self.enabled = requested() and dist.enabled
         self.models: list[Any] = []  # the sharded models, in a fixed order (collectives line up)
@@ -77,9 +85,12 @@ class Sharding:
         if self.enabled:
             from accelerate.utils import FullyShardedDataParallelPlugin
 
-            if backend_name != "hf":
-                raise UserError(f"FSDP (ACCELERATE_USE_FSDP) works with backend 'hf' only, got {backend_name!r}: "
-                                "an engine would need the gathered weights after every update")
+            from mlmt_bench.rollout.backend import BackendTraits
+
+            if not (traits or BackendTraits()).supports_fsdp:
+                raise UserError(f"FSDP (ACCELERATE_USE_FSDP): backend {backend!r} does not declare FSDP support "
+                                "(use backend hf): an engine holding its own weights would need the gathered "
+                                "weights after every update")
             self._plugin = FullyShardedDataParallelPlugin()
             if self._plugin.fsdp_version != 2:
                 raise UserError(f"fsdp_config.fsdp_version: {self._plugin.fsdp_version} is not supported; use 2 "

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlmt_bench import registry
+from mlmt_bench.benchmarks.base import OracleBenchmark
 from mlmt_bench.errors import UserError
 from mlmt_bench.spec import RunSpec, dump_yaml, load_any, load_run_spec
-from mlmt_bench.tracking import RunDir
+from mlmt_bench.tracking import NO_SPACE, RunDir
 from mlmt_bench.types import PromptTemplates
 from mlmt_bench.verifiers.io import build_verifier
 
@@ -39,7 +40,6 @@ class Components:
     benchmark: Benchmark
     templates: PromptTemplates
     verifier: Verifier
-    verifier_name: str
     backend: Backend
     policies: dict[str, Policy | None]
     algorithm: Algorithm
@@ -71,18 +71,20 @@ def base_config(spec: RunSpec) -> BaseConfig:
 
     raw = dict(spec.base or {})
     if "benchmark" not in raw:
-        bench_cls = registry.benchmarks.get(spec.benchmark.name)
-        if all(hasattr(bench_cls, m) for m in ("solution", "oracle_feedback", "inject_errors")):
+        if issubclass(registry.benchmarks.get(spec.benchmark.name), OracleBenchmark):
             raw["benchmark"] = spec.benchmark.name
             raw.setdefault("benchmark_options", dict(spec.benchmark.options))
     return BaseConfig.model_validate(raw).with_seed(spec.seed)  # the section itself is checked by spec.validate_run
 
 
 def needs_base(spec: RunSpec, algorithm: Algorithm) -> bool:
-    """Whether a role the algorithm builds is a tiny model without a path (it starts from the base)."""
+    """Whether a role the algorithm builds starts from the shared base (its model factory says so:
+    ``tiny`` without a path)."""
+    from mlmt_bench.models.factory import model_factory
+
     for role in algorithm.roles().built():
         p = getattr(spec.policies, role)
-        if p is not None and p.model == "tiny" and not p.path:
+        if p is not None and model_factory(p.model).starts_from_base(p):
             return True
     return False
 
@@ -104,23 +106,24 @@ def build(spec: RunSpec, progress: bool = True) -> Components:
     evals = benchmark.load(b.eval_split)[: spec.eval.limit or b.eval_limit]
     if not train or not evals:
         raise UserError(f"benchmark {b.name}: empty split ({b.train_split}: {len(train)}, {b.eval_split}: {len(evals)})")
-    verifier_name = b.verifier or benchmark.default_verifier
-    verifier = build_verifier(verifier_name, options=b.verifier_options)
+    verifier = build_verifier(b.verifier or benchmark.default_verifier, options=b.verifier_options)
     backend = registry.backends.get(spec.backend.name)(**spec.backend.options)
 
     algo_cls = registry.algorithms.get(spec.algorithm.name)
     algorithm = algo_cls(algo_cls.Params.model_validate(spec.algorithm.params), spec.train.steps)
     roles = algorithm.roles()
-    if roles.feedback == "oracle" and not hasattr(benchmark, "oracle_feedback"):
+    has_oracle = isinstance(benchmark, OracleBenchmark)
+    if roles.feedback == "oracle" and not has_oracle:
         raise UserError(f"algorithm {spec.algorithm.name}: oracle feedback needs a benchmark with an oracle critic "
                         f"(synthetic-*), not {b.name}")
     base = ensure_run_base(spec, progress) if needs_base(spec, algorithm) else None
-    if progress and not hasattr(benchmark, "oracle_feedback") and any(
-            getattr(spec.policies, r) is not None and getattr(spec.policies, r).model == "tiny" for r in roles.built()):
-        sys.stderr.write(f"note: tiny models on {b.name} are a smoke test of the pipeline, not a measurement: they are "
-                         "trained on synthetic arithmetic and read one token per character with 512 positions, so "
-                         "most prompts are longer than their context (transformers says so once) and accuracy stays "
-                         "near 0\n")
+    if progress and not has_oracle:  # what each model factory says about itself on a real benchmark
+        from mlmt_bench.models.factory import model_factory
+
+        built = [getattr(spec.policies, r) for r in roles.built() if getattr(spec.policies, r) is not None]
+        for note in dict.fromkeys(model_factory(p.model).real_benchmark_note(b.name) for p in built):
+            if note:
+                sys.stderr.write(f"note: {note}\n")
     base_dir = base.model_dir if base is not None else None
     device = _device()
     policies: dict[str, Any] = {}
@@ -142,7 +145,7 @@ def build(spec: RunSpec, progress: bool = True) -> Components:
     base_critic = None
     if spec.eval.base_critic and algorithm.eval_program().feedback == "none":
         base_critic = frozen_start(spec, base_dir, device)
-    return Components(benchmark, templates_for(spec, benchmark), verifier, verifier_name, backend, policies,
+    return Components(benchmark, templates_for(spec, benchmark), verifier, backend, policies,
                       algorithm, train, evals, base, base_critic)
 
 
@@ -167,9 +170,10 @@ def make_trainer(spec: RunSpec, comp: Components, run_dir: RunDir) -> Trainer:
     from mlmt_bench.trainer import Trainer
 
     actors = Actors(comp.policies["solver"], comp.policies["critic"], comp.backend, comp.templates, comp.verifier,
-                    getattr(comp.benchmark, "oracle_feedback", None), comp.benchmark.feedback_verdict)
+                    comp.benchmark.oracle_feedback if isinstance(comp.benchmark, OracleBenchmark) else None,
+                    comp.benchmark.feedback_verdict)
     return Trainer(spec, comp.algorithm, actors, comp.policies, comp.train_problems, comp.eval_problems, run_dir,
-                   comp.verifier_name, base_critic=comp.base_critic)
+                   base_critic=comp.base_critic)
 
 
 def run_manifest(spec: RunSpec, comp: Components) -> dict[str, Any]:
@@ -196,6 +200,8 @@ def run(spec: RunSpec, progress: bool = True, *, extra_manifest: dict[str, Any] 
     with the manifest status given by the exception's ``run_status`` attribute (else "failed").
     ``bar``: an object with rich Progress's ``add_task`` / ``update`` that is told the training
     steps instead of a bar of the run's own (a sweep's per-trial progress).
+    The main process holds the run directory's lock (:meth:`RunDir.lock`) from its creation to
+    the end of the run; a full disk ends the run with one line, its manifest marked failed.
     """
     from mlmt_bench.dist import Dist, NullRunDir
 
@@ -203,17 +209,20 @@ def run(spec: RunSpec, progress: bool = True, *, extra_manifest: dict[str, Any] 
     dist = Dist()
     comp = _build_in_turn(spec, dist, progress)
     run_dir: Any = None
-    if dist.is_main:
-        run_dir = RunDir.create(spec.output_dir, spec.name, dump_yaml(spec), spec.seed)
-        run_dir.update_manifest(**(extra_manifest or {}), **run_manifest(spec, comp), **_sandbox_record(comp.verifier),
-                                world_size=dist.world)
-    path = dist.broadcast(str(run_dir.path) if run_dir else None)
-    run_dir = run_dir or NullRunDir(Path(path))
     try:
+        if dist.is_main:
+            with _no_space(spec.output_dir):
+                run_dir = RunDir.create(spec.output_dir, spec.name, dump_yaml(spec), spec.seed)
+            run_dir.lock()  # one process per run directory, held until finish()
+            run_dir.update_manifest(**(extra_manifest or {}), **run_manifest(spec, comp),
+                                    **_sandbox_record(comp.verifier), world_size=dist.world)
+        path = dist.broadcast(str(run_dir.path) if run_dir else None)
+        run_dir = run_dir or NullRunDir(Path(path))
         trainer = make_trainer(spec, comp, run_dir)  # may refuse a setting (e.g. FSDP with vLLM)
-    except BaseException:
-        run_dir.finish("failed")
+    except BaseException as exc:
         comp.backend.close()
+        if run_dir is not None:
+            _end_with(run_dir, exc, "failed")
         raise
     trainer.dist, trainer.on_eval = dist, on_eval
     try:
@@ -246,33 +255,119 @@ def _build_in_turn(spec: RunSpec, dist: Any, progress: bool) -> Components:
 
 
 def resume_run(path: Path | str, progress: bool = True) -> dict[str, Any]:
-    """Continue a run from its last checkpoint; log lines written after it are dropped and redone.
-    Under ``accelerate launch`` every process loads the checkpoint and the main one writes."""
-    from mlmt_bench.dist import Dist, NullRunDir
+    """Continue a run from its newest intact checkpoint; log lines written after it are dropped
+    and redone. Under ``accelerate launch`` every process loads the checkpoint and the main one
+    writes, holding the run directory's lock (:meth:`RunDir.lock`) until the run ends.
+
+    Refused with one line, before anything is written: a ``spec.resolved.yaml`` edited since the
+    run started (:meth:`RunDir.check_spec`), a run directory another process holds, a completed
+    run, checkpoints none of which is intact. Warnings (a run from before spec hashes, corrupt
+    checkpoints skipped) are printed only once the resume goes ahead."""
+    from mlmt_bench.dist import Dist
 
     run_dir = RunDir.open(path)
-    if run_dir.manifest().get("status") == "completed":
-        raise UserError(f"{run_dir.path}: the run is complete; nothing to resume")
+    notes = [n for n in [run_dir.check_spec()] if n]  # before the spec is even parsed
     spec = load_run_spec(run_dir.path / "spec.resolved.yaml")
     configure_torch(spec)
     dist = Dist()
-    comp = _build_in_turn(spec, dist, progress)
-    ckpt = run_dir.latest_checkpoint()
-    resumes = run_dir.manifest().get("resumed_from", [])
-    if not dist.is_main:
-        run_dir = NullRunDir(run_dir.path)
-    trainer = make_trainer(spec, comp, run_dir)
-    trainer.dist = dist
-    if ckpt is not None:
-        trainer.load_checkpoint(ckpt)
-        run_dir.truncate_logs_after(trainer.counters.step)
-    else:
-        run_dir.truncate_logs_after(-1)
-    run_dir.update_manifest(status="running", resumed_from=resumes + [ckpt.name if ckpt else None])
+    if dist.is_main:
+        run_dir.lock()
     try:
-        return _train(trainer, run_dir, progress and dist.is_main)
+        with _no_space(run_dir.path):
+            return _resume(run_dir, spec, dist, notes, progress)
+    finally:
+        run_dir.unlock()  # held by now only when the resume failed before training
+
+
+def _resume(run_dir: RunDir, spec: RunSpec, dist: Any, notes: list[str], progress: bool) -> dict[str, Any]:
+    from mlmt_bench.dist import NullRunDir
+
+    manifest = run_dir.manifest()  # read under the lock: a run that just finished is complete
+    if manifest.get("status") == "completed":
+        raise UserError(f"{run_dir.path}: the run is complete; nothing to resume")
+    comp = _build_in_turn(spec, dist, progress)
+    writer: Any = run_dir if dist.is_main else NullRunDir(run_dir.path)
+    try:
+        trainer = make_trainer(spec, comp, writer)
+        trainer.dist = dist
+        ckpt = _load_newest_intact(trainer, run_dir, notes)
+        writer.truncate_logs_after(trainer.counters.step if ckpt is not None else -1)
+        unhashed = {} if "spec_sha256" in manifest else {"spec_sha256": run_dir.spec_sha256()}
+        writer.update_manifest(status="running", resumed_from=manifest.get("resumed_from", []) + [
+            ckpt.name if ckpt is not None else None], **unhashed)
+    except BaseException:
+        comp.backend.close()
+        raise
+    for note in notes if dist.is_main else []:
+        sys.stderr.write(note + "\n")
+    try:
+        return _train(trainer, writer, progress and dist.is_main)
     finally:
         comp.backend.close()
+
+
+def _load_newest_intact(trainer: Trainer, run_dir: RunDir, notes: list[str]) -> Path | None:
+    """Load the newest checkpoint that is intact (:meth:`Trainer.check_checkpoint`) and return
+    it; None when there is none at all. Skipped ones add a warning to ``notes``; when every
+    checkpoint is corrupt, a UserError with the newest one's fault."""
+    from mlmt_bench.bounded_input import shorten
+
+    skipped: list[tuple[Path, UserError]] = []
+    for ckpt in reversed(list(run_dir.iter_checkpoints())):
+        try:
+            trainer.load_checkpoint(ckpt)  # checks everything before it changes anything
+        except UserError as exc:
+            skipped.append((ckpt, exc))
+            continue
+        if skipped:
+            why = "; ".join(f"{p.name}: {shorten(_fault(p, e), 200)}" for p, e in skipped)
+            notes.append(f"warning: {run_dir.checkpoints}: resuming from {ckpt.name}, the newest intact checkpoint; "
+                         f"skipped {len(skipped)} corrupt ({why})")
+        return ckpt
+    if skipped:
+        raise UserError(f"{run_dir.checkpoints}: no intact checkpoint to resume from (the newest, "
+                        f"{skipped[0][0].name}: {_fault(*skipped[0])})")
+    return None
+
+
+def _fault(ckpt: Path, exc: UserError) -> str:
+    """``exc``'s message with the checkpoint's own path left out (the caller names it)."""
+    return str(exc).replace(f"{ckpt}/", "").replace(f"{ckpt}: ", "")
+
+
+@contextlib.contextmanager
+def _no_space(where: Path | str) -> Any:
+    """A full disk (ENOSPC, EDQUOT) as one line rather than a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in NO_SPACE:
+            raise
+        raise _no_space_error(where, exc) from None
+
+
+def _no_space_error(where: Path | str, exc: OSError, run_dir: Any = None) -> UserError:
+    """The one line for a full disk; with ``run_dir``, also what its manifest says now."""
+    what = (exc.strerror or "no space left on device").lower() + (f" (writing {exc.filename})" if exc.filename else "")
+    if run_dir is None:
+        return UserError(f"{where}: {what}")
+    try:
+        status = run_dir.manifest().get("status")
+    except (UserError, OSError, AttributeError):  # AttributeError: a NullRunDir's manifest is None
+        status = None
+    marked = (f"the run is marked {status}" if status not in (None, "running")
+              else "manifest.json could not be updated (it may still say running)")
+    return UserError(f"{where}: {what}; {marked}; free space, then `mlmt-bench run --resume {where}` continues from "
+                     "its last checkpoint")
+
+
+def _end_with(run_dir: Any, exc: BaseException, status: str) -> None:
+    """After ``exc`` stopped a run: record ``status`` if the disk still allows it (and release
+    the lock); a full disk is re-raised as one line, anything else is left to the caller."""
+    with contextlib.suppress(OSError):
+        run_dir.finish(status)
+    if isinstance(exc, OSError) and exc.errno in NO_SPACE:
+        raise _no_space_error(run_dir.path, exc, run_dir) from None
 
 
 def _train(trainer: Any, run_dir: RunDir, progress: bool, bar: Any = None) -> dict[str, Any]:
@@ -281,13 +376,18 @@ def _train(trainer: Any, run_dir: RunDir, progress: bool, bar: Any = None) -> di
     try:
         with contextlib.nullcontext(bar) if bar is not None else progress_bar(enabled=progress) as bar:
             final = trainer.train(bar)
-    except KeyboardInterrupt:
-        run_dir.finish("interrupted")
+    except KeyboardInterrupt as exc:
+        _end_with(run_dir, exc, "interrupted")
         raise
     except BaseException as exc:
-        run_dir.finish(getattr(exc, "run_status", "failed"))
+        _end_with(run_dir, exc, getattr(exc, "run_status", "failed"))
         raise
-    run_dir.finish("completed")
+    try:
+        run_dir.finish("completed")
+    except OSError as exc:
+        if exc.errno not in NO_SPACE:
+            raise
+        raise _no_space_error(run_dir.path, exc, run_dir) from None
     if progress:
         from mlmt_bench.progress import print_summary
 

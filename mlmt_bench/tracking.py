@@ -7,6 +7,17 @@ Layout of ``<output_dir>/<name>-<UTC timestamp>/``::
     metrics.jsonl        one JSON object per line, appended and flushed as produced
     samples.jsonl        full episodes (all turns, rewards, verdicts), appended and flushed
     checkpoints/step-N/  written under a temporary name and renamed when complete
+    .lock                the pid of the process running the run; flock'ed while it runs
+
+One process per run directory: :meth:`RunDir.lock` takes an advisory ``flock`` on ``.lock``
+(the kernel drops it when the process dies, however it dies), so a second ``run --resume`` of
+a directory in use is a one-line refusal naming the holder's pid, not a second writer.
+
+A full disk (ENOSPC, EDQUOT) loses nothing already written: a failed atomic write removes its
+temporary file, an unfinished checkpoint directory is removed (:meth:`RunDir.discard_checkpoint`),
+and the manifest is still marked: when its atomic rewrite finds no space, it is overwritten in
+place with its compact JSON, shorter than the indented file, so it fits in the blocks the file
+already holds (:func:`_rewrite_in_place`).
 
 Where anything is written (run directories may come from someone else, ARCHITECTURE.md):
 every file goes to a regular file or a new path, through a fresh temporary file renamed over
@@ -22,6 +33,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
+import hashlib
 import json
 import os
 import platform
@@ -36,6 +49,9 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
 from mlmt_bench.errors import UserError
+
+LOCK_FILE = ".lock"
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # the errors of a full disk or quota
 
 _TRACKED_PACKAGES = ("mlmt-bench", "torch", "transformers", "peft", "accelerate", "tokenizers",
                      "datasets", "optuna", "math-verify", "vllm", "trl")
@@ -225,9 +241,13 @@ class JsonlWriter:
         self._f.flush()
 
     def close(self) -> None:
+        """fsync and close; the file is closed even when that fails (a full disk), then it raises."""
         if not self._f.closed:
-            os.fsync(self._f.fileno())
-            self._f.close()
+            try:
+                self._f.flush()
+                os.fsync(self._f.fileno())
+            finally:
+                self._f.close()
 
 
 def _json_default(obj: Any) -> Any:
@@ -242,10 +262,13 @@ def _json_default(obj: Any) -> Any:
 
 def read_jsonl_lines(path: Path) -> list[tuple[int, Any]]:
     """(line number, record) of a JSONL file this module wrote; a torn last line (a crash
-    mid-write) is ignored, any other bad line is a file:line UserError (:mod:`mlmt_bench.jsonl`)."""
+    mid-write) is ignored, any other bad line is a file:line UserError (:mod:`mlmt_bench.jsonl`),
+    and so is a file past the limits of :func:`~mlmt_bench.bounded_input.jsonl_bounds` (a run
+    directory may come from someone else: ``report``, ``run --resume``)."""
+    from mlmt_bench.bounded_input import jsonl_bounds
     from mlmt_bench.jsonl import iter_jsonl
 
-    return list(iter_jsonl(path, torn_tail_ok=True))
+    return list(iter_jsonl(path, torn_tail_ok=True, **jsonl_bounds()))
 
 
 def read_jsonl(path: Path) -> list[Any]:
@@ -262,6 +285,7 @@ class RunDir:
         self._metrics: JsonlWriter | None = None
         self._samples: JsonlWriter | None = None
         self._eval_problems: JsonlWriter | None = None
+        self._lock_fd: int | None = None
 
     LOGS = ("manifest.json", "spec.resolved.yaml", "metrics.jsonl", "samples.jsonl", "eval_problems.jsonl")
 
@@ -296,6 +320,7 @@ class RunDir:
             "platform": platform.platform(),
             "argv": sys.argv,
             "versions": package_versions(),
+            "spec_sha256": hashlib.sha256(spec_yaml.encode("utf-8")).hexdigest(),
         })
         return run
 
@@ -330,7 +355,7 @@ class RunDir:
 
         if check(self.path, True) is None:
             raise UserError(f"{_shown(self.path)}: no such run directory")
-        for name in self.LOGS:
+        for name in (*self.LOGS, LOCK_FILE):
             check(self.path / name, False)
         if check(self.checkpoints, True) is None:
             return
@@ -347,13 +372,25 @@ class RunDir:
 
     # manifest -------------------------------------------------------------------------------
     def manifest(self) -> dict[str, Any]:
-        try:
-            return json.loads((self.path / "manifest.json").read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise UserError(f"{self.path / 'manifest.json'}: unreadable ({exc})") from None
+        from mlmt_bench.bounded_input import read_json
+
+        manifest = read_json(self.path / "manifest.json")  # bounded: a resumed run directory may be anyone's
+        if not isinstance(manifest, dict):
+            raise UserError(f"{self.path / 'manifest.json'}: expected a JSON object")
+        return manifest
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
-        atomic_write_text(self.path / "manifest.json", json.dumps(manifest, indent=2, default=_json_default))
+        """Atomically; on a full disk, in place (:func:`_rewrite_in_place`) so a status still lands."""
+        path = self.path / "manifest.json"
+        try:
+            atomic_write_text(path, json.dumps(manifest, indent=2, default=_json_default))
+        except OSError as exc:
+            if exc.errno not in NO_SPACE or not path.is_file():
+                raise
+            try:
+                _rewrite_in_place(path, json.dumps(manifest, separators=(",", ":"), default=_json_default))
+            except OSError:
+                raise exc from None
 
     def update_manifest(self, **fields: Any) -> None:
         m = self.manifest()
@@ -361,8 +398,85 @@ class RunDir:
         self.write_manifest(m)
 
     def finish(self, status: str) -> None:
-        self.close()
-        self.update_manifest(status=status, end_time=utc_now())
+        """Close the logs, record ``status`` and the end time, release the lock. It runs in error
+        handlers (a full disk) too, so every log is closed whatever the others do; a log that could
+        not be flushed turns "completed" into "failed" and its error is raised after the marking."""
+        error = self._close_logs()
+        if error is not None and status == "completed":
+            status = "failed"
+        else:
+            error = None  # the run failed already; a log lost in that failure is not news
+        try:
+            self.update_manifest(status=status, end_time=utc_now())
+        finally:
+            self.unlock()
+        if error is not None:
+            raise error
+
+    def check_spec(self) -> str | None:
+        """UserError if ``spec.resolved.yaml`` is not the spec the run started with (its sha256
+        differs from the manifest's ``spec_sha256``): a resume would continue another experiment
+        under the old name. A run from before the hash was recorded returns a warning instead, and
+        the caller records the hash from then on. Never shows the file's content."""
+        spec = self.path / "spec.resolved.yaml"
+        want = self.manifest().get("spec_sha256")
+        if want is None:
+            return (f"warning: {_shown(self.path)}: manifest.json records no spec_sha256 (a run from an older "
+                    "version); resuming with spec.resolved.yaml unchecked, its hash recorded from now on")
+        if want != self.spec_sha256():
+            raise UserError(f"{_shown(spec)}: changed since the run started (its sha256 is not manifest.json's "
+                            "spec_sha256); a resume continues the spec the run began with: restore the file, or "
+                            "start a new run with the edited spec")
+        return None
+
+    def spec_sha256(self) -> str:
+        """sha256 of ``spec.resolved.yaml`` as it is on disk now."""
+        h = hashlib.sha256()
+        try:
+            with open(self.path / "spec.resolved.yaml", "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+        except OSError as exc:
+            raise UserError(f"{_shown(self.path / 'spec.resolved.yaml')}: unreadable ({exc.strerror or exc})") from None
+        return h.hexdigest()
+
+    # one process per run directory ------------------------------------------------------------
+    def lock(self) -> None:
+        """Hold ``.lock`` (an exclusive ``flock``, with this process's pid in it) until
+        :meth:`finish` / :meth:`unlock` or the process's death; a one-line UserError naming the
+        holder's pid if another process holds it. Advisory: every writer of a run (``run`` and
+        ``run --resume``) takes it before writing."""
+        import fcntl
+
+        path = self.path / LOCK_FILE
+        try:  # never through a symlink, never blocking on a FIFO
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0),
+                         0o644)
+        except OSError as exc:
+            raise UserError(f"{_shown(path)}: cannot lock the run directory ({exc.strerror or exc})") from None
+        try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                raise UserError(f"{_shown(path)}: is {_what(mode)}, refused (only regular files are written)")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise UserError(f"{_shown(self.path)}: in use by process {_holder(fd)} (it holds {LOCK_FILE}); one "
+                                "process per run directory: wait for it to end or stop it, then resume") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        with contextlib.suppress(OSError):  # the pid is for the message of whoever is refused
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        """Release :meth:`lock` (a no-op when not held). The file stays: removing it would let a
+        process that opened the old file and one that creates a new one both hold "the" lock."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     # append-only logs -----------------------------------------------------------------------
     def log_metrics(self, record: dict[str, Any]) -> None:
@@ -391,14 +505,31 @@ class RunDir:
             path = self.path / name
             if not path.exists():
                 continue
-            kept = [r for r in read_jsonl(path) if r.get("step", -1) <= step]
-            atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
+            kept = []
+            for lineno, r in read_jsonl_lines(path):  # a copied run directory's logs: anything may be there
+                at = r.get("step", -1) if isinstance(r, dict) else None
+                if isinstance(at, bool) or not isinstance(at, (int, float)):
+                    raise UserError(f"{_shown(path)}:{lineno}: expected a JSON object with a numeric 'step'")
+                if at <= step:
+                    kept.append(r)
+            atomic_write_text(path, "".join(_json_line(r) for r in kept))
 
     def close(self) -> None:
+        error = self._close_logs()
+        if error is not None:
+            raise error
+
+    def _close_logs(self) -> OSError | None:
+        """Close every log, even when one fails (a full disk); returns the first error."""
+        error = None
         for w in (self._metrics, self._samples, self._eval_problems):
             if w is not None:
-                w.close()
+                try:
+                    w.close()
+                except OSError as exc:
+                    error = error or exc
         self._metrics = self._samples = self._eval_problems = None
+        return error
 
     # checkpoints ----------------------------------------------------------------------------
     def checkpoint_dir(self, step: int) -> Path:
@@ -419,19 +550,84 @@ class RunDir:
 
     def commit_checkpoint(self, tmp: Path, step: int) -> Path:
         final = self.checkpoint_dir(step)
-        if final.exists():
+        if os.path.lexists(final):
             old = final.with_name(final.name + ".old")
+            _remove_entry(old)  # a stray one (left by a crash, or in a copied run directory)
             os.replace(final, old)
             os.replace(tmp, final)
-            shutil.rmtree(old)
+            _remove_entry(old)  # a directory, or whatever a copied run directory had there (a file)
         else:
             os.replace(tmp, final)
         return final
 
+    def discard_checkpoint(self, tmp: Path) -> None:
+        """Remove an unfinished checkpoint (its writing failed: a full disk ...)."""
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    def prune_checkpoints(self, keep: int | None, step: int) -> None:
+        """``train.keep_checkpoints``: after the checkpoint at ``step``, delete all but the newest
+        ``keep`` at or before it (None: keep all). Later ones are left: they are what a resume
+        from an older checkpoint skipped as corrupt, and training will write over them."""
+        if keep is None:
+            return
+        done = [p for p in self.iter_checkpoints() if _step_of(p) <= step]
+        for old in done[:-keep]:
+            shutil.rmtree(old)
+
     def latest_checkpoint(self) -> Path | None:
-        done = sorted(p for p in self.checkpoints.glob("step-*")
-                      if p.is_dir() and not p.is_symlink() and not p.name.endswith(".old"))
+        done = list(self.iter_checkpoints())
         return done[-1] if done else None
 
     def iter_checkpoints(self) -> Iterator[Path]:
-        yield from sorted(p for p in self.checkpoints.glob("step-*") if p.is_dir() and not p.is_symlink())
+        """Committed checkpoints, oldest first: ``step-<digits>`` directories, by step (a stray
+        ``step-zzz``, a ``.old`` or ``.tmp-`` directory is not a checkpoint)."""
+        found = [p for p in self.checkpoints.glob("step-*")
+                 if p.name[5:].isdigit() and p.name[5:].isascii() and p.is_dir() and not p.is_symlink()]
+        yield from sorted(found, key=_step_of)
+
+
+def _remove_entry(path: Path) -> None:
+    """Remove ``path`` if it exists: a directory with its content, anything else (a file, a link) itself."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+def _json_line(record: Any) -> str:
+    """``record`` as one JSON line, UTF-8 as written; with a lone surrogate (a ``\\ud800`` escape in
+    a log that was read back) its strings keep their escapes (the text could not be encoded)."""
+    text = json.dumps(record, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(record)
+    return text + "\n"
+
+
+def _step_of(checkpoint: Path) -> int:
+    return int(checkpoint.name[5:])
+
+
+def _holder(fd: int) -> str:
+    """The pid written in a lock file, or "unknown" (the holder has not written it yet)."""
+    raw = os.pread(fd, 32, 0).strip()
+    return raw.decode("ascii") if raw.isdigit() else "unknown"
+
+
+def _rewrite_in_place(path: Path, text: str) -> None:
+    """Overwrite ``path``'s bytes and truncate it to ``text``: no new file, and no new block when
+    ``text`` is no longer than the file. Not atomic (a crash mid-write tears it), so only for what
+    a full disk leaves no other way to write."""
+    data = text.encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        done = 0
+        while done < len(data):
+            done += os.pwrite(fd, data[done:], done)
+        os.ftruncate(fd, len(data))
+        os.fsync(fd)
+    finally:
+        os.close(fd)

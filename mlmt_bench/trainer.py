@@ -26,6 +26,7 @@ from mlmt_bench.evaluate import evaluate
 from mlmt_bench.fsdp import Sharding
 from mlmt_bench.metrics.cost import forward_flops, generation_flops, training_flops
 from mlmt_bench.models.forward import last_hidden_states
+from mlmt_bench.rollout.backend import backend_class
 from mlmt_bench.rollout.episodes import Actors, Program, Rollout, Sampling, merge_rollouts, rollout
 from mlmt_bench.tracking import RunDir
 from mlmt_bench.types import Problem
@@ -55,7 +56,6 @@ class Trainer:
     train_problems: list[Problem]
     eval_problems: list[Problem]
     run_dir: RunDir
-    verifier_name: str
     counters: Counters = field(default_factory=Counters)
     optimizers: dict[int, Any] = field(default_factory=dict)  # id(policy) -> (optimizer, scheduler)
     on_eval: Callable[[dict[str, Any]], None] | None = None  # e.g. a sweep's pruning callback
@@ -64,22 +64,21 @@ class Trainer:
 
     def __post_init__(self) -> None:
         t = self.spec.train
-        self.sharding = Sharding(self.dist, self.spec.backend.name)  # FSDP under accelerate's fsdp.yaml
+        name = self.spec.backend.name  # FSDP under accelerate's fsdp.yaml, if the backend declares it can
+        self.sharding = Sharding(self.dist, name, backend_class(name).traits)
         self.sharding.shard(self._trainable())
         for policy in self._trainable():
             opt = torch.optim.AdamW(policy.trainable_parameters(), lr=policy.lr, weight_decay=t.weight_decay)
             self.optimizers[id(policy)] = (opt, _schedule(opt, t.schedule, t.warmup_steps, max(t.steps, 1),
-                                                         self.algorithm.params.epochs))
+                                                         self.algorithm.params.loss_terms().epochs))
         b = self.spec.backend
         temps = training_temperatures(self.spec)
         self.sampling = Sampling(temps["solver"], b.top_p, b.max_new_tokens, b.feedback_max_new_tokens or b.max_new_tokens,
                                  b.stop, feedback_temperature=temps["critic"])
         self.eval_sampling = Sampling(self.spec.eval.temperature, 1.0, b.max_new_tokens,
                                       b.feedback_max_new_tokens or b.max_new_tokens, b.stop)
-        p = self.algorithm.params
-        self.loss_cfg = LossConfig(p.clip_low, p.clip_high, p.loss_agg, p.epochs, t.grad_accum, t.grad_clip,
-                                   t.micro_batch_tokens, p.ratio, p.loss, p.cispo_max,
-                                   getattr(p, "shaping_gamma", 0.1))
+        self.loss_cfg = LossConfig(**dataclasses.asdict(self.algorithm.params.loss_terms()), grad_accum=t.grad_accum,
+                                   grad_clip=t.grad_clip, micro_batch_tokens=t.micro_batch_tokens)
 
     # ------------------------------------------------------------------------------------------
     def train(self, progress: Any = None) -> dict[str, Any]:
@@ -149,12 +148,12 @@ class Trainer:
         """DAPO's dynamic sampling (``dynamic_sampling`` in the algorithm's params): roll out more
         problems, from a second seeded order, until ``problems_per_step`` of them carry a gradient
         (:meth:`Algorithm.informative`) or the rounds run out. Every token generated counts."""
-        p = self.algorithm.params
-        if not getattr(p, "dynamic_sampling", False):
+        max_rounds = self.algorithm.params.extra_rollout_rounds()
+        if not max_rounds:
             return ro, {}
         want = len(ro.problems)
         rounds = 0
-        while len(self.algorithm.informative(ro)) < want and rounds < p.dynamic_sampling_rounds:
+        while len(self.algorithm.informative(ro)) < want and rounds < max_rounds:
             rounds += 1
             extra = self.batch(step, round_=rounds)[: want - len(self.algorithm.informative(ro))]
             ro = merge_rollouts(ro, rollout(self.algorithm.program(step), self.actors, extra, self.sampling))
@@ -252,7 +251,7 @@ class Trainer:
         e = self.spec.eval
         with memory.phase("eval"):
             res = evaluate(self.algorithm.eval_program(), self.actors, self.eval_problems, self.eval_sampling,
-                           verifier_name=self.verifier_name, feedback_metrics=e.feedback_metrics,
+                           feedback_metrics=e.feedback_metrics,
                            n_samples=len(self.eval_problems) if final and e.final_samples else e.samples,
                            protocols=e.protocols,
                            micro_batch_tokens=self.spec.train.micro_batch_tokens)
@@ -278,7 +277,7 @@ class Trainer:
         e = self.spec.eval
         actors = dataclasses.replace(self.actors, critic=self.base_critic)
         res = evaluate(Program(attempts=1, feedback="critic"), actors, self.eval_problems, self.eval_sampling,
-                       verifier_name=self.verifier_name, feedback_metrics=e.feedback_metrics, n_samples=0,
+                       feedback_metrics=e.feedback_metrics, n_samples=0,
                        protocols=e.protocols, micro_batch_tokens=self.spec.train.micro_batch_tokens)
         extra = {f"base_critic/{k}": v for k, v in res.metrics.items() if k != "n"}
         return extra, [{**row, "t2_base_critic": bc["t2"]} for row, bc in zip(rows, res.per_problem)]
@@ -291,6 +290,17 @@ class Trainer:
             self.dist.barrier()
             return None
         tmp = self.run_dir.begin_checkpoint(self.counters.step)
+        try:
+            self._write_checkpoint(tmp, states)
+        except BaseException:
+            self.run_dir.discard_checkpoint(tmp)  # a full disk leaves no half checkpoint behind
+            raise
+        path = self.run_dir.commit_checkpoint(tmp, self.counters.step)
+        self.run_dir.prune_checkpoints(self.spec.train.keep_checkpoints, self.counters.step)
+        self.dist.barrier()
+        return path
+
+    def _write_checkpoint(self, tmp: Path, states: dict[int, Any]) -> None:
         saved: dict[int, str] = {}
         for role, policy in self.policies.items():
             if policy is None or id(policy) in saved:
@@ -306,14 +316,12 @@ class Trainer:
             "algorithm": self.algorithm.state_dict(),
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
         })
-        path = self.run_dir.commit_checkpoint(tmp, self.counters.step)
-        self.dist.barrier()
-        return path
 
     def load_checkpoint(self, ckpt: Path) -> None:
-        from mlmt_bench.checkpoint_state import load_state
-
-        state = load_state(ckpt)  # no pickle: data only, whoever wrote the run directory
+        """Continue from ``ckpt``. Everything is checked before anything is loaded: a checkpoint
+        that is not intact (:meth:`check_checkpoint`) is a UserError that leaves the trainer as it
+        was, so that a resume can try an older one."""
+        state, counters = self.check_checkpoint(ckpt)
         loaded: set[int] = set()
         for role, policy in self.policies.items():
             if policy is None or id(policy) in loaded or not (ckpt / role).exists():
@@ -327,10 +335,35 @@ class Trainer:
             if sched is not None and sched_state is not None:
                 sched.load_state_dict(sched_state)
         self.algorithm.load_state_dict(state["algorithm"])
-        self.counters = Counters(**state["counters"])
+        self.counters = counters
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
         np.random.set_state(state["rng"]["numpy"])
+
+    def check_checkpoint(self, ckpt: Path) -> tuple[dict[str, Any], Counters]:
+        """(trainer state, counters) of ``ckpt`` if it is intact: the state file parses and holds
+        every section, its optimisers are this run's trained policies, and each trained policy's
+        weights (and any other policy's that are there) are complete safetensors files. A one-line
+        UserError naming the first thing missing or corrupt otherwise."""
+        from mlmt_bench.checkpoint_state import check_state, check_weights, load_state
+        from mlmt_bench.errors import UserError
+
+        state = load_state(ckpt)  # no pickle: data only, whoever wrote the run directory
+        check_state(ckpt, state)
+        trained = {role for role, p in self.policies.items() if p is not None and id(p) in self.optimizers}
+        unknown = sorted(str(r) for r in state["optimizers"] if r not in trained)
+        if unknown or any(not isinstance(v, (tuple, list)) or len(v) != 2 for v in state["optimizers"].values()):
+            raise UserError(f"{ckpt}: its optimiser state is not this run's (roles {unknown or 'malformed'}; "
+                            f"trained here: {sorted(trained)})")
+        seen: set[int] = set()
+        for role, policy in self.policies.items():
+            if policy is not None and id(policy) not in seen and (role in trained or (ckpt / role).exists()):
+                check_weights(ckpt / role, policy.is_lora)
+                seen.add(id(policy))
+        try:
+            return state, Counters(**state["counters"])
+        except TypeError:
+            raise UserError(f"{ckpt}: malformed counters in the checkpoint state") from None
 
     # helpers ----------------------------------------------------------------------------------
     def _trainable(self) -> list[Policy]:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 import torch
 
 from mlmt_bench.algorithms import core
-from mlmt_bench.algorithms.params import Roles
+from mlmt_bench.algorithms.params import LossParams, Roles
 from mlmt_bench.algorithms.update import TrainItem
 from mlmt_bench.models.tokenizer import encode
 from mlmt_bench.rollout.episodes import Program, Rollout
@@ -67,7 +67,7 @@ class Credit:
 class Algorithm:
     """Base class: subclasses set ``Params`` and implement :meth:`program` and :meth:`credit`."""
 
-    Params: ClassVar[type[BaseModel]]
+    Params: ClassVar[type[LossParams]]
     #: How each kind of generated turn is trained (``mlmt-bench plan`` sizes the update from it): on
     #: the context it was generated from ("own"), or as a response to the problem alone
     #: ("as_attempt"); a kind not listed is not trained. Default: every turn on its own context.
@@ -85,15 +85,17 @@ class Algorithm:
         distillation teacher; ``mlmt-bench plan`` counts it), or None."""
         return None
 
-    def __init__(self, params: Any, total_steps: int) -> None:
+    def __init__(self, params: LossParams, total_steps: int) -> None:
+        if not isinstance(params, LossParams):  # the contract the trainer, plan and validation read
+            raise TypeError(f"{type(self).__name__}: its Params must subclass mlmt_bench.algorithms.params.LossParams, "
+                            f"got {type(params).__name__}")
         self.params = params
         self.total_steps = total_steps
 
     def roles(self) -> Roles:
         """Which policies this algorithm needs and what it does with each: its parameters say
-        (``Params.roles()``; one trained solver when they do not)."""
-        roles = getattr(self.params, "roles", None)
-        return roles() if callable(roles) else Roles("trained", "absent", "none")
+        (``Params.roles()``; one trained solver unless they say otherwise)."""
+        return self.params.roles()
 
     def program(self, step: int) -> Program:
         raise NotImplementedError
@@ -137,7 +139,7 @@ class Algorithm:
         """Verifier rewards of solver turns, with DAPO's overlong shaping when the params ask for it
         (on ``lengths``, default the turns' own: those of what is trained, e.g. full responses)."""
         r = rewards(rollout, indices)
-        buffer = getattr(self.params, "overlong_buffer", 0)
+        buffer = self.params.overlong_buffer
         if buffer and inputs.max_new_tokens:
             n = torch.tensor(list(lengths) if lengths is not None else [len(rollout.turns[i].ids) for i in indices])
             r = r + core.overlong_penalty(n, inputs.max_new_tokens, buffer, self.params.overlong_penalty)
@@ -146,7 +148,7 @@ class Algorithm:
     def items(self, rollout: Rollout, indices: Sequence[int], advantages: torch.Tensor | Sequence[float],
               beta: float, mode: int = core.POLICY, to_x: bool = False) -> list[TrainItem]:
         """:func:`train_items`, without the completions cut by the token limit when ``mask_truncated``."""
-        if getattr(self.params, "mask_truncated", False):
+        if self.params.mask_truncated:
             keep = [k for k, i in enumerate(indices) if rollout.turns[i].finish_reason != "length"]
             advs = advantages.tolist() if isinstance(advantages, torch.Tensor) else list(advantages)
             indices, advantages = [indices[k] for k in keep], [advs[k] for k in keep]

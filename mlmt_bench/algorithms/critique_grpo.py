@@ -18,6 +18,7 @@ and the overlong shaping read (:class:`ResponseToX`, handed in through ``respons
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Literal
 
 import torch
@@ -26,7 +27,7 @@ from pydantic import Field
 from mlmt_bench.algorithms import core
 from mlmt_bench.algorithms.base import (Algorithm, Credit, CreditInputs, by_turn, group_advantages, problem_of,
                                         response_to_x)
-from mlmt_bench.algorithms.params import GRPOParams, Roles
+from mlmt_bench.algorithms.params import DEFAULT_SHAPING_GAMMA, GRPOParams, LossTerms, Roles
 from mlmt_bench.rollout.episodes import Program, Rollout
 
 
@@ -35,7 +36,11 @@ class CritiqueGRPOParams(GRPOParams):
         "critic", description="the fixed feedback: the frozen base critic, or the oracle (an upper bound)")
     refinements_in_group: Literal["correct", "all"] = Field(
         "correct", description="refinements added to the group as responses to x: the correct ones, or all")
-    shaping_gamma: float = Field(0.1, gt=0.0, description="policy shaping of the off-policy tokens: π / (π + γ)")
+    shaping_gamma: float = Field(DEFAULT_SHAPING_GAMMA, gt=0.0,
+                                 description="policy shaping of the off-policy tokens: π / (π + γ)")
+
+    def loss_terms(self) -> LossTerms:
+        return dataclasses.replace(super().loss_terms(), shaping_gamma=self.shaping_gamma)
 
     def roles(self) -> Roles:
         return Roles("trained", "frozen" if self.critique_source == "critic" else "absent", self.critique_source)

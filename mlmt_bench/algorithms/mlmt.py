@@ -93,7 +93,8 @@ class MLMT(Algorithm):
                 raise ValueError("value: learned needs the value model's predictions in CreditInputs.values")
             lam = p.lam if self._value is not None else 0.0
             stats.update(critic_credit(self, rollout, u_bar, inputs.values, lam, credit,
-                                       verdict_match=inputs.verdict_match))
+                                       verdict_match=inputs.verdict_match, reward_kind=p.critic_reward, nu=p.nu,
+                                       feedbacks_per_attempt=p.feedbacks))
         credit.stats = stats
         return credit
 
@@ -113,7 +114,8 @@ def feedback_means(rollout: Rollout, r2: torch.Tensor) -> torch.Tensor:
 
 
 def critic_credit(algo: Algorithm, rollout: Rollout, u_bar: torch.Tensor, values: torch.Tensor | None, lam: float,
-                  credit: Credit, *, verdict_match: torch.Tensor | None = None) -> dict[str, float]:
+                  credit: Credit, *, verdict_match: torch.Tensor | None = None, reward_kind: str = "helpfulness",
+                  nu: float = 0.0, feedbacks_per_attempt: int = 1) -> dict[str, float]:
     """The higher level's credit, added to ``credit`` (METHOD.md "Higher level", v3): the critic's
     reward R(g) = ū(g) (``critic_reward: helpfulness``) or ū(g) + ν·match(g)
     (``helpfulness+verdict``) is standardised among the K feedbacks of an attempt when K > 1, else
@@ -123,18 +125,18 @@ def critic_credit(algo: Algorithm, rollout: Rollout, u_bar: torch.Tensor, values
     ``u_bar`` [F] is each feedback's mean r2, ``values`` [F] the value model's predictions (None
     when λ = 0), ``verdict_match`` [F] 1.0 where the feedback's verdict on its attempt matches the
     verifier (None: not read; required by ``helpfulness+verdict``). ``credit.rewards`` records
-    R(g) + λ·V. Returns the logged stats; ``frac_zero_std_critic`` counts the groups whose R is
-    flat (the value does not make a group informative)."""
+    R(g) + λ·V. ``reward_kind`` (``critic_reward``), ``nu`` and ``feedbacks_per_attempt`` (K)
+    are the caller's parameters. Returns the logged stats; ``frac_zero_std_critic`` counts the
+    groups whose R is flat (the value does not make a group informative)."""
     p = algo.params
     feedbacks = rollout.of_kind("feedback")
     value = values.to(u_bar) if values is not None else torch.zeros_like(u_bar)
     reward = u_bar
-    if getattr(p, "critic_reward", "helpfulness") == "helpfulness+verdict":
+    if reward_kind == "helpfulness+verdict":
         if verdict_match is None:
             raise ValueError("critic_reward: helpfulness+verdict needs each feedback's verdict match in "
                              "CreditInputs.verdict_match (the trainer reads it with Benchmark.feedback_verdict)")
-        reward = core.verdict_reward(u_bar, verdict_match, p.nu)
-    feedbacks_per_attempt = getattr(p, "feedbacks", 1)
+        reward = core.verdict_reward(u_bar, verdict_match, nu)
     groups = [rollout.turns[f].parent for f in feedbacks] if feedbacks_per_attempt > 1 else problem_of(rollout, feedbacks)
     gid = torch.tensor(groups, dtype=torch.long)
     adv_h = core.critic_advantages(reward, value, lam, gid, p.scale)

@@ -86,85 +86,143 @@ def update_policy(policy: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
     forward passes: π_old's and π_ref's log-probs, the teachers' contexts).
     """
     dist = dist or _SINGLE
-    rl_items = [it for it in items if not _is_auxiliary(it)]
-    aux_items = [it for it in items if _is_auxiliary(it)]
-    total_tokens = int(dist.sum(sum(len(it.ids) for it in rl_items)))
-    total_items = int(dist.sum(len(rl_items)))
-    aux_tokens = int(dist.sum(sum(len(it.ids) for it in aux_items)))
-    if total_items == 0 and aux_tokens == 0:
+    plan = _plan_batches(policy.model, items, cfg, dist)
+    if plan.total_items == 0 and plan.aux_tokens == 0:
         return {}
-    model, pad_id = policy.model, policy.tokenizer.pad_token_id
-    rows = -(-max(len(items), 1) // cfg.grad_accum)
-    batches = split(rl_items, seq_len, cfg.micro_batch_tokens, max_rows=rows) if rl_items else []
-    aux_batches = split(aux_items, seq_len, cfg.micro_batch_tokens, max_rows=rows) if aux_items else []
-    needs_ref = dist.any(any(it.beta > 0 for it in rl_items))
-    # FSDP: every forward/backward of a sharded model is a collective, so every process runs as many
-    n_passes = len(batches) + len(aux_batches)
-    empty_passes = int(dist.max(n_passes)) - n_passes if is_sharded(model) else 0
-    old_logps: list[torch.Tensor] | None = None
-    ref_logps: list[torch.Tensor | None] = [None] * len(batches)
-    teachers: list[torch.Tensor | None] = [None] * len(aux_batches)
-    extra_tokens = 0
-    if dist.any(cfg.epochs > 1 or needs_ref or any(it.mode == core.DISTILL for it in aux_items)):
-        # FSDP: the weights gathered, so that these passes need no communication
-        with memory.phase("logprobs"), torch.no_grad(), gathered(model):
-            if cfg.epochs > 1:  # π_old is the rollout policy: freeze its log-probs before the first update
-                old_logps = [sequence_logprobs(model, mb, pad_id)[0] for mb in batches]
-                extra_tokens += sum(seq_len(it) for it in rl_items)
-            if needs_ref:
-                policy.ensure_reference()
-                ref_logps = [sequence_logprobs(model, mb, pad_id, reference=policy.reference_logits)[0]
-                             for mb in batches]
-                extra_tokens += sum(seq_len(it) for it in rl_items)
-            for k, mb in enumerate(aux_batches):
-                if any(it.mode == core.DISTILL for it in mb):
-                    teachers[k] = completion_logits(model, mb, pad_id, [it.teacher_prompt_ids or it.prompt_ids
-                                                                         for it in mb])[0]
-                    extra_tokens += sum(len(it.teacher_prompt_ids or it.prompt_ids) + len(it.ids) for it in mb)
-    norm = dist.sum(constant_norm) if cfg.loss_agg == "constant_norm" and rl_items else None
-    if cfg.loss_agg == "constant_norm" and total_items and (norm is None or norm <= 0):
+    fixed = _precompute(policy, plan, cfg, dist)
+    norm = dist.sum(constant_norm) if cfg.loss_agg == "constant_norm" and plan.rl_items else None
+    if cfg.loss_agg == "constant_norm" and plan.total_items and (norm is None or norm <= 0):
         raise ValueError("constant_norm aggregation needs the step's constant (max_new_tokens × sequences sampled)")
-    variant = {"ratio": cfg.ratio, "loss": cfg.loss, "cispo_max": cfg.cispo_max, "shaping_gamma": cfg.shaping_gamma}
     stats: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "entropy": 0.0}
-    if aux_items:
+    if plan.aux_items:
         stats["aux_loss"] = 0.0
     with memory.phase("update"):
         for _ in range(cfg.epochs):
-            optimizer.zero_grad(set_to_none=True)
-            for k, mb in enumerate(batches):
-                logp, mask, entropy = sequence_logprobs(model, mb, pad_id, with_entropy=True)
-                old = logp.detach() if old_logps is None else old_logps[k]
-                adv = torch.tensor([it.advantage for it in mb], dtype=logp.dtype, device=logp.device)
-                beta = torch.tensor([[it.beta] for it in mb], dtype=logp.dtype, device=logp.device)
-                modes = torch.tensor([it.mode for it in mb], dtype=torch.long)
-                loss, s = core.grpo_loss(logp, old, ref_logps[k], adv, mask, clip_low=cfg.clip_low,
-                                         clip_high=cfg.clip_high, beta=beta if needs_ref else 0.0, agg=cfg.loss_agg,
-                                         norm=norm, row_mode=modes, **variant)
-                n_tok = int(mask.sum())
-                weight = {"token_mean": n_tok / total_tokens, "seq_mean_token_mean": len(mb) / total_items,
-                          "constant_norm": 1.0}[cfg.loss_agg]
-                (loss * weight).backward()
-                stats["loss"] += float(loss.detach()) * weight / cfg.epochs
-                stats["clip_frac"] += s["clip_frac"] * n_tok / total_tokens / cfg.epochs
-                stats["kl"] += s["kl"] * n_tok / total_tokens / cfg.epochs
-                stats["entropy"] += float(entropy[mask].sum()) / total_tokens / cfg.epochs
-            for k, mb in enumerate(aux_batches):
-                aux = _auxiliary_sum(model, mb, pad_id, teachers[k]) / aux_tokens
-                aux.backward()
-                stats["aux_loss"] += float(aux.detach()) / cfg.epochs
-            for _ in range(empty_passes):  # adds 0 to the gradients
-                (sequence_logprobs(model, [TrainItem([pad_id], [pad_id], 0.0)], pad_id)[0].sum() * 0.0).backward()
-            dist.sum_grads(policy.trainable_parameters())
-            stats["grad_norm"] = scalar(torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), cfg.grad_clip))
-            optimizer.step()
-            if scheduler is not None:
-                scheduler.step()
+            _optimizer_step(policy, optimizer, scheduler, plan, fixed, cfg, norm, stats, dist)
+    return _totals(stats, plan, fixed, items, cfg, dist)
+
+
+@dataclass
+class _Plan:
+    """How one update splits its items: policy-loss (RL) and auxiliary items, their micro-batches,
+    the global counts that weight them, and the empty passes FSDP needs."""
+
+    rl_items: list[TrainItem]
+    aux_items: list[TrainItem]
+    batches: list[list[TrainItem]]
+    aux_batches: list[list[TrainItem]]
+    total_tokens: int  # completion tokens of the RL items, summed over processes
+    total_items: int
+    aux_tokens: int
+    needs_ref: bool  # some item (on some process) has beta > 0
+    empty_passes: int  # FSDP: this process's passes short of the busiest process's
+
+
+@dataclass
+class _Fixed:
+    """What stays fixed over the epochs: π_old's and π_ref's log-probs per RL micro-batch, each
+    auxiliary micro-batch's teacher logits, and the tokens those extra forwards read."""
+
+    old_logps: list[torch.Tensor] | None
+    ref_logps: list[torch.Tensor | None]
+    teachers: list[torch.Tensor | None]
+    extra_tokens: int
+
+
+def _plan_batches(model: Any, items: list[TrainItem], cfg: LossConfig, dist: Any) -> _Plan:
+    rl_items = [it for it in items if not _is_auxiliary(it)]
+    aux_items = [it for it in items if _is_auxiliary(it)]
+    rows = -(-max(len(items), 1) // cfg.grad_accum)
+    batches = split(rl_items, seq_len, cfg.micro_batch_tokens, max_rows=rows) if rl_items else []
+    aux_batches = split(aux_items, seq_len, cfg.micro_batch_tokens, max_rows=rows) if aux_items else []
+    # FSDP: every forward/backward of a sharded model is a collective, so every process runs as many
+    n_passes = len(batches) + len(aux_batches)
+    return _Plan(rl_items, aux_items, batches, aux_batches,
+                 total_tokens=int(dist.sum(sum(len(it.ids) for it in rl_items))),
+                 total_items=int(dist.sum(len(rl_items))),
+                 aux_tokens=int(dist.sum(sum(len(it.ids) for it in aux_items))),
+                 needs_ref=dist.any(any(it.beta > 0 for it in rl_items)),
+                 empty_passes=int(dist.max(n_passes)) - n_passes if is_sharded(model) else 0)
+
+
+def _precompute(policy: Any, plan: _Plan, cfg: LossConfig, dist: Any) -> _Fixed:
+    """π_old (epochs > 1), π_ref (beta > 0) and the DISTILL teachers, before the first update."""
+    model, pad_id = policy.model, policy.tokenizer.pad_token_id
+    fixed = _Fixed(None, [None] * len(plan.batches), [None] * len(plan.aux_batches), 0)
+    if not dist.any(cfg.epochs > 1 or plan.needs_ref or any(it.mode == core.DISTILL for it in plan.aux_items)):
+        return fixed
+    # FSDP: the weights gathered, so that these passes need no communication
+    with memory.phase("logprobs"), torch.no_grad(), gathered(model):
+        if cfg.epochs > 1:  # π_old is the rollout policy: freeze its log-probs before the first update
+            fixed.old_logps = [sequence_logprobs(model, mb, pad_id)[0] for mb in plan.batches]
+            fixed.extra_tokens += sum(seq_len(it) for it in plan.rl_items)
+        if plan.needs_ref:
+            policy.ensure_reference()
+            fixed.ref_logps = [sequence_logprobs(model, mb, pad_id, reference=policy.reference_logits)[0]
+                               for mb in plan.batches]
+            fixed.extra_tokens += sum(seq_len(it) for it in plan.rl_items)
+        for k, mb in enumerate(plan.aux_batches):
+            if any(it.mode == core.DISTILL for it in mb):
+                fixed.teachers[k] = completion_logits(model, mb, pad_id, [it.teacher_prompt_ids or it.prompt_ids
+                                                                           for it in mb])[0]
+                fixed.extra_tokens += sum(len(it.teacher_prompt_ids or it.prompt_ids) + len(it.ids) for it in mb)
+    return fixed
+
+
+def _optimizer_step(policy: Any, optimizer: torch.optim.Optimizer, scheduler: Any, plan: _Plan, fixed: _Fixed,
+                    cfg: LossConfig, norm: float | None, stats: dict[str, float], dist: Any) -> None:
+    """One epoch: every micro-batch's loss backward (gradients accumulate), then one clipped step.
+    Adds this epoch's share of the statistics to ``stats``."""
+    model, pad_id = policy.model, policy.tokenizer.pad_token_id
+    optimizer.zero_grad(set_to_none=True)
+    for k, mb in enumerate(plan.batches):
+        _policy_micro_step(model, mb, pad_id, fixed.old_logps[k] if fixed.old_logps is not None else None,
+                           fixed.ref_logps[k], plan, cfg, norm, stats)
+    for k, mb in enumerate(plan.aux_batches):
+        aux = _auxiliary_sum(model, mb, pad_id, fixed.teachers[k]) / plan.aux_tokens
+        aux.backward()
+        stats["aux_loss"] += float(aux.detach()) / cfg.epochs
+    for _ in range(plan.empty_passes):  # adds 0 to the gradients
+        (sequence_logprobs(model, [TrainItem([pad_id], [pad_id], 0.0)], pad_id)[0].sum() * 0.0).backward()
+    dist.sum_grads(policy.trainable_parameters())
+    stats["grad_norm"] = scalar(torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), cfg.grad_clip))
+    optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+
+
+def _policy_micro_step(model: Any, mb: list[TrainItem], pad_id: int, old_logp: torch.Tensor | None,
+                       ref_logp: torch.Tensor | None, plan: _Plan, cfg: LossConfig, norm: float | None,
+                       stats: dict[str, float]) -> None:
+    """The policy loss of one micro-batch, weighted to its share of the whole batch's
+    aggregate, backward; its share of loss, clip fraction, KL and entropy added to ``stats``."""
+    logp, mask, entropy = sequence_logprobs(model, mb, pad_id, with_entropy=True)
+    old = logp.detach() if old_logp is None else old_logp
+    adv = torch.tensor([it.advantage for it in mb], dtype=logp.dtype, device=logp.device)
+    beta = torch.tensor([[it.beta] for it in mb], dtype=logp.dtype, device=logp.device)
+    modes = torch.tensor([it.mode for it in mb], dtype=torch.long)
+    loss, s = core.grpo_loss(logp, old, ref_logp, adv, mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                             beta=beta if plan.needs_ref else 0.0, agg=cfg.loss_agg, norm=norm, row_mode=modes,
+                             ratio=cfg.ratio, loss=cfg.loss, cispo_max=cfg.cispo_max, shaping_gamma=cfg.shaping_gamma)
+    n_tok = int(mask.sum())
+    weight = {"token_mean": n_tok / plan.total_tokens, "seq_mean_token_mean": len(mb) / plan.total_items,
+              "constant_norm": 1.0}[cfg.loss_agg]
+    (loss * weight).backward()
+    stats["loss"] += float(loss.detach()) * weight / cfg.epochs
+    stats["clip_frac"] += s["clip_frac"] * n_tok / plan.total_tokens / cfg.epochs
+    stats["kl"] += s["kl"] * n_tok / plan.total_tokens / cfg.epochs
+    stats["entropy"] += float(entropy[mask].sum()) / plan.total_tokens / cfg.epochs
+
+
+def _totals(stats: dict[str, float], plan: _Plan, fixed: _Fixed, items: list[TrainItem], cfg: LossConfig,
+            dist: Any) -> dict[str, float]:
+    """The statistics summed over processes, with the token counts of the cost accounting."""
     stats = {k: dist.sum(v) for k, v in stats.items()}  # local shares of global means add up
     stats["grad_norm"] /= dist.world
-    stats["trained_tokens"] = float((total_tokens + aux_tokens) * cfg.epochs)
+    stats["trained_tokens"] = float((plan.total_tokens + plan.aux_tokens) * cfg.epochs)
     stats["sequence_tokens"] = float(dist.sum(sum(seq_len(it) for it in items)) * cfg.epochs)
-    stats["forward_tokens"] = float(dist.sum(extra_tokens))
-    stats["micro_batches"] = float(dist.max(len(batches) + len(aux_batches)))
+    stats["forward_tokens"] = float(dist.sum(fixed.extra_tokens))
+    stats["micro_batches"] = float(dist.max(len(plan.batches) + len(plan.aux_batches)))
     return stats
 
 

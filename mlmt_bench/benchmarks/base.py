@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import re
 from typing import Any, ClassVar
 
@@ -64,6 +65,31 @@ class Benchmark:
     def check_split(self, split: str) -> None:
         if split not in self.splits:
             raise UserError(f"benchmark {self.name}: unknown split {split!r} (known: {', '.join(self.splits)})")
+
+
+class OracleBenchmark(Benchmark):
+    """A benchmark with an oracle critic: it knows each problem's gold solution and can write the
+    feedback a critic that sees it would (METHOD.md's oracle bound, ``variant: oracle_feedback``),
+    plant errors in a solution and carry a feedback out. The shared base's curriculum needs all
+    four. A benchmark declares that it has them by subclassing this class (``synthetic-arith``);
+    nothing recognises them by name."""
+
+    def solution(self, problem: Problem) -> str:
+        """The gold written solution of ``problem``."""
+        raise NotImplementedError
+
+    def oracle_feedback(self, problem: Problem, attempt: str) -> str:
+        """The feedback of a critic that sees the gold solution, on ``attempt``."""
+        raise NotImplementedError
+
+    def inject_errors(self, solution: str, rng: random.Random, second_error_rate: float = 0.15) -> str:
+        """``solution`` with one error planted (a second one with ``second_error_rate``)."""
+        raise NotImplementedError
+
+    def apply_feedback(self, problem: Problem, attempt: str, feedback: str, *, revision: bool = False,
+                       **options: Any) -> str:
+        """The refinement that follows ``feedback`` on ``attempt`` exactly (the curriculum's target)."""
+        raise NotImplementedError
 
 
 _WRONG_WORDS = re.compile(r"\b(wrong|incorrect|error|errors|mistake|mistakes|not correct|not right)\b")

@@ -42,7 +42,7 @@ import random
 import re
 from typing import Any, Callable, ClassVar, Sequence
 
-from mlmt_bench.benchmarks.base import Benchmark
+from mlmt_bench.benchmarks.base import OracleBenchmark
 from mlmt_bench.errors import UserError
 from mlmt_bench.types import Problem, PromptTemplates
 
@@ -410,7 +410,7 @@ def _inject_once(gold: list[Step], rng: random.Random, modulus: int, max_operand
 # --------------------------------------------------------------------------- benchmark
 
 
-class SyntheticArith(Benchmark):
+class SyntheticArith(OracleBenchmark):
     """Left-to-right integer arithmetic with written steps (see the module docstring).
 
     Options: ``difficulty`` (steps per problem, default 3), ``max_operand`` (default 9),

@@ -8,13 +8,13 @@ floating-point operations (approximate, see `flops_estimate`).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import numpy as np
 
 LeakKind = Literal["math", "code", "choice", "exact"]
-LEAK_KINDS: tuple[str, ...] = ("math", "code", "choice", "exact")
+LEAK_RULES: tuple[str, ...] = ("math", "code", "choice", "exact")
 
 
 def feedback_effect(
@@ -68,9 +68,9 @@ def feedback_sensitivity(
 
 def normalize_math_text(text: str) -> str:
     """A feedback or gold text as the math verifier normalises answers
-    (:func:`mlmt_bench.verifiers.math.normalize_answer`, spaces kept as single spaces), with every
+    (:func:`mlmt_bench.verifiers.math_text.normalize_answer`, spaces kept as single spaces), with every
     ``\\boxed{...}`` / ``\\fbox{...}`` unwrapped: one normaliser for verdicts and for leakage."""
-    from mlmt_bench.verifiers.math import normalize_answer, unwrap_commands
+    from mlmt_bench.verifiers.math_text import normalize_answer, unwrap_commands
 
     return normalize_answer(unwrap_commands(text, ("boxed", "fbox")), strip_spaces=False)
 
@@ -156,8 +156,8 @@ def is_leak(feedback: str, gold: str | None, kind: LeakKind) -> bool | None:
                 (not glued to word characters).
     Returns None for a gold that is None (math/choice/exact), since nothing can leak.
     """
-    if kind not in LEAK_KINDS:
-        raise ValueError(f"unknown leakage kind {kind!r}; expected one of {LEAK_KINDS}")
+    if kind not in LEAK_RULES:
+        raise ValueError(f"unknown leakage kind {kind!r}; expected one of {LEAK_RULES}")
     if kind == "code":
         return _CODE_BLOCK.search(feedback) is not None
     if gold is None:
@@ -169,17 +169,21 @@ def is_leak(feedback: str, gold: str | None, kind: LeakKind) -> bool | None:
     return _exact_leaks(feedback, gold)
 
 
-def leakage_rate(feedbacks: Sequence[str], golds: Sequence[str | None], kind: LeakKind) -> float:
+def leakage_rate(feedbacks: Sequence[str], golds: Sequence[str | None],
+                 kind: LeakKind | Callable[[str, str | None], bool | None]) -> float:
     """Share of feedbacks that contain the gold answer (reward hacking by the critic).
 
     feedbacks: [F] feedback texts; golds: [F] the gold answer of each one's problem (None
     where there is none; ignored for kind "code").
-    returns: leaked / judged in [0, 1], where judged excludes feedbacks whose gold is None
-             (see `is_leak` for the rule per kind); NaN when nothing could be judged.
+    kind:      a rule of `is_leak`, or a check ``(feedback, gold) -> bool | None`` (a
+               verifier's ``leaks``).
+    returns: leaked / judged in [0, 1], where judged excludes feedbacks the check returns None
+             for (no gold); NaN when nothing could be judged.
     """
     if len(feedbacks) != len(golds):
         raise ValueError(f"{len(feedbacks)} feedbacks but {len(golds)} golds")
-    verdicts = [is_leak(f, g, kind) for f, g in zip(feedbacks, golds)]
+    check = kind if callable(kind) else (lambda f, g: is_leak(f, g, kind))
+    verdicts = [check(f, g) for f, g in zip(feedbacks, golds)]
     judged = [v for v in verdicts if v is not None]
     if not judged:
         return float("nan")

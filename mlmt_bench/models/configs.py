@@ -1,6 +1,7 @@
 """A policy's architecture without its weights: parameter counts and shapes, offline.
 
-``mlmt-bench plan`` sizes a run before anything is loaded. The architecture comes from:
+``mlmt-bench plan`` sizes a run before anything is loaded; a policy's model factory says where its
+architecture comes from (``ModelFactory.shape``, models/factory.py). For the built-in ones:
 
 - ``model: tiny``: the ``config.json`` of the checkpoint at ``path``, or (``path`` unset) the
   preset of the shared base (``base.preset``);
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from mlmt_bench.errors import UserError
+from mlmt_bench.models.tiny import HUB_KIND
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ def hf_registry() -> dict[str, Path]:
                 data = load_yaml(read_text(p), str(p))
             except UserError:  # unreadable or invalid: not a hub model's config
                 continue
-            if isinstance(data, dict) and data.get("kind") == "hf" and data.get("hub"):
+            if isinstance(data, dict) and data.get("kind") == HUB_KIND and data.get("hub"):
                 out[str(data["hub"]).lower()] = p
     return out
 
@@ -192,17 +194,3 @@ def shape_of_preset(preset: str) -> ModelShape:
     from mlmt_bench.models.tokenizer import build_char_tokenizer
 
     return _shape_of_config(tiny_config(preset, build_char_tokenizer()), preset, f"preset {preset}")
-
-
-def policy_shape(role: str, policy: Any, base: dict[str, Any] | None) -> ModelShape:
-    """The shape of ``policies.<role>`` (a ``PolicySpec``) of a run spec whose ``base:`` section is
-    ``base`` (a tiny policy without ``path`` starts from the shared base, built from its preset)."""
-    if policy.path:
-        return shape_of_path(policy.path)
-    if policy.model == "tiny":
-        if base is None:
-            raise UserError(f"policies.{role}: model 'tiny' needs `path` or a `base:` section in the spec")
-        from mlmt_bench.models.shared_base import BaseConfig
-
-        return shape_of_preset(BaseConfig.model_validate(base).preset)
-    raise UserError(f"policies.{role}.path: model {policy.model!r} needs a hub name or directory")

@@ -37,6 +37,7 @@ from typing import Any, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from mlmt_bench.benchmarks.base import OracleBenchmark
 from mlmt_bench.errors import UserError
 from mlmt_bench.models.hf_quiet import quiet_transformers
 
@@ -189,14 +190,13 @@ def default_cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "mlmt-bench" / "bootstrap"
 
 
-def synthetic_benchmark(name: str, options: dict[str, Any]) -> Any:
+def synthetic_benchmark(name: str, options: dict[str, Any]) -> OracleBenchmark:
     """The benchmark, checked to have the oracle critic the curriculum needs."""
     from mlmt_bench import registry
 
     bench = registry.benchmarks.get(name)(**options)
-    missing = [m for m in ("solution", "oracle_feedback", "inject_errors", "apply_feedback") if not hasattr(bench, m)]
-    if missing:
-        raise UserError(f"base.benchmark: {name!r} has no oracle critic ({', '.join(missing)} missing); "
+    if not isinstance(bench, OracleBenchmark):
+        raise UserError(f"base.benchmark: {name!r} has no oracle critic (it is not an OracleBenchmark); "
                         "the shared base needs a synthetic benchmark such as synthetic-arith")
     return bench
 
@@ -409,7 +409,7 @@ def _check_at(policy: Any, bench: Any, verifier: Any, backend: Any, problems: li
     own: dict[str, Any] = {}
     for source in ("critic", "oracle"):
         res = evaluate(Program(attempts=1, feedback=source), actors, problems, sampling,
-                       verifier_name=bench.default_verifier, feedback_metrics=(source == "critic"), n_samples=0,
+                       feedback_metrics=(source == "critic"), n_samples=0,
                        protocols=("refine_all",))
         m = res.metrics
         out["acc@t1"] = m["acc@t1"]

@@ -23,6 +23,10 @@ from mlmt_bench.errors import UserError
 
 #: Keys of a preset's ``config:`` mapping, passed to ``LlamaConfig`` (``rope_theta`` is
 #: translated to ``rope_parameters``).
+#: The ``kind:`` of a file in registry/models/: a preset built here (the default), or a published
+#: hub model's architecture (``mlmt-bench plan`` reads it; ``model: hf`` loads the model).
+PRESET_KIND, HUB_KIND = "tiny", "hf"
+
 CONFIG_KEYS = (
     "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
     "max_position_embeddings", "rope_theta", "rms_norm_eps", "initializer_range", "tie_word_embeddings",
@@ -58,7 +62,7 @@ def preset_names() -> list[str]:
                     data = load_yaml(read_text(p), str(p))
                 except UserError:  # unreadable or invalid: not listed (load_preset names the problem)
                     continue
-                if isinstance(data, dict) and data.get("kind", "tiny") == "tiny":
+                if isinstance(data, dict) and data.get("kind", PRESET_KIND) == PRESET_KIND:
                     names.add(p.stem)
     return sorted(names)
 
@@ -89,7 +93,7 @@ def load_preset(preset: str | os.PathLike[str]) -> dict[str, Any]:
     data = load_yaml(read_text(path), str(path))
     if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
         raise UserError(f"{path}: expected a mapping with a 'config:' mapping of LlamaConfig numbers")
-    if data.get("kind", "tiny") != "tiny":
+    if data.get("kind", PRESET_KIND) != PRESET_KIND:
         raise UserError(f"{path}: kind {data.get('kind')!r} describes a hub model's architecture, not a preset "
                         f"to build (use model: hf with path {data.get('hub', '?')!r})")
     unknown = sorted(str(k) for k in set(data["config"]) - set(CONFIG_KEYS))

@@ -75,7 +75,7 @@ def plan_run(spec: RunSpec, device: Device, gpus: int = 1, table: dict[str, Any]
     turns = generated_turns(program, n, lengths, t_new, t_fb)
     trained = trained_turns(turns, algorithm, policies, lengths)
     value_tokens = 0.0
-    if getattr(algorithm, "value_model", None) is not None:  # features of each feedback's refinement context
+    if algorithm.value_model is not None:  # features of each feedback's refinement context
         refine = next((t for t in turns if t.kind == "refine"), None)
         feedback = next((t for t in turns if t.kind == "feedback"), None)
         if refine is not None and feedback is not None:
@@ -106,7 +106,7 @@ def plan_run(spec: RunSpec, device: Device, gpus: int = 1, table: dict[str, Any]
     train_total = step.scaled(steps)
     eval_total = one_eval.scaled(n_eval_runs)
 
-    memory = estimate_memory(spec, policies, turns, trained, eval_turns, device)
+    memory = estimate_memory(spec, params, policies, turns, trained, eval_turns, device)
     time_est = time_estimate(table, device, policies, step, one_eval, steps, n_eval_runs, backend_key(spec))
     return {
         "spec": spec.name, "algorithm": spec.algorithm.name,

@@ -13,16 +13,11 @@ from mlmt_bench.plan.throughput import GB, Device
 from mlmt_bench.plan.work import PlannedPolicy, Turn
 
 if TYPE_CHECKING:
+    from mlmt_bench.algorithms.params import LossParams
     from mlmt_bench.spec import RunSpec
 
 #: CUDA context, cuBLAS workspaces, allocator slack (GPU); Python + torch (CPU)
 RUNTIME_OVERHEAD = {"gpu": 1.0 * GB, "cpu": 0.5 * GB}
-
-
-def _ladder(n: int) -> int:
-    from mlmt_bench.rollout.static_decode import _length_ladder
-
-    return _length_ladder(n)
 
 
 def act_bytes_per_token(shape: Any, b: int, checkpointing: bool) -> float:
@@ -60,9 +55,10 @@ def micro_batch_shapes(trained: list[Turn], roles: list[str], grad_accum: int,
     return out
 
 
-def estimate_memory(spec: RunSpec, policies: dict[str, PlannedPolicy], turns: list[Turn], trained: list[Turn],
-                    eval_turns: list[Turn], device: Device) -> dict[str, Any]:
-    """Bytes per phase (held throughout, generation, log-probs, update) and the peak, per GPU."""
+def estimate_memory(spec: RunSpec, params: LossParams, policies: dict[str, PlannedPolicy], turns: list[Turn],
+                    trained: list[Turn], eval_turns: list[Turn], device: Device) -> dict[str, Any]:
+    """Bytes per phase (held throughout, generation, log-probs, update) and the peak, per GPU;
+    ``params`` are the algorithm's (they say whether π_ref is kept and how many epochs update)."""
     items: dict[str, dict[str, float]] = {"persistent": {}, "generation": {}, "logprobs": {}, "training": {}}
 
     def add(phase: str, what: str, nbytes: float) -> None:
@@ -70,7 +66,7 @@ def estimate_memory(spec: RunSpec, policies: dict[str, PlannedPolicy], turns: li
             items[phase][what] = items[phase].get(what, 0.0) + nbytes
 
     distinct = [p for p in policies.values() if not p.shared]
-    needs_ref = spec.algorithm.params.get("beta", 0) > 0 or spec.algorithm.params.get("beta2", 0) > 0
+    needs_ref = params.needs_reference()
     for p in distinct:
         add("persistent", f"weights ({p.role})", p.shape.params * p.bytes)
         trains = p.trains or any(q.trains for q in policies.values() if q.shared)
@@ -84,47 +80,26 @@ def estimate_memory(spec: RunSpec, policies: dict[str, PlannedPolicy], turns: li
             if needs_ref and p.spec.lora is None:
                 add("persistent", f"reference copy ({p.role})", p.shape.params * p.bytes)
 
-    # generation engines and caches, per model that generates
-    backend = spec.backend
-    opts = backend.options
+    # generation engines and caches, per model that generates: the backend class's own estimate
+    from mlmt_bench.rollout.backend import GenerationLoad, backend_class
+
+    backend = backend_class(spec.backend.name)
     all_turns = turns + eval_turns
     for p in distinct:
         roles = {p.role} | {q.role for q in policies.values() if q.shared}
         gen = [t for t in all_turns if t.role in roles]
         if not gen:
             continue
-        kvb = 2 * p.shape.layers * p.shape.kv_dim * p.bytes  # K and V per row and cache slot
-        batch = int(opts.get("batch_size", 256))
-        rows = min(batch, max(t.count for t in gen))
-        length = max(t.prompt + t.new for t in gen)
-        if backend.name == "vllm":
-            if device.memory is None:
-                continue
-            util = float(opts.get("gpu_memory_utilization", 0.3))
-            add("persistent", f"vLLM engine ({p.role}: {util:g} x device memory)", util * device.memory)
-            continue
-        if opts.get("decode") == "static":
-            on_gpu = device.gpu
-            buckets = opts.get("buckets", "auto")
-            buckets = on_gpu if buckets == "auto" else bool(buckets)
-            cache_len = _ladder(int(math.ceil(length))) if buckets else math.ceil(length)
-            budget = opts.get("max_cache_mb", "auto")
-            budget = (4096 if on_gpu else None) if budget == "auto" else budget
-            kv = rows * cache_len * kvb
-            if budget is not None:
-                kv = min(kv, budget * 2 ** 20)
-            add("persistent", f"static KV cache ({p.role}, kept between calls)", kv)
-        else:
-            add("generation", f"KV cache of generate ({p.role})", rows * length * kvb)
-        prompt = max(t.prompt for t in gen)
-        add("generation", f"prefill activations ({p.role})",
-            rows * prompt * (2 * p.shape.intermediate + 4 * p.shape.hidden) * p.bytes)
-        add("generation", f"sampling logits ({p.role})", rows * p.shape.vocab * 4 * 4)
+        load = GenerationLoad(p.role, p.shape, p.bytes, sequences=max(t.count for t in gen),
+                              length=max(t.prompt + t.new for t in gen), prompt=max(t.prompt for t in gen),
+                              device_memory=device.memory, gpu=device.gpu)
+        for phase, what, nbytes in backend.generation_memory(load, spec.backend.options):
+            add(phase, what, nbytes)
 
     # the update: the largest micro-batch of each model's update (policies update one after
     # another); before it, the no-grad log-prob passes (π_ref, π_old) over the same micro-batches
     mb_tokens = spec.train.micro_batch_tokens
-    epochs = spec.algorithm.params.get("epochs", 1)
+    epochs = params.loss_terms().epochs
     worst: dict[str, tuple[float, dict[str, float]]] = {"training": (0.0, {}), "logprobs": (0.0, {})}
     for p in distinct:
         roles = [r for r, q in policies.items() if (q is p or (q.shared and p.role == "solver")) and q.trains]

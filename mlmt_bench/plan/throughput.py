@@ -66,9 +66,10 @@ def resolve_device(name: str, table: dict[str, Any]) -> Device:
 
 
 def backend_key(spec: RunSpec) -> str:
-    if spec.backend.name == "vllm":
-        return "vllm"
-    return "hf-static" if spec.backend.options.get("decode") == "static" else "hf-generate"
+    """The ``gen`` key of the table that times the spec's backend: the backend class declares it."""
+    from mlmt_bench.rollout.backend import backend_class
+
+    return backend_class(spec.backend.name).throughput_key(spec.backend.options)
 
 
 def throughput(table: dict[str, Any], device: str, params: int, backend: str) -> dict[str, Any] | None:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlmt_bench.errors import UserError
 from mlmt_bench.metrics import cost
 
 if TYPE_CHECKING:
+    from mlmt_bench.algorithms.params import LossParams
     from mlmt_bench.spec import PolicySpec, RunSpec
 
 
@@ -101,7 +101,7 @@ class Work:
 def planned_policies(spec: RunSpec, algorithm: Any) -> dict[str, PlannedPolicy]:
     """The policies the algorithm builds (its roles: trained, frozen, shared with the solver), with
     whether each is updated at some step of the run."""
-    from mlmt_bench.models.configs import policy_shape
+    from mlmt_bench.models.factory import model_factory
 
     roles = algorithm.roles()
     updated = set().union(*(algorithm.updates(s) for s in range(min(max(1, spec.train.steps), 1000))))
@@ -118,26 +118,17 @@ def planned_policies(spec: RunSpec, algorithm: Any) -> dict[str, PlannedPolicy]:
         pspec = getattr(spec.policies, role)
         if pspec is None:
             raise UserError(f"policies.{role}: required by algorithm {spec.algorithm.name}")
-        shape = policy_shape(role, pspec, spec.base)
+        shape = model_factory(pspec.model).shape(role, pspec, spec.base)
         out[role] = PlannedPolicy(role, pspec, shape, shape.lora_params(pspec.lora),
                            mode == "trained" and pspec.trainable and role in updated)
     return out
 
 
 def _offline_tokenizer(policy: Any) -> Any:
-    """The policy's tokenizer if it can be read without a download, else None."""
-    if policy.model == "tiny" and not policy.path:
-        from mlmt_bench.models.tokenizer import build_char_tokenizer
+    """The policy's tokenizer if it can be read without a download, else None (its factory says)."""
+    from mlmt_bench.models.factory import model_factory
 
-        return build_char_tokenizer()
-    if policy.path and Path(policy.path).expanduser().is_dir():
-        try:
-            from transformers import AutoTokenizer
-
-            return AutoTokenizer.from_pretrained(str(Path(policy.path).expanduser()))
-        except (OSError, ValueError):
-            return None
-    return None
+    return model_factory(policy.model).offline_tokenizer(policy)
 
 
 #: estimate for a tokenizer that cannot be read offline: characters per token, chat-template tokens per message
@@ -234,7 +225,7 @@ def trained_turns(turns: list[Turn], algorithm: Any, policies: dict[str, Planned
     return out
 
 
-def step_work(turns: list[Turn], trained: list[Turn], params: Any, value_contexts: float) -> Work:
+def step_work(turns: list[Turn], trained: list[Turn], params: LossParams | None, value_contexts: float) -> Work:
     """Tokens of one step as the trainer counts them: prefill and generated per generated turn;
     trained sequences (prompt + completion) every epoch; extra forward passes over them once each
     for π_ref (β > 0, or self_correct's β₂) and π_old (epochs > 1); ``value_contexts`` tokens for
@@ -243,8 +234,8 @@ def step_work(turns: list[Turn], trained: list[Turn], params: Any, value_context
     for t in turns:
         w.add("prefill", t.role, t.count * t.prompt)
         w.add("generated", t.role, t.count * t.new)
-    epochs = getattr(params, "epochs", 1)
-    ref = getattr(params, "beta", 0) > 0 or getattr(params, "beta2", 0) > 0
+    epochs = params.loss_terms().epochs if params is not None else 1
+    ref = params is not None and params.needs_reference()
     for t in trained:
         seq = t.count * (t.prompt + t.new)
         w.add("trained", t.role, seq * epochs)

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal
+
+#: one entry of a memory estimate: (phase, what, bytes); phase "persistent" (held throughout the
+#: run) or "generation" (alive while generating), as :mod:`mlmt_bench.plan.memory` adds them up
+MemoryItem = tuple[str, str, float]
 
 
 @dataclass
@@ -24,26 +28,129 @@ class Generation:
     text: str
 
 
-@runtime_checkable
-class Backend(Protocol):
-    """A generation engine (``hf``, ``vllm``, a plugin's), built from the spec's ``backend.options``.
+@dataclass(frozen=True)
+class BackendTraits:
+    """What a backend class can do, read before it is built (``Backend.traits``).
 
-    Construction rejects an unknown option with a one-line ``UserError`` naming the known ones.
-    ``generate`` samples a continuation of each tokenised prompt (token-in/token-out: prompts are
-    ids, nothing is re-tokenised) with the model's current weights; ``sync_weights`` is called
-    after every optimiser step of ``model`` (an engine holding its own copy reloads it);
-    ``close`` releases engines and files at the end of a run (the runner always calls it).
+    holds_weights:  it keeps its own copy of the weights (an engine such as vLLM's), reloaded by
+                    ``sync_weights`` after every update; False: it generates with the training
+                    model object itself.
+    supports_fsdp:  it can generate from a model sharded with FSDP (mlmt_bench/fsdp.py gathers the
+                    parameters around generation); an engine holding its own copy would need the
+                    gathered weights after every update, so a backend says so only when it can.
+
+    The defaults are the conservative ones a backend that declares nothing gets.
     """
 
-    name: str
+    holds_weights: bool = True
+    supports_fsdp: bool = False
+
+
+@dataclass(frozen=True)
+class GenerationLoad:
+    """One model's generation in a planned run, as ``mlmt-bench plan`` hands it to a backend class
+    for its memory estimate (:meth:`Backend.generation_memory`).
+
+    role:         the policy's role (labels only).
+    shape:        its architecture (:class:`mlmt_bench.models.configs.ModelShape`: ``layers``,
+                  ``hidden``, ``intermediate``, ``kv_dim``, ``vocab``).
+    dtype_bytes:  bytes per element of its weights and activations.
+    sequences:    the most sequences one generate call is given.
+    length:       the longest prompt + generated tokens of a sequence.
+    prompt:       the longest prompt, tokens.
+    device_memory: bytes of one device (None: not known, e.g. a CPU).
+    gpu:          whether the device is a GPU.
+    """
+
+    role: str
+    shape: Any
+    dtype_bytes: int
+    sequences: float
+    length: float
+    prompt: float
+    device_memory: float | None
+    gpu: bool
+
+    @property
+    def kv_bytes(self) -> int:
+        """K and V of every layer, per row and cache slot."""
+        return 2 * self.shape.layers * self.shape.kv_dim * self.dtype_bytes
+
+
+def forward_memory(load: GenerationLoad, rows: float) -> list[MemoryItem]:
+    """What a transformers-style forward over ``rows`` sequences keeps while generating: the
+    prefill activations of the longest prompt and the float32 sampling logits."""
+    s = load.shape
+    return [("generation", f"prefill activations ({load.role})",
+             rows * load.prompt * (2 * s.intermediate + 4 * s.hidden) * load.dtype_bytes),
+            ("generation", f"sampling logits ({load.role})", rows * s.vocab * 4 * 4)]
+
+
+class Backend:
+    """A generation engine (``hf``, ``vllm``, a plugin's), built from the spec's ``backend.options``.
+
+    Every backend class subclasses this one; a plugin that declares nothing more gets the
+    conservative defaults below. Construction rejects an unknown option with a one-line
+    ``UserError`` naming the known ones. ``generate`` samples a continuation of each tokenised
+    prompt (token-in/token-out: prompts are ids, nothing is re-tokenised) with the model's current
+    weights; ``sync_weights`` is called after every optimiser step of ``model`` (an engine holding
+    its own copy reloads it); ``close`` releases engines and files at the end of a run (the runner
+    always calls it).
+
+    What the class declares, read without building it (``backend_class(name)``):
+
+    - ``traits``: a :class:`BackendTraits` (FSDP is refused unless ``supports_fsdp``);
+    - ``check_values(**options)``: one-line errors for option values it cannot use (``validate``);
+    - ``throughput_key(options)``: the row of ``mlmt_bench/data/throughput.yaml``'s ``gen`` figures
+      that times its generation (default ``hf-generate``, the slowest measured engine);
+    - ``generation_memory(load, options)``: its memory per generating model for ``mlmt-bench plan``
+      (default: a dynamic KV cache for every sequence at once, plus :func:`forward_memory`).
+
+    Option defaults are the constructor's own (:func:`option_defaults`), never copied elsewhere.
+    """
+
+    name: ClassVar[str] = ""
+    traits: ClassVar[BackendTraits] = BackendTraits()
+
+    @staticmethod
+    def check_values(**options: Any) -> None:
+        """Nothing checked beyond the options' names (:func:`reject_unknown_options`)."""
+
+    @classmethod
+    def throughput_key(cls, options: dict[str, Any]) -> str:
+        return "hf-generate"
+
+    @classmethod
+    def generation_memory(cls, load: GenerationLoad, options: dict[str, Any]) -> list[MemoryItem]:
+        rows = load.sequences
+        return [("generation", f"KV cache of generate ({load.role})", rows * load.length * load.kv_bytes),
+                *forward_memory(load, rows)]
 
     def generate(self, model: Any, tokenizer: Any, prompts: list[list[int]], *, max_new_tokens: int,
                  temperature: float = 0.0, top_p: float = 1.0, stop: list[str] | None = None,
-                 seed: int | None = None) -> list[Generation]: ...
+                 seed: int | None = None) -> list[Generation]:
+        raise NotImplementedError
 
-    def sync_weights(self, model: Any) -> None: ...
+    def sync_weights(self, model: Any) -> None:
+        raise NotImplementedError
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        pass
+
+
+def declared(backend_cls: Any) -> type[Backend]:
+    """The class whose declarations stand for ``backend_cls``: itself when it subclasses
+    :class:`Backend`, else :class:`Backend` (a class written against the bare protocol declares
+    nothing, so it gets the conservative defaults)."""
+    return backend_cls if isinstance(backend_cls, type) and issubclass(backend_cls, Backend) else Backend
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The declarations of the backend registered as ``name`` (imports its module, which for
+    ``vllm`` does not import vLLM)."""
+    from mlmt_bench import registry
+
+    return declared(registry.backends.get(name))
 
 
 def known_options(backend_cls: type) -> list[str]:
@@ -52,6 +159,19 @@ def known_options(backend_cls: type) -> list[str]:
 
     params = inspect.signature(backend_cls.__init__).parameters.values()
     return [p.name for p in params if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+
+
+def option_defaults(backend_cls: type) -> dict[str, Any]:
+    """The default of each ``backend.options`` entry a backend class takes (its constructor's)."""
+    import inspect
+
+    params = inspect.signature(backend_cls.__init__).parameters
+    return {n: params[n].default for n in known_options(backend_cls) if params[n].default is not params[n].empty}
+
+
+def with_defaults(backend_cls: type, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` over the backend class's defaults: the values an instance would use."""
+    return {**option_defaults(backend_cls), **options}
 
 
 def reject_unknown_options(backend_cls: type, name: str, options: dict[str, Any]) -> None:

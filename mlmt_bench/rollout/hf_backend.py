@@ -22,25 +22,59 @@ The vLLM backend stays the recommended engine for large models on GPUs.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from mlmt_bench.errors import UserError
-from mlmt_bench.rollout.backend import Generation, reject_unknown_options
+from mlmt_bench.rollout.backend import (Backend, BackendTraits, Generation, GenerationLoad, MemoryItem,
+                                        forward_memory, reject_unknown_options, with_defaults)
 from mlmt_bench.rollout.stops import StopStrings
 
 DECODE_MODES = ("generate", "static")
 
+#: the static KV-cache budget per model (MB) of ``max_cache_mb: auto`` on CUDA (none on the CPU)
+AUTO_MAX_CACHE_MB_CUDA = 4096
 
-class HFBackend:
+
+class HFBackend(Backend):
     """``generate(model, tokenizer, prompts, ...)`` for lists of already tokenised prompts.
 
     Prompts are token ids (token-in/token-out: nothing is re-tokenised here). They are left
     padded into one batch of at most ``batch_size`` rows per forward.
+
+    Traits: generates with the training model object itself (no copy of the weights), so FSDP
+    works (the parameters are gathered around generation).
     """
 
     name = "hf"
+    traits = BackendTraits(holds_weights=False, supports_fsdp=True)
+
+    @classmethod
+    def throughput_key(cls, options: dict[str, Any]) -> str:
+        return "hf-static" if options.get("decode") == "static" else "hf-generate"
+
+    @classmethod
+    def generation_memory(cls, load: GenerationLoad, options: dict[str, Any]) -> list[MemoryItem]:
+        """Rows of at most ``batch_size``; ``generate``'s KV cache lives while generating, the static
+        decoder's (cache lengths on the ladder when bucketed, capped by ``max_cache_mb``) is kept."""
+        o = with_defaults(cls, options)
+        rows = min(int(o["batch_size"]), load.sequences)
+        if o["decode"] == "static":
+            from mlmt_bench.rollout.static_decode import _length_ladder
+
+            buckets = load.gpu if o["buckets"] == "auto" else bool(o["buckets"])
+            cache_len = _length_ladder(int(math.ceil(load.length))) if buckets else math.ceil(load.length)
+            budget = o["max_cache_mb"]
+            budget = (AUTO_MAX_CACHE_MB_CUDA if load.gpu else None) if budget == "auto" else budget
+            kv = rows * cache_len * load.kv_bytes
+            if budget is not None:
+                kv = min(kv, budget * 2 ** 20)
+            cache = [("persistent", f"static KV cache ({load.role}, kept between calls)", kv)]
+        else:
+            cache = [("generation", f"KV cache of generate ({load.role})", rows * load.length * load.kv_bytes)]
+        return [*cache, *forward_memory(load, rows)]
 
     def __init__(self, batch_size: int = 256, decode: str = "generate", graphs: Any = "auto", buckets: Any = "auto",
                  max_cache_mb: Any = "auto", sync_every: Any = "auto", sampler: str = "auto", **unknown: Any) -> None:
@@ -95,7 +129,8 @@ class HFBackend:
             buckets = graphs if o["buckets"] == "auto" else bool(o["buckets"])
             dec = StaticDecoder(
                 model, graphs=graphs, buckets=buckets,
-                max_cache_mb=(4096 if on_cuda else None) if o["max_cache_mb"] == "auto" else o["max_cache_mb"],
+                max_cache_mb=(AUTO_MAX_CACHE_MB_CUDA if on_cuda else None) if o["max_cache_mb"] == "auto"
+                else o["max_cache_mb"],
                 sync_every=(8 if graphs else 1) if o["sync_every"] == "auto" else o["sync_every"],
                 sampler=("race" if graphs else "multinomial") if o["sampler"] == "auto" else o["sampler"],
                 max_rows=self.batch_size)

@@ -49,7 +49,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from mlmt_bench.errors import UserError
-from mlmt_bench.rollout.backend import Generation, reject_unknown_options
+from mlmt_bench.rollout.backend import (Backend, BackendTraits, Generation, GenerationLoad, MemoryItem,
+                                        reject_unknown_options, with_defaults)
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +77,29 @@ class _Engine:
     tokenizer: Any
 
 
-class VLLMBackend:
-    """``generate(model, tokenizer, prompts, ...)`` on a vLLM engine per model; see the module doc."""
+class VLLMBackend(Backend):
+    """``generate(model, tokenizer, prompts, ...)`` on a vLLM engine per model; see the module doc.
+
+    Traits: each engine holds its own copy of the weights (reloaded by ``sync_weights``), so FSDP
+    is refused; in memory an engine takes ``gpu_memory_utilization`` of the device, its KV cache
+    and activations included.
+    """
 
     name = "vllm"
+    traits = BackendTraits(holds_weights=True, supports_fsdp=False)
+
+    @classmethod
+    def throughput_key(cls, options: dict[str, Any]) -> str:
+        return "vllm"
+
+    @classmethod
+    def generation_memory(cls, load: GenerationLoad, options: dict[str, Any]) -> list[MemoryItem]:
+        """One engine per generating model, held throughout: its fraction of the device (nothing
+        when the device's memory is not known)."""
+        if load.device_memory is None:
+            return []
+        util = float(with_defaults(cls, options)["gpu_memory_utilization"])
+        return [("persistent", f"vLLM engine ({load.role}: {util:g} x device memory)", util * load.device_memory)]
 
     def __init__(
         self,

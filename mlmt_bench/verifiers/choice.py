@@ -86,6 +86,7 @@ class ChoiceVerifier(Verifier):
     """``ChoiceVerifier()``: reward 1 when the extracted letter equals ``problem.answer``."""
 
     name = "choice"
+    leak_kind = "choice"
 
     def __init__(self, **options: Any) -> None:
         options.pop("workers", None)  # accepted for a uniform interface; scoring is instant

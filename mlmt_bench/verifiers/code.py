@@ -151,6 +151,7 @@ class CodeVerifier(Verifier):
     """Runs the extracted program against ``problem.tests`` in the sandbox."""
 
     name = "code"
+    leak_kind = "code"
 
     def __init__(self, timeout_s: float = 10.0, memory_mb: int = 512, workers: int | None = None,
                  nproc: int = 32, fsize_mb: int = 16, output_bytes: int = 1 << 20,

@@ -13,7 +13,8 @@ file or a new path (:func:`~mlmt_bench.tracking.check_output_file`): a device, F
 symlink, directory or anything under /proc or /sys is refused before anything is scored. Every input line is
 validated before any scoring starts; a bad one is a one-line
 :class:`~mlmt_bench.errors.UserError` naming ``file:line``, and so is a line longer than
-``MAX_LINE_BYTES`` or nested deeper than ``MAX_DEPTH``, and an input of more than
+``MAX_LINE_BYTES`` or nested deeper than ``MAX_DEPTH``, a ``response`` (or inline gold
+``answer``) longer than ``MAX_SCORED_CHARS`` (scoring one costs ~1 s per MiB), and an input of more than
 ``MAX_JSONL_BYTES`` (decompressed), ``MAX_JSONL_LINES`` lines or ``MAX_JSONL_NODES`` JSON values
 (:func:`mlmt_bench.bounded_input.jsonl_bounds`: every line is kept until the output is written,
 so the whole input is bounded, not only each line); IN must be a regular file (a device or FIFO
@@ -104,6 +105,7 @@ def read_requests(in_path: Path) -> list[tuple[dict[str, Any], Problem, str]]:
         response = obj.get("response")
         if not isinstance(response, str):
             raise UserError(f"{where}: 'response' must be a string")
+        _check_scored_size(response, "'response'", where)
         if "problem" in obj:
             pj = obj["problem"]
             if not isinstance(pj, dict) or "id" not in pj:
@@ -112,6 +114,7 @@ def read_requests(in_path: Path) -> list[tuple[dict[str, Any], Problem, str]]:
                 problem = Problem.from_json(pj)
             except (TypeError, ValueError, KeyError) as exc:
                 raise UserError(f"{where}: bad 'problem' ({type(exc).__name__}: {shorten(unquoted(str(exc)))})") from None
+            _check_scored_size(problem.answer or "", "'problem.answer'", where)
         elif "benchmark" in obj and "id" in obj:
             if not isinstance(obj["benchmark"], str):
                 raise UserError(f"{where}: 'benchmark' must be a string")
@@ -120,6 +123,15 @@ def read_requests(in_path: Path) -> list[tuple[dict[str, Any], Problem, str]]:
             raise UserError(f"{where}: needs either 'problem' or both 'benchmark' and 'id'")
         out.append((obj, problem, response))
     return out
+
+
+def _check_scored_size(text: str, what: str, where: str) -> None:
+    """UserError if ``text`` (a response or gold answer to score) is longer than ``MAX_SCORED_CHARS``."""
+    from mlmt_bench import bounded_input
+
+    limit = bounded_input.MAX_SCORED_CHARS
+    if len(text) > limit:
+        raise UserError(f"{where}: {what} has {len(text):,} characters, more than the limit of {limit:,}")
 
 
 def _score_all(verifier: Verifier, problems: list[Problem], responses: list[str], workers: int | None) -> list[Verdict]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import ClassVar
 
+from mlmt_bench.metrics.feedback import LeakKind
 from mlmt_bench.types import Problem, Verdict
 from mlmt_bench.verifiers.base import Verifier
 
@@ -26,6 +27,7 @@ def extract_answer(response: str) -> str | None:
 
 class SyntheticVerifier(Verifier):
     name: ClassVar[str] = "synthetic"
+    leak_kind: ClassVar[LeakKind] = "exact"  # the answer is an integer: "#54" leaks 54
 
     def score(self, problem: Problem, response: str) -> Verdict:
         try:

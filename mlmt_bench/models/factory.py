@@ -1,0 +1,119 @@
+"""The contract every model factory (the ``model`` registry: ``tiny``, ``hf``, a plugin's) meets.
+
+A factory builds a role's :class:`~mlmt_bench.models.policy.Policy` from its ``PolicySpec``
+(``factory(role, spec, base_dir, device)``), and says what it needs before anything is built:
+
+- ``starts_from_base(spec)``: whether the policy is the shared base (models/shared_base.py) when
+  the spec gives it no ``path``: the run then builds (or reuses) the base and passes its
+  directory as ``base_dir``;
+- ``shape(role, spec, base)``: its architecture for ``mlmt-bench plan``, read offline
+  (:mod:`mlmt_bench.models.configs`; ``base`` is the spec's ``base:`` section);
+- ``offline_tokenizer(spec)``: its tokenizer when it can be read without a download, else None;
+- ``real_benchmark_note(benchmark)``: what a run on a benchmark without an oracle critic is told
+  about this model ('' for nothing).
+
+A plugin registers a :class:`ModelFactory` (``ModelFactory(build)`` or a subclass that declares
+more). A plain function registered instead is a factory that declares nothing (:func:`factory_of`):
+it never starts from the base, is sized from its ``path``, its tokenizer read from a local ``path``.
+
+Importing this module imports neither torch nor transformers; the build function is imported on
+the first build.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from mlmt_bench.errors import UserError
+
+if TYPE_CHECKING:
+    from mlmt_bench.models.configs import ModelShape
+    from mlmt_bench.spec import PolicySpec
+
+
+class ModelFactory:
+    """A model registry entry: ``build`` (a function, or ``"module:function"`` imported on first
+    use) with the declarations of the module docstring, whose defaults fit a model loaded from
+    ``path`` (a hub name or a directory)."""
+
+    def __init__(self, build: Callable[..., Any] | str) -> None:
+        self._build = build
+
+    def __call__(self, role: str, spec: PolicySpec, base_dir: Path | None = None, device: str | None = None) -> Any:
+        if isinstance(self._build, str):
+            module, _, attr = self._build.partition(":")
+            self._build = getattr(importlib.import_module(module), attr)
+        return self._build(role, spec, base_dir, device)
+
+    def starts_from_base(self, spec: PolicySpec) -> bool:
+        return False
+
+    def shape(self, role: str, spec: PolicySpec, base: dict[str, Any] | None) -> ModelShape:
+        if spec.path:
+            from mlmt_bench.models.configs import shape_of_path
+
+            return shape_of_path(spec.path)
+        raise UserError(f"policies.{role}.path: model {spec.model!r} needs a hub name or directory")
+
+    def offline_tokenizer(self, spec: PolicySpec) -> Any:
+        if spec.path and Path(spec.path).expanduser().is_dir():
+            try:
+                from transformers import AutoTokenizer
+
+                return AutoTokenizer.from_pretrained(str(Path(spec.path).expanduser()))
+            except (OSError, ValueError):
+                return None
+        return None
+
+    def real_benchmark_note(self, benchmark: str) -> str:
+        return ""
+
+
+class TinyFactory(ModelFactory):
+    """``tiny``: the checkpoint at ``path``, or else the shared base every role starts from (its
+    preset, ``base.preset``, gives the shape; the character tokenizer needs nothing read)."""
+
+    def starts_from_base(self, spec: PolicySpec) -> bool:
+        return not spec.path
+
+    def shape(self, role: str, spec: PolicySpec, base: dict[str, Any] | None) -> ModelShape:
+        if spec.path:
+            return super().shape(role, spec, base)
+        if base is None:
+            raise UserError(f"policies.{role}: model 'tiny' needs `path` or a `base:` section in the spec")
+        from mlmt_bench.models.configs import shape_of_preset
+        from mlmt_bench.models.shared_base import BaseConfig
+
+        return shape_of_preset(BaseConfig.model_validate(base).preset)
+
+    def offline_tokenizer(self, spec: PolicySpec) -> Any:
+        if not spec.path:
+            from mlmt_bench.models.tokenizer import build_char_tokenizer
+
+            return build_char_tokenizer()
+        return super().offline_tokenizer(spec)
+
+    def real_benchmark_note(self, benchmark: str) -> str:
+        return (f"tiny models on {benchmark} are a smoke test of the pipeline, not a measurement: they are "
+                "trained on synthetic arithmetic and read one token per character with 512 positions, so "
+                "most prompts are longer than their context (transformers says so once) and accuracy stays "
+                "near 0")
+
+
+hf = ModelFactory("mlmt_bench.models.policy:load_hf_policy")
+tiny = TinyFactory("mlmt_bench.models.policy:load_tiny_policy")
+
+
+def factory_of(target: Any) -> ModelFactory:
+    """``target`` (a model registry entry) as a :class:`ModelFactory`: itself, or a plain build
+    function as a factory that declares nothing."""
+    return target if isinstance(target, ModelFactory) else ModelFactory(target)
+
+
+def model_factory(name: str) -> ModelFactory:
+    """The factory registered as ``name`` in the model registry."""
+    from mlmt_bench import registry
+
+    return factory_of(registry.models.get(name))

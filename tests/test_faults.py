@@ -1,0 +1,300 @@
+"""Faults and concurrency: what a run directory does when two processes want it, when the disk
+fills up, when its newest checkpoint is corrupt or its spec was edited, and how many checkpoints
+it keeps. Every refusal is one ``error:`` line and exit code 2 (``one_line_error``)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from conftest import minimal_spec
+from mlmt_bench import checkpoint_state, registry, tracking
+from mlmt_bench.cli import app
+from mlmt_bench.errors import UserError
+from mlmt_bench.spec import load_run_spec
+from mlmt_bench.tracking import RunDir
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+if "parity-test" not in registry.verifiers:  # rewards that vary, so that a training step changes the weights
+    registry.verifiers.register("parity-test", "support:ParityVerifier", "parity of the response length (tests)",
+                                overwrite=True)
+
+
+def one_line_error(args: list[str], *fragments: str) -> str:
+    """Run the CLI in this process: exit 2, exactly one ``error:`` line holding ``fragments``."""
+    res = CliRunner().invoke(app, args)
+    assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
+    assert res.exit_code == 2, (res.exit_code, res.stderr[-800:])
+    assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1, res.stderr[-800:]
+    for f in fragments:
+        assert f in res.stderr, res.stderr
+    return res.stderr
+
+
+def resume_ok(run: Path) -> str:
+    """``run --resume`` in this process succeeds; returns its stderr."""
+    res = CliRunner().invoke(app, ["-q", "run", "--resume", str(run)])
+    assert res.exit_code == 0, (res.exit_code, res.stderr[-1500:], repr(res.exception))
+    return res.stderr
+
+
+def _spec(ckpt: Path, out: Path, **train) -> dict:
+    d = minimal_spec(name="faults", output_dir=str(out))
+    d["policies"]["solver"].update(path=str(ckpt), lr=3e-3)
+    d["benchmark"] = {"name": "synthetic-arith", "eval_limit": 2, "verifier": "parity-test"}
+    d["backend"] = {"max_new_tokens": 6}
+    d["train"] = {"steps": 2, "problems_per_step": 4, "threads": 1, **train}  # 4: both steps update
+    d["eval"] = {"every": 0, "feedback_metrics": False, "samples": 0, "final_samples": False}
+    return d
+
+
+def _write(tmp_path: Path, spec: dict) -> Path:
+    p = tmp_path / "spec.yaml"
+    p.write_text(yaml.safe_dump(spec))
+    return p
+
+
+def _manifest(run: Path) -> dict:
+    return json.loads((run / "manifest.json").read_text())
+
+
+def _temporaries(run: Path) -> list[str]:
+    return [str(p.relative_to(run)) for p in run.rglob("*") if ".tmp" in p.name]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_ckpt, tmp_path_factory) -> Path:
+    """A completed two-step run with a checkpoint after each step (step-000001, step-000002)."""
+    out = tmp_path_factory.mktemp("finished")
+    from mlmt_bench import runner
+
+    result = runner.run(load_run_spec(_write(out, _spec(tiny_ckpt, out / "runs", checkpoint_every=1))), progress=False)
+    return Path(result["run_dir"])
+
+
+@pytest.fixture
+def killed_run(finished_run, tmp_path) -> Path:
+    """A copy of ``finished_run`` as a kill leaves it: status running."""
+    run = tmp_path / finished_run.name
+    shutil.copytree(finished_run, run)
+    (run / ".lock").unlink(missing_ok=True)
+    m = _manifest(run)
+    m.update(status="running", end_time=None)
+    (run / "manifest.json").write_text(json.dumps(m, indent=2))
+    return run
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. one process per run directory
+
+
+def test_a_second_process_cannot_resume_a_run_directory_in_use(killed_run):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from mlmt_bench.tracking import RunDir; r = RunDir(sys.argv[1]); "
+         "r.lock(); print('locked', flush=True); sys.stdin.read()", str(killed_run)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        before = (killed_run / "metrics.jsonl").read_bytes()
+        one_line_error(["run", "--resume", str(killed_run)], f"in use by process {holder.pid}")
+        assert (killed_run / "metrics.jsonl").read_bytes() == before and _manifest(killed_run)["status"] == "running"
+    finally:
+        holder.stdin.close()
+        holder.wait()
+    lock = RunDir(killed_run)
+    lock.lock()  # the holder is gone: the kernel released its lock
+    lock.unlock()
+
+
+def test_a_run_holds_its_directory_while_it_trains_and_then_lets_go(tiny_ckpt, tmp_path):
+    """The lock is taken at creation and dropped at the end, so one process can run several runs
+    one after another (the experiment's workers); ``keep_checkpoints`` prunes as it goes."""
+    from mlmt_bench import runner
+
+    refusals = []
+
+    def on_eval(record):
+        (run,) = (tmp_path / "runs").iterdir()
+        with pytest.raises(UserError, match=f"in use by process {os.getpid()}") as exc:
+            RunDir(run).lock()  # flock: a second open file conflicts even within one process
+        refusals.append(str(exc.value))
+
+    spec = load_run_spec(_write(tmp_path, _spec(tiny_ckpt, tmp_path / "runs", steps=3, checkpoint_every=1,
+                                                keep_checkpoints=2)))
+    run = Path(runner.run(spec, progress=False, on_eval=on_eval)["run_dir"])
+    assert refusals and _manifest(run)["status"] == "completed"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000002", "step-000003"]
+    again = RunDir(run)
+    again.lock()
+    again.unlock()
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. a full disk
+
+
+class _FullDisk:
+    """From :meth:`fill` on, new files get no bytes (``tempfile.mkstemp`` hands out /dev/full) and
+    appends fail with ENOSPC; bytes already on disk can still be overwritten, as on a real disk."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.full = False
+        real_mkstemp, real_write = tracking.tempfile.mkstemp, tracking.JsonlWriter.write
+
+        def mkstemp(*args, **kwargs):
+            fd, name = real_mkstemp(*args, **kwargs)
+            if self.full:
+                dev = os.open("/dev/full", os.O_WRONLY)
+                os.dup2(dev, fd)
+                os.close(dev)
+            return fd, name
+
+        def write(writer, record):
+            if self.full:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            real_write(writer, record)
+
+        monkeypatch.setattr(tracking.tempfile, "mkstemp", mkstemp)
+        monkeypatch.setattr(tracking.JsonlWriter, "write", write)
+
+    def fill(self) -> OSError:
+        self.full = True
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+@pytest.mark.parametrize("where", ["metrics", "checkpoint"])
+def test_a_full_disk_is_one_line_the_run_marked_failed_and_no_temporary_left(tiny_ckpt, tmp_path, monkeypatch,
+                                                                            where):
+    disk = _FullDisk(monkeypatch)
+    if where == "metrics":
+        real_write = tracking.JsonlWriter.write
+
+        def write(writer, record):
+            if record.get("kind") == "train":
+                disk.fill()
+            real_write(writer, record)
+
+        monkeypatch.setattr(tracking.JsonlWriter, "write", write)
+    else:
+        def save_state(directory, state):
+            (Path(directory) / checkpoint_state.STATE_FILE).write_bytes(b"half a file")
+            raise disk.fill()
+
+        monkeypatch.setattr(checkpoint_state, "save_state", save_state)
+    spec = _write(tmp_path, _spec(tiny_ckpt, tmp_path / "runs", checkpoint_every=1))
+    one_line_error(["-q", "run", str(spec)], "no space left on device", "the run is marked failed", "--resume")
+    (run,) = (tmp_path / "runs").iterdir()
+    assert _manifest(run)["status"] == "failed" and _manifest(run)["end_time"]
+    assert _temporaries(run) == []
+    if where == "checkpoint":
+        assert list((run / "checkpoints").iterdir()) == []  # the unfinished one was removed
+    RunDir(run).lock()  # released although the run ended in an error
+
+
+def test_the_manifest_is_marked_in_place_when_no_new_file_can_be_written(tmp_path, monkeypatch):
+    run = RunDir.create(tmp_path, "x", "name: x\n", seed=0)
+    _FullDisk(monkeypatch).fill()
+    with pytest.raises(OSError):
+        tracking.atomic_write_text(run.path / "other.json", "{}")
+    run.finish("failed")
+    assert run.manifest()["status"] == "failed" and run.manifest()["seed"] == 0
+    assert _temporaries(run.path) == [] and not (run.path / "other.json").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. a corrupt newest checkpoint
+
+
+def _truncate_state(step: Path) -> None:
+    path = step / checkpoint_state.STATE_FILE
+    path.write_bytes(path.read_bytes()[:-100])
+
+
+def _truncate_weights(step: Path) -> None:
+    path = step / "solver" / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:-100])
+
+
+@pytest.mark.parametrize("corrupt", [_truncate_state, _truncate_weights,
+                                     lambda step: shutil.rmtree(step / "solver")],
+                         ids=["truncated-state", "truncated-weights", "missing-weights"])
+def test_resume_falls_back_to_the_newest_intact_checkpoint(finished_run, killed_run, corrupt):
+    from safetensors.torch import load_file
+
+    corrupt(killed_run / "checkpoints" / "step-000002")
+    (killed_run / "checkpoints" / "step-zzz").mkdir()  # not a checkpoint: ignored
+    err = resume_ok(killed_run)
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "resuming from step-000001" in warnings[0] and "skipped 1" in warnings[0], err
+    m = _manifest(killed_run)
+    assert m["status"] == "completed" and m["resumed_from"] == ["step-000001"]
+    train = [r["step"] for r in map(json.loads, (killed_run / "metrics.jsonl").read_text().splitlines())
+             if r["kind"] == "train"]
+    assert train == [1, 2]  # step 2 redone once, from step 1
+    one, two, redone = (load_file(str(run / "checkpoints" / step / "solver" / "model.safetensors")) for run, step in
+                        ((finished_run, "step-000001"), (finished_run, "step-000002"), (killed_run, "step-000002")))
+    assert any(not one[k].equal(two[k]) for k in one)  # the step changed the weights ...
+    assert redone.keys() == two.keys() and all(redone[k].equal(two[k]) for k in two)  # ... exactly as the first time
+
+
+def test_resume_with_no_intact_checkpoint_is_one_line(killed_run):
+    for step in ("step-000001", "step-000002"):
+        _truncate_state(killed_run / "checkpoints" / step)
+    one_line_error(["run", "--resume", str(killed_run)], "no intact checkpoint", "step-000002",
+                   "unreadable checkpoint state")
+    assert _manifest(killed_run)["status"] == "running"
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. an edited spec.resolved.yaml
+
+
+def test_resume_refuses_an_edited_spec_without_showing_it(killed_run):
+    spec = killed_run / "spec.resolved.yaml"
+    d = yaml.safe_load(spec.read_text())
+    d["policies"]["solver"]["lr"] = float("inf")
+    d["seed"] = 12345
+    spec.write_text(yaml.safe_dump(d))
+    err = one_line_error(["run", "--resume", str(killed_run)], "spec.resolved.yaml: changed since the run started")
+    assert ".inf" not in err and "12345" not in err
+
+
+def test_a_run_from_before_spec_hashes_resumes_with_a_warning_and_is_checked_from_then_on(killed_run):
+    m = _manifest(killed_run)
+    want = m.pop("spec_sha256")
+    (killed_run / "manifest.json").write_text(json.dumps(m))
+    err = resume_ok(killed_run)
+    assert "records no spec_sha256" in err and err.count("warning:") == 1, err
+    assert _manifest(killed_run)["spec_sha256"] == want
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. train.keep_checkpoints
+
+
+def test_keep_checkpoints_must_be_at_least_one(tiny_ckpt, tmp_path):
+    with pytest.raises(UserError, match="keep_checkpoints"):
+        load_run_spec(_write(tmp_path, _spec(tiny_ckpt, tmp_path, keep_checkpoints=0)))
+    assert load_run_spec(_write(tmp_path, _spec(tiny_ckpt, tmp_path))).train.keep_checkpoints is None
+
+
+def test_pruning_keeps_the_newest_at_or_before_the_committed_step(tmp_path):
+    run = RunDir.create(tmp_path, "x", "", seed=0)
+    for step in range(1, 7):
+        run.commit_checkpoint(run.begin_checkpoint(step), step)
+    run.prune_checkpoints(None, 6)
+    assert len(list(run.iter_checkpoints())) == 6
+    run.prune_checkpoints(2, 4)  # resumed from step 4: the skipped later ones are not "newest"
+    assert [p.name for p in run.iter_checkpoints()] == ["step-000003", "step-000004", "step-000005", "step-000006"]
