@@ -81,9 +81,10 @@ set_args() { local o; for o in "${SMALL_BUDGET[@]}"; do printf -- '--set\n%s\n' 
 mapfile -t SET_ARGS < <(set_args)
 
 # ------------------------------------------------------------------ 1. build
-prepare_local() {  # docker/local: a CPU torch wheel and extra CA certificates, from this machine
+prepare_local() {  # docker/local: adds a CPU torch wheel and extra CA certificates from this machine
+    # What a user put in docker/local/ (their own wheels and certificates, as the docs say) is kept:
+    # this only adds files that are not there yet, and never deletes one.
     local version wheel dir
-    rm -rf docker/local/wheels docker/local/certs
     mkdir -p docker/local/wheels docker/local/certs
     version=$(sed -n 's/^ *"torch==\([^"]*\)".*/\1/p' pyproject.toml)
     wheel=${TORCH_WHEEL:-}
@@ -94,14 +95,17 @@ prepare_local() {  # docker/local: a CPU torch wheel and extra CA certificates, 
         done
     fi
     if [ -n "$wheel" ]; then
-        ln -f "$wheel" docker/local/wheels/ 2>/dev/null || cp "$wheel" docker/local/wheels/
+        [ -e "docker/local/wheels/$(basename "$wheel")" ] \
+            || ln -f "$wheel" docker/local/wheels/ 2>/dev/null || cp "$wheel" docker/local/wheels/
         BUILD_ARGS+=(--build-arg TORCH_INDEX_URL=)
         say "CPU torch wheel from this machine: $wheel"
     else
         say "no local CPU torch $version wheel: the build takes it from the Dockerfile's TORCH_INDEX_URL"
     fi
     for cert in ${EXTRA_CA_CERTS:-/usr/local/share/ca-certificates/*.crt}; do
-        [ -f "$cert" ] && cp "$cert" docker/local/certs/ && say "pip trusts $cert during the build"
+        [ -f "$cert" ] || continue
+        [ -e "docker/local/certs/$(basename "$cert")" ] || cp "$cert" docker/local/certs/
+        say "pip trusts $cert during the build"
     done
     for var in PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST; do
         # file:// indexes of this machine are not inside the build
