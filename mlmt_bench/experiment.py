@@ -60,6 +60,9 @@ def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool
     exp_dir, record = _open_experiment(exp, arms, resume)
     t_start = time.perf_counter()
     jobs, seed_of = _pending_jobs(exp, arms, exp_dir, record)
+    if resume is not None and not jobs:  # nothing to run: its comparison stays as it was written
+        raise UserError(f"--resume {exp_dir}: every arm × seed of {exp.name!r} has finished; nothing to resume "
+                        f"(to re-render its comparison: mlmt-bench report {exp_dir})")
     _check_cached_bases(jobs, record, exp_dir)
     total, n_done = len(arms) * len(exp.seeds), len(arms) * len(exp.seeds) - len(jobs)
 
@@ -118,7 +121,7 @@ def _run_spec(spec: RunSpec, exp_dir: Path, seed: int) -> RunSpec:
 def _open_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec],
                      resume: Path | str | None) -> tuple[Path, dict[str, Any]]:
     if resume is None:
-        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ")
         exp_dir = Path(exp.output_dir) / f"{exp.name}-{stamp}"
         exp_dir.mkdir(parents=True, exist_ok=False)
         record: dict[str, Any] = {"name": exp.name, "seeds": exp.seeds, "arms": {a: [] for a in arms},

@@ -265,6 +265,9 @@ def resume_run(path: Path | str, progress: bool = True) -> dict[str, Any]:
     checkpoints skipped) are printed only once the resume goes ahead."""
     from mlmt_bench.dist import Dist
 
+    if (Path(path) / "experiment.json").is_file() and not (Path(path) / "manifest.json").exists():
+        raise UserError(f"{path}: an experiment directory, not a run: continue it with `mlmt-bench run "
+                        f"EXPERIMENT_SPEC --resume {path}` (the spec it was started from)")
     run_dir = RunDir.open(path)
     notes = [n for n in [run_dir.check_spec()] if n]  # before the spec is even parsed
     spec = load_run_spec(run_dir.path / "spec.resolved.yaml")

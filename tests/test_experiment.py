@@ -7,8 +7,8 @@ import os
 import shutil
 
 import pytest
-from conftest import minimal_spec
 
+from conftest import minimal_spec
 from mlmt_bench.errors import UserError
 from mlmt_bench.experiment import run_experiment
 from mlmt_bench.spec import load_experiment
@@ -99,3 +99,27 @@ def test_workers_build_each_shared_base_once_before_the_runs_that_need_it(tmp_pa
         for seed, name in zip((0, 1), names):
             manifest = json.loads(open(f"{out['run_dir']}/{name}/manifest.json").read())
             assert manifest["seed"] == seed and manifest["base"]["key"] in built, (manifest["base"], built)
+
+
+def test_resuming_a_finished_experiment_is_refused_and_rewrites_nothing(exp_spec, tmp_path):
+    path = exp_spec(a=1e-4)
+    exp, arms = load_experiment(path)
+    exp.seeds = [0]
+    exp_dir = tmp_path / "runs" / os.path.basename(run_experiment(exp, arms, progress=False)["run_dir"])
+    before = {p: p.read_bytes() for p in exp_dir.iterdir() if p.is_file()}
+    exp, arms = load_experiment(path)
+    exp.seeds = [0]
+    with pytest.raises(UserError, match="has finished; nothing to resume .*mlmt-bench report"):
+        run_experiment(exp, arms, progress=False, resume=exp_dir)
+    assert {p: p.read_bytes() for p in exp_dir.iterdir() if p.is_file()} == before
+
+
+def test_resume_of_an_experiment_directory_as_a_run_says_how_to_resume_it(exp_spec, tmp_path):
+    from mlmt_bench.runner import resume_run
+
+    exp, arms = load_experiment(exp_spec(a=1e-4))
+    exp.seeds = [0]
+    exp_dir = run_experiment(exp, arms, progress=False)["run_dir"]
+    with pytest.raises(UserError, match=r"an experiment directory, not a run: continue it with `mlmt-bench run "
+                                         r"EXPERIMENT_SPEC --resume"):
+        resume_run(exp_dir)
