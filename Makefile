@@ -18,8 +18,12 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet -e ".[dev,eval]"
 	touch $@
 
+# The quickstart's four arms run side by side, one process (and one torch thread) per core, at
+# most four: on a 2-core machine two at a time (tiny models gain nothing from a second thread).
+QUICKSTART_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
+
 quickstart: install
-	$(BIN)/mlmt-bench run registry/runs/quickstart.yaml
+	$(BIN)/mlmt-bench run registry/runs/quickstart.yaml --workers $(QUICKSTART_WORKERS)
 
 test: install
 	$(BIN)/python -m pytest -q
