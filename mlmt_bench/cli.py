@@ -9,8 +9,9 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import typer
 
@@ -92,7 +93,7 @@ SetOption = typer.Option(None, "--set", "-s", help="Override a spec field: --set
 @app.command("list")
 @_user_errors
 def list_components(
-    kind: Optional[str] = typer.Argument(None, help="Only this kind: benchmark, verifier, model, backend, algorithm "
+    kind: str | None = typer.Argument(None, help="Only this kind: benchmark, verifier, model, backend, algorithm "
                                                     "(a plural works too)."),
     json_out: bool = typer.Option(False, "--json", help="Machine-readable JSON on stdout (as the global --json)."),
 ) -> None:
@@ -132,7 +133,7 @@ def list_components(
 @_user_errors
 def validate(
     spec: Path = typer.Argument(..., help="Run, experiment or sweep spec (YAML)."),
-    overrides: Optional[list[str]] = SetOption,
+    overrides: list[str] | None = SetOption,
 ) -> None:
     """Check a spec (fields, types, registry names, algorithm parameters) without running it."""
     from mlmt_bench import spec as specs
@@ -163,7 +164,7 @@ def validate(
 @_user_errors
 def plan(
     spec: Path = typer.Argument(..., help="Run or experiment spec (YAML)."),
-    overrides: Optional[list[str]] = SetOption,
+    overrides: list[str] | None = SetOption,
     device: str = typer.Option("auto", "--device", help="auto (this machine), cpu, h200, h100-80gb, a100-80gb, ..."),
     gpus: int = typer.Option(1, "--gpus", min=1, help="Data-parallel processes (each gets its share of the problems)."),
     force: bool = typer.Option(False, "--force", help="Plan a spec even if it does not fit the device's memory."),
@@ -181,15 +182,14 @@ def plan(
 @app.command()
 @_user_errors
 def run(
-    spec: Optional[Path] = typer.Argument(None, help="Run or experiment spec (YAML)."),
-    overrides: Optional[list[str]] = SetOption,
-    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue a killed run from its last checkpoint "
+    spec: Path | None = typer.Argument(None, help="Run or experiment spec (YAML)."),
+    overrides: list[str] | None = SetOption,
+    resume: Path | None = typer.Option(None, "--resume", help="Continue a killed run from its last checkpoint "
                                           "(no SPEC), or, with an experiment SPEC, a killed experiment's directory."),
     workers: int = typer.Option(1, "--workers", "-j", help="Experiments: runs at once, one process each."),
 ) -> None:
     """Train and evaluate a run spec (or every arm × seed of an experiment spec)."""
-    from mlmt_bench import runner
-    from mlmt_bench import spec as specs
+    from mlmt_bench import runner, spec as specs
 
     loaded = specs.load_any(spec, overrides or []) if spec is not None else None
     if isinstance(loaded, tuple):
@@ -216,9 +216,18 @@ def verify(
     verifier: str = typer.Argument(..., help="Verifier name (see `mlmt-bench list verifier`)."),
     input_path: Path = typer.Argument(..., metavar="IN.jsonl", help="Lines with a problem (or benchmark + id) and a response."),
     out: Path = typer.Option(..., "--out", "-o", help="Output JSONL: each input line plus its verdict."),
-    workers: Optional[int] = typer.Option(None, "--workers", "-j", help="Parallel workers (code verifier)."),
+    workers: int | None = typer.Option(None, "--workers", "-j", help="Parallel workers (code verifier)."),
 ) -> None:
-    """Score responses with a verifier, one JSON line in, one line with its verdict out."""
+    """Score responses with a verifier, one JSON line in, one line with its verdict out.
+
+    Each line of IN.jsonl (gzip allowed) is an object with a "response" and either a "problem" or a "benchmark" + "id".
+
+    A "problem" has "id", "benchmark", "prompt", "answer" (the gold), "tests" and "setup" (code, run in the sandbox).
+
+    Example: {"problem": {"id": "p1", "benchmark": "mine", "prompt": "1+1?", "answer": "2"}, "response": "#2"}
+
+    Each output line is the input plus "verdict": {"reward", "correct", "extracted", "kind", "detail"}.
+    """
     from mlmt_bench.verifiers.io import verify_file
 
     summary = verify_file(verifier, input_path, out, workers=workers)
@@ -230,8 +239,8 @@ def verify(
 @_user_errors
 def base(
     spec: Path = typer.Argument(..., help="Run or experiment spec with a `base:` section."),
-    overrides: Optional[list[str]] = SetOption,
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Also write bases.json and bases.md (the table of "
+    overrides: list[str] | None = SetOption,
+    out: Path | None = typer.Option(None, "--out", "-o", help="Also write bases.json and bases.md (the table of "
                                        "checks) into this directory."),
 ) -> None:
     """Build (or find in the cache) the shared base of every arm and seed, and show its check."""
@@ -270,17 +279,17 @@ def base(
 @app.command()
 @_user_errors
 def report(
-    runs: Optional[list[Path]] = typer.Argument(None, help="Run directories or experiment directories (with experiment.json)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Directory for comparison.md, acc_vs_tokens.png and "
+    runs: list[Path] | None = typer.Argument(None, help="Run directories or experiment directories (with experiment.json)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Directory for comparison.md, acc_vs_tokens.png and "
                                        "index.html (default: re-render the one experiment or report directory given, "
                                        "in place)."),
-    baseline: Optional[str] = typer.Option(None, "--baseline", help="Arm the others are tested against (default: the "
+    baseline: str | None = typer.Option(None, "--baseline", help="Arm the others are tested against (default: the "
                                            "one a published report recorded, else grpo)."),
-    arm: Optional[list[str]] = typer.Option(None, "--arm", help="Name a run explicitly: NAME=RUN_DIR (repeatable)."),
-    sweep: Optional[str] = typer.Option(None, "--sweep", metavar="STORAGE", help="Report on an Optuna sweep instead: "
+    arm: list[str] | None = typer.Option(None, "--arm", help="Name a run explicitly: NAME=RUN_DIR (repeatable)."),
+    sweep: str | None = typer.Option(None, "--sweep", metavar="STORAGE", help="Report on an Optuna sweep instead: "
                                         "its storage URL or SQLite .db file (history, importances, best spec)."),
-    study: Optional[str] = typer.Option(None, "--study", help="With --sweep: the study, if the storage holds several."),
-    at_flops: Optional[float] = typer.Option(None, "--at-flops", min=0, help="Compare every run at its last evaluation "
+    study: str | None = typer.Option(None, "--study", help="With --sweep: the study, if the storage holds several."),
+    at_flops: float | None = typer.Option(None, "--at-flops", min=0, help="Compare every run at its last evaluation "
                                              "within this many FLOPs (equal FLOPs from runs with a token budget)."),
     raw: bool = typer.Option(False, "--raw", help="Publish: copy each run's manifest, resolved spec, metrics, "
                              "per-problem outcomes and the episodes the page shows (gzip) into OUT/runs/ with an "
@@ -334,18 +343,18 @@ def eval_(
     path: Path = typer.Argument(..., metavar="MODEL", help="HF or peft checkpoint dir, checkpoint step dir, or run dir "
                                 "(its latest checkpoint)."),
     tasks: str = typer.Option(..., "--tasks", "-t", help="Comma-separated lm-eval task names."),
-    include_path: Optional[Path] = typer.Option(None, "--include-path", help="Folder of extra task YAML files "
+    include_path: Path | None = typer.Option(None, "--include-path", help="Folder of extra task YAML files "
                                                 "(local data: dataset_path: json)."),
     policy: str = typer.Option("solver", "--policy", help="Policy of a checkpoint step or run dir: solver or critic."),
-    limit: Optional[float] = typer.Option(None, "--limit", help="Examples per task (a fraction if < 1)."),
-    num_fewshot: Optional[int] = typer.Option(None, "--num-fewshot", min=0, help="Few-shot examples (task default)."),
+    limit: float | None = typer.Option(None, "--limit", help="Examples per task (a fraction if < 1)."),
+    num_fewshot: int | None = typer.Option(None, "--num-fewshot", min=0, help="Few-shot examples (task default)."),
     batch_size: str = typer.Option("8", "--batch-size", help="Batch size, or 'auto'."),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)."),
+    device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)."),
     backend: str = typer.Option("hf", "--backend", help="Harness model: hf or vllm."),
     chat_template: bool = typer.Option(False, "--apply-chat-template/--no-chat-template",
                                        help="Render prompts with the model's chat template."),
     seed: int = typer.Option(0, "--seed", help="Seed of the harness's samplers."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the results (and the harness config) as JSON."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Write the results (and the harness config) as JSON."),
 ) -> None:
     """Evaluate a checkpoint with EleutherAI's lm-evaluation-harness (the `eval` extra)."""
     from mlmt_bench.external_eval import run_lm_eval
@@ -374,18 +383,18 @@ def eval_(
 @_user_errors
 def sweep(
     spec: Path = typer.Argument(..., metavar="SWEEP.yaml", help="Sweep spec (YAML): a run spec and a search space."),
-    n_trials: Optional[int] = typer.Option(None, "--n-trials", "-n", min=1,
+    n_trials: int | None = typer.Option(None, "--n-trials", "-n", min=1,
                                            help="Complete + pruned trials in total (default: the spec's n_trials)."),
-    storage: Optional[str] = typer.Option(None, "--storage", help="Optuna storage URL (default: SQLite in the sweep's "
+    storage: str | None = typer.Option(None, "--storage", help="Optuna storage URL (default: SQLite in the sweep's "
                                           "output dir); postgresql+psycopg2://... to share a study between machines."),
-    study: Optional[str] = typer.Option(None, "--study", help="Study name (default: the sweep's name)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Sampler seed (default: random)."),
+    study: str | None = typer.Option(None, "--study", help="Study name (default: the sweep's name)."),
+    seed: int | None = typer.Option(None, "--seed", help="Sampler seed (default: random)."),
     workers: int = typer.Option(1, "--workers", "-j", min=1, help="Trial processes on this machine, all on the "
                                 "same study (SQLite: a few; PostgreSQL: also across machines)."),
-    heartbeat: Optional[int] = typer.Option(None, "--heartbeat", min=1, help="Seconds between a running trial's "
+    heartbeat: int | None = typer.Option(None, "--heartbeat", min=1, help="Seconds between a running trial's "
                                             "heartbeats (default: 60); a trial silent for 3 heartbeats (its process "
                                             "died) is failed and retried once."),
-    overrides: Optional[list[str]] = SetOption,
+    overrides: list[str] | None = SetOption,
 ) -> None:
     """Tune a run spec with Optuna; running the same command again resumes the study.
 
