@@ -18,7 +18,6 @@ from mlmt_bench.metrics.twoway import twoway_bootstrap
 from mlmt_bench.report.compare import with_base_critic_arms
 from mlmt_bench.report.episodes import find_disagreements
 from mlmt_bench.report.runs import group_runs, load_run
-
 from test_report import make_run, table_row
 from test_report_html import _episode
 
@@ -218,3 +217,18 @@ def test_publishing_refuses_what_it_would_overwrite_and_says_what_is_missing(exp
     # without --out, a report is re-rendered in place: that needs one experiment directory
     res = _cli("report", str(experiment / "toy-grpo-s0-20250100T000000Z"))
     assert res.exit_code == 2 and "give --out DIR" in res.output
+
+
+def test_a_report_published_from_run_directories_rerenders_with_the_title_it_was_written_with(experiment, tmp_path):
+    """Published from some runs (no experiment.json given, so no title: "Comparison"), the report
+    re-renders in place byte for byte: the recorded empty title is kept, not replaced by the
+    report directory's name."""
+    pub = tmp_path / "reports" / "some-runs"
+    runs = [str(p) for p in sorted(experiment.glob("toy-*-s0-*"))]
+    res = _cli("report", *runs, "--out", str(pub), "--raw")
+    assert res.exit_code == 0, res.output
+    first = _bytes(pub)
+    assert first["comparison.md"].startswith(b"# Comparison\n")
+    res = _cli("report", str(pub))
+    assert res.exit_code == 0, res.output
+    assert _bytes(pub) == first

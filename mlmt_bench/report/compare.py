@@ -102,7 +102,7 @@ def shown_path(path: Path | str, out_dir: Path | str) -> str:
 def _summarise_arm(arm: str, results: list[RunRecord], out_dir: Path) -> dict[str, Any]:
     metrics: dict[str, Any] = {}
     for key, _, _ in _TABLE_METRICS:
-        vals = [r.final.get(key) if key != "acc@t2" else acc_t2(r.final) for r in results]
+        vals: list[Any] = [r.final.get(key) if key != "acc@t2" else acc_t2(r.final) for r in results]
         vals = [float(v) for v in vals if is_num(v)]
         if vals:
             mean, std = mean_std(vals)
@@ -145,7 +145,7 @@ def _mcnemar(arm_runs: list[RunRecord], base_runs: list[RunRecord]) -> dict[Any,
     out: dict[Any, dict[str, Any]] = {}
     base_by_seed = {r.seed: r for r in base_runs if r.seed is not None}
     for r in arm_runs:
-        b = base_by_seed.get(r.seed)
+        b = base_by_seed.get(r.seed) if r.seed is not None else None
         if b is None:
             continue
         common = sorted(set(r.problems) & set(b.problems))
@@ -332,7 +332,7 @@ def _read_at_notes(loaded: dict[str, list[RunRecord]], budget: float) -> list[st
         if short:
             notes.append(f"{arm}: runs {', '.join(short)} ended before spending {budget:.3g} FLOPs; "
                          "their last evaluation is used.")
-        dependent = sorted({r.algorithm for r in results if _budget_dependent(r.algorithm)})
+        dependent = sorted({r.algorithm for r in results if r.algorithm is not None and _budget_dependent(r.algorithm)})
         if dependent:
             notes.append(f"{arm}: {', '.join(dependent)} changes what a step does with the share of its budget "
                          "spent, so reading it at a smaller FLOPs budget is not the same as stopping it there.")
@@ -462,11 +462,14 @@ def report_from_dirs(
             raise UserError("give --out DIR (without it the report is re-rendered in place, which needs one "
                             "experiment or published report directory and no --arm)")
         out_dir = paths[0]
-    recorded = record.get("report") if isinstance(record.get("report"), dict) else {}
+    recorded = record.get("report")
+    recorded = recorded if isinstance(recorded, dict) else {}
     asked = baseline  # the user's --baseline: it must name an arm (a default or recorded one may be absent)
     if baseline is None:
         baseline = recorded.get("baseline", "grpo")
-    title = title or recorded.get("title") or (strip_stamp(paths[0].name) if one_exp else "")
+    if not title:  # a published report's recorded title, even an empty one, is what re-renders it
+        title = recorded["title"] if isinstance(recorded.get("title"), str) else (
+            strip_stamp(paths[0].name) if one_exp else "")
     if at_flops is None:
         at_flops = recorded.get("at_flops")
     grouped = group_runs(paths)
