@@ -1,11 +1,11 @@
 # Two entry points for a fresh machine with only Python ≥ 3.11 and pip:
 #   make quickstart   install into .venv (once) and run the quickstart experiment
-#   make test         install into .venv (once) and run the test suite
+#   make test         install into .venv (once), run the lint gate (make lint), then the test suite
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: quickstart test test-all install clean
+.PHONY: quickstart test test-all lint install clean
 
 install: $(VENV)/.installed
 
@@ -25,11 +25,17 @@ QUICKSTART_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] &
 quickstart: install
 	$(BIN)/mlmt-bench run registry/runs/quickstart.yaml --workers $(QUICKSTART_WORKERS)
 
-test: install
+# The lint gate, before the tests: ruff (rules in pyproject.toml [tool.ruff]) and mypy
+# ([tool.mypy]); also a pre-commit hook (.pre-commit-config.yaml).
+lint: install
+	$(BIN)/ruff check mlmt_bench tests
+	$(BIN)/mypy mlmt_bench
+
+test: install lint
 	$(BIN)/python -m pytest -q
 
 # everything, slow tests included (what CI runs when its budget allows)
-test-all: install
+test-all: install lint
 	$(BIN)/python -m pytest -q -m "slow or not slow"
 
 clean:

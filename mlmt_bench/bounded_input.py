@@ -30,6 +30,11 @@ logs: in the time it takes to read up to the limits). The limits, all named here
                        ``experiment.json``: a run writes a few KB), nested at most ``MAX_DEPTH``.
 ``MAX_ECHO_CHARS``     60: user input quoted in an error message is cut to this (:func:`shorten`,
                        :func:`short_repr`).
+``MAX_SCORED_CHARS``   2 Mi characters: one ``response`` (or inline gold ``answer``) of a
+                       ``verify`` input line. Scoring is linear but costs ~1 s per MiB in
+                       the worst case (a choice response of ``"A "`` repeated), so a 16 MiB
+                       line took 30 s; a real response (``max_new_tokens`` ≤ 131,072) is
+                       well under 1 MiB.
 =====================  ===================================================================
 
 A value read from a file is quoted in an error only if it is plain (:func:`echo`: a number, or a
@@ -62,7 +67,7 @@ import reprlib
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import yaml
 
@@ -77,7 +82,10 @@ MAX_ECHO_CHARS = 60
 
 # PyYAML's libyaml binding parses ~50x faster than its pure-Python parser; the resolver and
 # constructor (Python in both) are the same, so the result is the same.
-_LOADER: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+if TYPE_CHECKING:  # the type checker sees SafeLoader: CSafeLoader has the same constructor and resolver
+    _LOADER = yaml.SafeLoader
+else:
+    _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class InvalidYAML(UserError):
@@ -113,8 +121,8 @@ def short_repr(value: Any, limit: int = MAX_ECHO_CHARS) -> str:
     return shorten(r.repr(value), limit)
 
 
-_PLAIN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+\-/ ]{0,%d}\Z" % (MAX_ECHO_CHARS - 1))
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]{0,%d}\Z" % (MAX_ECHO_CHARS - 1))
+_PLAIN = re.compile(rf"[A-Za-z0-9_][A-Za-z0-9_.+\-/ ]{{0,{MAX_ECHO_CHARS - 1}}}\Z")
+_NAME = re.compile(rf"[A-Za-z_][A-Za-z0-9_\-]{{0,{MAX_ECHO_CHARS - 1}}}\Z")
 
 
 def is_plain(value: Any) -> bool:
@@ -272,7 +280,7 @@ class DuplicateKey(Exception):
         super().__init__(f"duplicate key {shown} at {where} (the second would silently replace the first)")
 
 
-class _UniqueKeyLoader(_LOADER):  # type: ignore[misc, valid-type]
+class _UniqueKeyLoader(_LOADER):
     """The safe loader, refusing a key given twice in one mapping (:class:`DuplicateKey`).
 
     The check runs in ``flatten_mapping``, which the constructor calls on every mapping before
@@ -283,7 +291,8 @@ class _UniqueKeyLoader(_LOADER):  # type: ignore[misc, valid-type]
     def flatten_mapping(self, node: yaml.MappingNode) -> None:
         checked: set[int] | None = getattr(self, "_checked_mappings", None)
         if checked is None:
-            checked = self._checked_mappings = set()  # ids of nodes, all alive until the document is built
+            checked = set()  # ids of nodes, all alive until the document is built
+            self._checked_mappings = checked
         if id(node) not in checked:
             checked.add(id(node))
             _check_unique_keys(self, node)
@@ -331,25 +340,25 @@ def check_yaml_bounds(text: str, source: str) -> None:
     done: dict[Any, tuple[int, int]] = {}  # anchor -> (expanded nodes, levels of collections)
     stack: list[list[Any]] = []  # per open collection: [anchor, nodes before it, deepest level inside]
     for event in yaml.parse(text, Loader=_LOADER):
-        kind = type(event)
-        if kind is yaml.ScalarEvent:
+        # `type(event) is C` (exact classes, as before), written out so that the type checker narrows `event`
+        if type(event) is yaml.ScalarEvent:
             nodes += 1
             if event.anchor is not None:
                 done[event.anchor] = (1, 0)
-        elif kind is yaml.SequenceStartEvent or kind is yaml.MappingStartEvent:
+        elif type(event) is yaml.SequenceStartEvent or type(event) is yaml.MappingStartEvent:
             nodes += 1
             depth += 1
             if depth > MAX_DEPTH:
                 raise _bound_error(source, event, f"nested deeper than {MAX_DEPTH} levels")
             stack.append([event.anchor, nodes - 1, depth])
-        elif kind is yaml.SequenceEndEvent or kind is yaml.MappingEndEvent:
+        elif type(event) is yaml.SequenceEndEvent or type(event) is yaml.MappingEndEvent:
             anchor, before, deepest = stack.pop()
             if anchor is not None:
                 done[anchor] = (nodes - before, deepest - depth + 1)
             depth -= 1
             if stack:
                 stack[-1][2] = max(stack[-1][2], deepest)
-        elif kind is yaml.AliasEvent:
+        elif type(event) is yaml.AliasEvent:
             if event.anchor not in done:
                 if any(entry[0] == event.anchor for entry in stack):
                     raise _bound_error(source, event, "an alias is inside the node it names")
@@ -421,9 +430,20 @@ MAX_JSONL_BYTES = 256 << 20
 MAX_JSONL_LINES = 2_000_000
 MAX_JSONL_NODES = 4_000_000
 MAX_JSON_BYTES = 4 << 20
+MAX_SCORED_CHARS = 2 << 20
 
 
-def jsonl_bounds() -> dict[str, int]:
+class JsonlBounds(TypedDict):
+    """:func:`jsonl_bounds`: keyword arguments of :func:`mlmt_bench.jsonl.iter_jsonl`."""
+
+    max_line_bytes: int
+    max_depth: int
+    max_total_bytes: int
+    max_lines: int
+    max_nodes: int
+
+
+def jsonl_bounds() -> JsonlBounds:
     """The keyword arguments of :func:`mlmt_bench.jsonl.iter_jsonl` that bound a JSON Lines file
     read from a run directory or handed to ``verify``: a line of at most ``MAX_LINE_BYTES``
     nested at most ``MAX_DEPTH``; at most ``MAX_JSONL_BYTES`` (decompressed), ``MAX_JSONL_LINES``

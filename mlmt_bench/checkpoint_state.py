@@ -25,6 +25,7 @@ import json
 import os
 import stat
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +114,7 @@ def load_state(directory: Path) -> Any:
         raise UserError(f"{path}: unreadable checkpoint state ({type(exc).__name__}: {_short(exc)})") from None
     try:
         return _decode(raw, tensors)
-    except (KeyError, TypeError, ValueError, RecursionError) as exc:
+    except (KeyError, TypeError, ValueError, RecursionError, OverflowError) as exc:
         raise UserError(f"{path}: malformed checkpoint state ({type(exc).__name__}: {_short(exc)})") from None
 
 
@@ -127,8 +128,8 @@ def check_state(directory: Path, state: Any) -> None:
           and isinstance(state["counters"], dict) and isinstance(state["optimizers"], dict)
           and isinstance(state["rng"], dict) and all(k in state["rng"] for k in ("torch", "python", "numpy")))
     if not ok:
-        raise UserError(f"{Path(directory) / STATE_FILE}: incomplete checkpoint state (it needs {', '.join(STATE_KEYS)} "
-                        "and the torch / python / numpy RNG states)")
+        raise UserError(f"{Path(directory) / STATE_FILE}: incomplete checkpoint state (it needs "
+                        f"{', '.join(STATE_KEYS)} and the torch / python / numpy RNG states)")
     import random
 
     rng = state["rng"]
@@ -219,9 +220,10 @@ def _device_available(device: str) -> bool:
 
 
 def _short(exc: BaseException) -> str:
-    from mlmt_bench.bounded_input import shorten
+    """``exc``'s message, short, without the pieces of the file it quotes (``int('<value>')``)."""
+    from mlmt_bench.bounded_input import shorten, unquoted
 
-    return shorten(str(exc).replace("\n", " "), 160)
+    return shorten(unquoted(str(exc)).replace("\n", " "), 160)
 
 
 def _check_regular(path: Path) -> None:
@@ -236,8 +238,9 @@ def _check_regular(path: Path) -> None:
 def _load_legacy(path: Path) -> Any:
     """A ``trainer_state.pt`` of an older checkpoint, through torch's restricted unpickler."""
     _check_regular(path)
-    allowed = [np.ndarray, np.dtype, type(np.dtype(np.uint32))]
-    core = getattr(np, "_core", None) or getattr(np, "core")  # numpy 2 / numpy 1
+    allowed: list[Callable[..., Any] | tuple[Callable[..., Any], str]] = [np.ndarray, np.dtype,
+                                                                          type(np.dtype(np.uint32))]
+    core = getattr(np, "_core", None) or np.core  # numpy 2 / numpy 1
     reconstruct = getattr(core.multiarray, "_reconstruct", None)
     if reconstruct is not None:
         allowed.append(reconstruct)

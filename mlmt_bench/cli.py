@@ -143,8 +143,8 @@ def validate(
         from mlmt_bench.sweep import grid_size, load_sweep
 
         sweep = load_sweep(spec, overrides or [])
-        result = {"spec": str(spec), "kind": "sweep", "name": sweep.spec.name, "run": str(sweep.run_path),
-                  "parameters": list(sweep.space), "valid": True}
+        result: dict[str, Any] = {"spec": str(spec), "kind": "sweep", "name": sweep.spec.name,
+                                  "run": str(sweep.run_path), "parameters": list(sweep.space), "valid": True}
         if sweep.spec.sampler == "grid":
             result["grid_points"] = grid_size(sweep)
         _emit(result, lambda: _echo(f"{spec}: valid sweep spec {result['name']!r} over "
@@ -214,7 +214,8 @@ def run(
 @_user_errors
 def verify(
     verifier: str = typer.Argument(..., help="Verifier name (see `mlmt-bench list verifier`)."),
-    input_path: Path = typer.Argument(..., metavar="IN.jsonl", help="Lines with a problem (or benchmark + id) and a response."),
+    input_path: Path = typer.Argument(..., metavar="IN.jsonl",
+                                      help="Lines with a problem (or benchmark + id) and a response."),
     out: Path = typer.Option(..., "--out", "-o", help="Output JSONL: each input line plus its verdict."),
     workers: int | None = typer.Option(None, "--workers", "-j", help="Parallel workers (code verifier)."),
 ) -> None:
@@ -270,7 +271,8 @@ def base(
                 line = critic_line(part or {})
                 if line:
                     typer.echo(f"  critic, {label}: {line}")
-            typer.echo(f"  {'INVALID testbed: ' + '; '.join(b['invalid_because']) if b['invalid_because'] else 'valid testbed'}")
+            verdict = "INVALID testbed: " + "; ".join(b["invalid_because"]) if b["invalid_because"] else "valid testbed"
+            typer.echo(f"  {verdict}")
 
     _emit(result, human)
     runner.refuse_invalid_bases(result)
@@ -279,7 +281,8 @@ def base(
 @app.command()
 @_user_errors
 def report(
-    runs: list[Path] | None = typer.Argument(None, help="Run directories or experiment directories (with experiment.json)."),
+    runs: list[Path] | None = typer.Argument(None, help="Run directories or experiment directories "
+                                                        "(with experiment.json)."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Directory for comparison.md, acc_vs_tokens.png and "
                                        "index.html (default: re-render the one experiment or report directory given, "
                                        "in place)."),
@@ -296,7 +299,8 @@ def report(
                              "experiment.json relative to OUT, then report on the copies; `mlmt-bench report OUT` "
                              "re-renders it byte for byte."),
 ) -> None:
-    """Compare runs: final metrics with 95% bootstrap CIs, McNemar tests, accuracy vs tokens (or, with --sweep, a sweep's history, importances and best spec)."""
+    """Compare runs: final metrics with 95% bootstrap CIs, McNemar tests, accuracy vs tokens (or, \
+with --sweep, a sweep's history, importances and best spec)."""
     if out is not None:  # a directory or a new path: never a file, a device or under /proc
         from mlmt_bench.tracking import check_output_dir
 
@@ -398,7 +402,9 @@ def sweep(
 ) -> None:
     """Tune a run spec with Optuna; running the same command again resumes the study.
 
-    Writes <output_dir>/<name>/ (output_dir of the run spec, name of the sweep): the study <name>.db, trials/ with one run directory per trial, and <study>-best.yaml, the run spec with the best parameters. --set applies to the run spec.
+    Writes <output_dir>/<name>/ (output_dir of the run spec, name of the sweep): the study <name>.db, \
+trials/ with one run directory per trial, and <study>-best.yaml, the run spec with the best parameters. \
+--set applies to the run spec.
     """
     from mlmt_bench.sweep import run_sweep
     from mlmt_bench.sweep_display import print_summary

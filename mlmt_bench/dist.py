@@ -48,6 +48,7 @@ class Dist:
         if not self.enabled:
             return value
         t = torch.tensor([float(value)], dtype=torch.float64, device=self.device)
+        assert self._dist is not None  # enabled: set in __init__
         self._dist.all_reduce(t)
         return float(t)
 
@@ -55,6 +56,7 @@ class Dist:
         if not self.enabled:
             return value
         t = torch.tensor([float(value)], dtype=torch.float64, device=self.device)
+        assert self._dist is not None  # enabled: set in __init__
         self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX)
         return float(t)
 
@@ -69,6 +71,7 @@ class Dist:
         sharded parameters (DTensors, mlmt_bench/fsdp.py) were summed by its reduce-scatter."""
         if not self.enabled:
             return
+        assert self._dist is not None  # enabled: set in __init__
         for p in _replicated(params):
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -82,6 +85,7 @@ class Dist:
         checksum = torch.tensor([sum(float(p.detach().double().sum()) for p in _replicated(params))],
                                 dtype=torch.float64, device=self.device)
         hi, lo = checksum.clone(), checksum.clone()
+        assert self._dist is not None  # enabled: set in __init__
         self._dist.all_reduce(hi, op=self._dist.ReduceOp.MAX)
         self._dist.all_reduce(lo, op=self._dist.ReduceOp.MIN)
         return float(hi - lo)
@@ -90,11 +94,13 @@ class Dist:
         if not self.enabled:
             return obj
         box = [obj]
+        assert self._dist is not None  # enabled: set in __init__
         self._dist.broadcast_object_list(box, src=0)
         return box[0]
 
     def barrier(self) -> None:
         if self.enabled:
+            assert self._dist is not None  # enabled: set in __init__
             self._dist.barrier()
 
 

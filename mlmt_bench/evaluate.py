@@ -11,14 +11,15 @@ benchmark has one).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from mlmt_bench.algorithms.update import TrainItem
 from mlmt_bench.metrics import feedback as fbm
 from mlmt_bench.metrics.critic import DIAGNOSTICS, critic_diagnostics
-from mlmt_bench.models.forward import sequence_logprob_sums
 from mlmt_bench.metrics.turns import oracle_gated_accuracy, turn_metrics
+from mlmt_bench.models.forward import sequence_logprob_sums
 from mlmt_bench.rollout.episodes import Actors, Program, Rollout, Sampling, refine_prompt, rollout
 from mlmt_bench.types import Problem
 
@@ -36,18 +37,18 @@ def evaluate(program: Program, actors: Actors, problems: Sequence[Problem], samp
              micro_batch_tokens: int | None = None) -> EvalResult:
     ro = rollout(program, actors, problems, sampling)
     attempts = ro.of_kind("attempt")
-    t1 = [bool(ro.turns[i].verdict.correct) for i in attempts]
+    t1 = [bool(ro.turns[i].scored_verdict.correct) for i in attempts]
     m: dict[str, Any] = {"n": len(problems)}
     if program.feedback == "none":
         t2 = list(t1)
         m.update({"acc@t1": sum(t1) / len(t1), "acc@t2": sum(t1) / len(t1)})
     else:
         refines = ro.of_kind("refine")
-        t2 = [bool(ro.turns[i].verdict.correct) for i in refines]
+        t2 = [bool(ro.turns[i].scored_verdict.correct) for i in refines]
         m.update(turn_metrics(t1, t2))
         if "oracle_gated" in protocols:
             m["acc_oracle_gated"] = oracle_gated_accuracy(t1, t2)
-    t2_null: list[bool | None] = [None] * len(problems)
+    t2_null: Sequence[bool | None] = [None] * len(problems)
     if program.feedback in ("critic", "oracle") and feedback_metrics:
         t2_null = _feedback_metrics(ro, actors, sampling, m, micro_batch_tokens)
     elif program.feedback == "null":  # the refinement *is* the one after g∅ (self_correct, null_feedback)
@@ -66,7 +67,7 @@ def diagnose_critic(ro: Rollout, actors: Actors) -> dict[str, Any]:
     only where the benchmark has an oracle critic)."""
     assert actors.verdict is not None
     feedbacks = ro.of_kind("feedback")
-    attempts = [ro.turns[ro.turns[f].parent] for f in feedbacks]
+    attempts = [ro.parent_of(f) for f in feedbacks]
     says = [actors.verdict(ro.turns[f].text) for f in feedbacks]
     correct = [bool(a.verdict.correct) if a.verdict else False for a in attempts]
     exact = None
@@ -83,7 +84,7 @@ def _feedback_metrics(ro: Rollout, actors: Actors, sampling: Sampling,
     feedbacks, refines = ro.of_kind("feedback"), ro.of_kind("refine")
     null_prompts, with_g = [], []
     for fi in feedbacks:
-        a = ro.turns[ro.turns[fi].parent]
+        a = ro.parent_of(fi)
         prob = ro.problems[a.problem]
         null_prompts.append(refine_prompt(solver.tokenizer, tpl, prob, a.prompt_ids, a.ids, a.text, tpl.null_feedback))
     gens = actors.backend.generate(solver.model, solver.tokenizer, null_prompts, max_new_tokens=sampling.max_new_tokens,
@@ -91,7 +92,7 @@ def _feedback_metrics(ro: Rollout, actors: Actors, sampling: Sampling,
     probs = [ro.problems[ro.turns[fi].problem] for fi in feedbacks]
     verdicts = actors.verifier.score_batch(probs, [g.text for g in gens])
     t2_null = [bool(v.correct) for v in verdicts]
-    t2 = [bool(ro.turns[i].verdict.correct) for i in refines]
+    t2 = [bool(ro.turns[i].scored_verdict.correct) for i in refines]
     m["acc@t2_null"] = sum(t2_null) / len(t2_null)
     m["feedback_effect"] = fbm.feedback_effect(t2, t2_null)
 
@@ -111,9 +112,10 @@ def _feedback_metrics(ro: Rollout, actors: Actors, sampling: Sampling,
 
 
 def _samples(ro: Rollout, n: int) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
     for ai in ro.of_kind("attempt")[:n]:
-        chain, node = [], ai
+        chain: list[dict[str, Any]] = []
+        node: int | None = ai
         while node is not None:
             t = ro.turns[node]
             chain.append({"kind": t.kind, "policy": t.policy, "text": t.text, "reward": t.reward,

@@ -279,8 +279,8 @@ def _run_parallel(jobs: list[_Job], exp_name: str, workers: int,
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
         while (queue and error is None) or inflight:
             while error is None and len(inflight) < workers:
-                for key in [k for k in missing if k not in building and is_cached(configs[k])]:
-                    missing.pop(key)  # built meanwhile by another process (e.g. `mlmt-bench base`)
+                for built in [k for k in missing if k not in building and is_cached(configs[k])]:
+                    missing.pop(built)  # built meanwhile by another process (e.g. `mlmt-bench base`)
                 ready = next((i for i in queue if base_of[i] is None or base_of[i] not in missing), None)
                 key = next((k for k in missing if k not in building), None)
                 # long base builds start early, on half the processes, so that no run waits at the end

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from mlmt_bench.errors import UserError
 from mlmt_bench.tracking import atomic_write_text, check_output_dir, check_output_file

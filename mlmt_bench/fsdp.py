@@ -36,9 +36,10 @@ from __future__ import annotations
 
 import os
 import weakref
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -101,14 +102,15 @@ class Sharding:
         """Shard each policy's model in place (before its optimiser is built on the parameters)."""
         if not self.enabled:
             return
+        from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy, get_module_children_bottom_up
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-        from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy, get_module_children_bottom_up
 
         mesh = init_device_mesh(self.dist.device.type, (self.dist.world,))
         plugin = self._plugin
         kwargs = dict(mesh=mesh, reshard_after_forward=plugin.reshard_after_forward,
-                      offload_policy=plugin.cpu_offload, mp_policy=plugin.mixed_precision_policy or MixedPrecisionPolicy())
+                      offload_policy=plugin.cpu_offload,
+                      mp_policy=plugin.mixed_precision_policy or MixedPrecisionPolicy())
         for policy in policies:
             model = policy.model
             base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -143,15 +145,18 @@ class Sharding:
         gathered whole on the main process (every process must call this, in the same order)."""
         if policy.model not in self.models:
             return None, optimizer.state_dict()
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                             get_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
 
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state = get_model_state_dict(policy.model, options=opts)
         # a tied weight comes back once per name, as separate tensors: keep the first name only, as
         # save_pretrained does for the model's own (shared) tensors
         names = {n for n, _ in policy.model.named_parameters()} | {n for n, _ in policy.model.named_buffers()}
-        optim = get_optimizer_state_dict(policy.model, optimizer, options=opts)  # keyed by parameter name
+        optim: dict[str, Any] = get_optimizer_state_dict(policy.model, optimizer, options=opts)  # keyed by name
         if optim:  # the main process: the plain optimizer.state_dict() layout, as without FSDP
             index = {name: i for i, name in enumerate(_param_names(policy.model, optimizer))}
             optim = {"state": {index[k]: v for k, v in optim["state"].items()},
@@ -172,7 +177,9 @@ class Sharding:
             state = {}
             for f in sorted(directory.glob("*.safetensors")):
                 state.update(load_file(str(f)))
-        set_model_state_dict(policy.model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+        # cast: torch types the argument dict[str, ValueType] (invariant), which a dict of tensors is not
+        set_model_state_dict(policy.model, cast(dict[str, Any], state),
+                             options=StateDictOptions(full_state_dict=True, strict=False))
 
     def load_optimizer(self, policy: Any, optimizer: Any, state: dict[str, Any]) -> None:
         if policy.model not in self.models:
@@ -181,12 +188,13 @@ class Sharding:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         names = _param_names(policy.model, optimizer)
-        by_name = {"state": {names[i]: v for i, v in state["state"].items()},
-                   "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]}
+        by_name: dict[str, Any] = {
+            "state": {names[i]: v for i, v in state["state"].items()},
+            "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]}
         set_optimizer_state_dict(policy.model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
 
 
-_RESHARD: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()  # model -> its reshard_after_forward
+_RESHARD: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # model -> its reshard_after_forward
 
 
 def _units(model: Any) -> list[Any]:

@@ -1,7 +1,9 @@
 """Reading JSON Lines, the one reader for every JSONL file the project reads: benchmark data,
 ``verify`` input, and the logs a run writes (metrics, samples, per-problem evaluations).
 
-A file may be gzip-compressed (recognised by its magic bytes). Every problem is a one-line
+A file may be gzip-compressed (recognised by its magic bytes; read by :func:`open_jsonl`, not
+Python's gzip module, whose reader skips the NUL padding after a member one byte per Python call:
+a member followed by 3 GiB of NUL bytes, a sparse file, held it for hours). Every problem is a one-line
 ``file:line`` :class:`~mlmt_bench.errors.UserError`; ``torn_tail_ok`` accepts a last line cut off
 mid-write (a run killed while logging), which is dropped.
 """
@@ -9,11 +11,12 @@ mid-write (a run killed while logging), which is dropped.
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from mlmt_bench.errors import UserError
 
@@ -23,6 +26,75 @@ DECODE_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error, UnicodeDecodeError, OSE
 def is_gzip(path: Path) -> bool:
     with open(path, "rb") as f:
         return f.read(2) == b"\x1f\x8b"
+
+
+class GzipTooLarge(Exception):
+    """More compressed bytes than a gzip file within its decompressed limit can hold."""
+
+
+class _Gunzip(io.RawIOBase):
+    """The decompressed bytes of a gzip file: its members one after another, the NUL padding gzip
+    allows between and after them skipped a chunk at a time (in C), CRC and length checked by
+    zlib. At most ``cap`` compressed bytes are read (GzipTooLarge past it); a member cut short is
+    an EOFError, anything else that is not gzip a zlib.error."""
+
+    CHUNK = 1 << 20
+
+    def __init__(self, f: BinaryIO, cap: int | None) -> None:
+        self._f, self._cap, self._consumed = f, cap, 0
+        self._d = zlib.decompressobj(31)
+        self._tail = b""  # compressed bytes read but not yet decompressed
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self._f.close()
+        super().close()
+
+    def _more(self) -> bytes:
+        chunk = self._f.read(self.CHUNK)
+        self._consumed += len(chunk)
+        if self._cap is not None and self._consumed > self._cap:
+            raise GzipTooLarge(self._cap)
+        return chunk
+
+    def readinto(self, buf: Any) -> int:
+        while True:
+            if self._d.eof:  # a member ended: skip the padding, then the next member, if any
+                rest = self._d.unused_data.lstrip(b"\0")
+                while not rest:
+                    chunk = self._more()
+                    if not chunk:
+                        return 0
+                    rest = chunk.lstrip(b"\0")
+                self._d, self._tail = zlib.decompressobj(31), rest
+            if not self._tail:
+                self._tail = self._more()
+                if not self._tail:
+                    raise EOFError("compressed stream ended early")
+            out = self._d.decompress(self._tail, len(buf))  # never more than asked: a bomb stays small
+            self._tail = self._d.unconsumed_tail
+            if out:
+                buf[: len(out)] = out
+                return len(out)
+
+
+def open_jsonl(path: Path | str, max_total_bytes: int | None = None) -> BinaryIO:
+    """``path`` opened to read its bytes, decompressed when it is gzip (its magic bytes). With
+    ``max_total_bytes`` (the decompressed limit), no more compressed bytes are read than a gzip
+    of that much can hold (:class:`GzipTooLarge`): padding or garbage past it is never read."""
+    f = open(path, "rb")
+    try:
+        gz = f.read(2) == b"\x1f\x8b"
+        f.seek(0)
+    except BaseException:
+        f.close()
+        raise
+    if not gz:
+        return f
+    cap = None if max_total_bytes is None else max_total_bytes + max_total_bytes // 64 + (1 << 20)
+    return io.BufferedReader(_Gunzip(f, cap), buffer_size=1 << 16)
 
 
 def decode_error(path: Path, line: int, exc: BaseException) -> UserError:
@@ -59,7 +131,7 @@ def iter_jsonl(path: Path | str, *, max_line_bytes: int | None = None, max_depth
 
         check_regular_file(path)
     try:
-        with (gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")) as f:
+        with open_jsonl(path, max_total_bytes) as f:
             for lineno, raw in enumerate(iter(lambda: f.readline(limit), b""), 1):
                 if max_line_bytes is not None and len(raw) > max_line_bytes:
                     raise UserError(f"{path}:{lineno}: line longer than {human_bytes(max_line_bytes)}")
@@ -86,6 +158,9 @@ def iter_jsonl(path: Path | str, *, max_line_bytes: int | None = None, max_depth
                 yield lineno, value
     except UserError:
         raise
+    except GzipTooLarge as exc:
+        raise UserError(f"{path}:{lineno + 1}: more than {exc.args[0]:,} bytes of gzip data (a gzip of the limit, "
+                        f"{human_bytes(max_total_bytes or 0)} of JSON Lines, is smaller)") from None
     except DECODE_ERRORS as exc:
         raise decode_error(path, lineno + 1, exc) from None
 

@@ -21,9 +21,9 @@ phase's peak includes its inner phases'.
 from __future__ import annotations
 
 import resource
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 import torch
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 
 class LineProgress:
@@ -68,8 +69,14 @@ def stage_progress(enabled: bool, make_rich: Callable[[], Any]) -> Iterator[Any]
 @contextlib.contextmanager
 def progress_bar(enabled: bool = True) -> Iterator[Any]:
     def rich_bar() -> Any:
-        from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn, \
-            TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            Progress,
+            TaskProgressColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         return Progress(TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
                         TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), transient=False)

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import difflib
 import importlib
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Generic, Iterator, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from mlmt_bench.errors import UserError
 
@@ -87,7 +88,7 @@ class Registry(Generic[T]):
                     f"{self.kind} {name!r} needs a package that is not installed "
                     f"({exc.name or exc}); see the README for the extra that provides it"
                 ) from exc
-        return entry.target
+        return cast(T, entry.target)  # what was registered under the name (the registry's contract)
 
     def unknown_message(self, name: str) -> str:
         return unknown_message(self.kind, name, self.names())

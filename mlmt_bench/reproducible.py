@@ -29,8 +29,9 @@ import os
 import platform
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 #: What the pin sets (before torch loads).
 PIN: dict[str, str] = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"}
@@ -130,6 +131,7 @@ def record() -> dict[str, Any]:
                            "cpu": cpu_model(), "machine": platform.machine(),
                            "versions": {"python": platform.python_version(), "torch": torch.__version__,
                                         "transformers": transformers.__version__, "numpy": numpy.__version__}}
+    why: str | None
     if not enabled():
         why = f"{SWITCH}={os.environ.get(SWITCH)}"
     elif env != PIN:

@@ -14,7 +14,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from mlmt_bench import registry
 from mlmt_bench.benchmarks.base import OracleBenchmark
@@ -105,7 +105,8 @@ def build(spec: RunSpec, progress: bool = True) -> Components:
     train = benchmark.load(b.train_split)[: b.train_limit]
     evals = benchmark.load(b.eval_split)[: spec.eval.limit or b.eval_limit]
     if not train or not evals:
-        raise UserError(f"benchmark {b.name}: empty split ({b.train_split}: {len(train)}, {b.eval_split}: {len(evals)})")
+        raise UserError(f"benchmark {b.name}: empty split ({b.train_split}: {len(train)}, "
+                        f"{b.eval_split}: {len(evals)})")
     verifier = build_verifier(b.verifier or benchmark.default_verifier, options=b.verifier_options)
     backend = registry.backends.get(spec.backend.name)(**spec.backend.options)
 
@@ -169,7 +170,8 @@ def make_trainer(spec: RunSpec, comp: Components, run_dir: RunDir) -> Trainer:
     from mlmt_bench.rollout.episodes import Actors
     from mlmt_bench.trainer import Trainer
 
-    actors = Actors(comp.policies["solver"], comp.policies["critic"], comp.backend, comp.templates, comp.verifier,
+    solver = cast("Policy", comp.policies["solver"])  # every algorithm's programs start with the solver's attempts
+    actors = Actors(solver, comp.policies["critic"], comp.backend, comp.templates, comp.verifier,
                     comp.benchmark.oracle_feedback if isinstance(comp.benchmark, OracleBenchmark) else None,
                     comp.benchmark.feedback_verdict)
     return Trainer(spec, comp.algorithm, actors, comp.policies, comp.train_problems, comp.eval_problems, run_dir,
@@ -406,7 +408,7 @@ def bases_from_spec(path: Path, overrides: list[str], *, progress: bool) -> list
     loaded = load_any(path, overrides)
     specs = [loaded] if isinstance(loaded, RunSpec) else [s.model_copy(update={"seed": seed})
                                                           for s in loaded[1].values() for seed in loaded[0].seeds]
-    configs = {}
+    configs: dict[str, BaseConfig] = {}
     for spec in specs:
         if spec.base is not None:
             cfg = base_config(spec)

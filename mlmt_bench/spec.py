@@ -25,7 +25,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from mlmt_bench import bounded_input
 from mlmt_bench.errors import UserError
 
-
 _M = TypeVar("_M", bound=BaseModel)
 
 # Upper limits of the fields that size a run's work and memory, checked when a spec is validated so
@@ -152,12 +151,18 @@ class TrainSpec(_Spec):
     threads: int | None = Field(None, ge=1, le=MAX_THREADS, description="torch CPU threads; default all cores")
 
 
+EvalProtocol = Literal["refine_all", "oracle_gated"]
+
+
+def _all_protocols() -> list[EvalProtocol]:
+    return ["refine_all", "oracle_gated"]
+
+
 class EvalSpec(_Spec):
     every: int = Field(10, ge=0, description="steps between evaluations; 0 = only before and after")
     limit: int | None = Field(None, ge=1)
     temperature: float = Field(0.0, ge=0.0)
-    protocols: list[Literal["refine_all", "oracle_gated"]] = Field(
-        default_factory=lambda: ["refine_all", "oracle_gated"])
+    protocols: list[EvalProtocol] = Field(default_factory=_all_protocols)
     feedback_metrics: bool = Field(True, description="also run the paired null-feedback pass")
     samples: int = Field(8, ge=0, description="full episodes written to samples.jsonl per evaluation")
     final_samples: bool = Field(True, description="the final evaluation writes every problem's episode to "
@@ -287,7 +292,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], model: type[Base
 
     Works on an unshared copy: a YAML alias (``*anchor``) becomes its own copy, so setting a field
     under one alias never changes the others (``copy.deepcopy`` would keep them one object)."""
-    out = _unshared(data)
+    out: dict[str, Any] = _unshared(data)  # a copy of the dict
     for text in overrides:
         parts, value = parse_override(text)
         _check_path(model, parts, text)
@@ -559,7 +564,7 @@ def algorithm_params_model(name: str) -> type[BaseModel]:
     if name in PARAMS:
         return PARAMS[name]
     algo = registry.algorithms.get(name)  # a plugin: its class carries a Params model
-    params = getattr(algo, "Params", None)
+    params: type[BaseModel] | None = getattr(algo, "Params", None)  # the Algorithm contract: a pydantic model
     if params is None:
         raise UserError(f"algorithm {name!r} declares no Params model")
     return params
@@ -633,7 +638,8 @@ def load_experiment(path: Path | str, overrides: list[str] | None = None) -> tup
     return exp, arms
 
 
-def load_any(path: Path | str, overrides: list[str] | None = None) -> RunSpec | tuple[ExperimentSpec, dict[str, RunSpec]]:
+def load_any(path: Path | str,
+             overrides: list[str] | None = None) -> RunSpec | tuple[ExperimentSpec, dict[str, RunSpec]]:
     path = Path(path)
     data = load_raw(path)
     if is_experiment(data):

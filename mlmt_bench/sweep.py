@@ -51,8 +51,8 @@ Optuna is imported inside the functions, so ``import mlmt_bench`` stays light.
 
 from __future__ import annotations
 
-import copy
 import contextlib
+import copy
 import gc
 import json
 import math
@@ -62,18 +62,30 @@ import socket
 import sys
 import time
 import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError
 
 from mlmt_bench.bounded_input import short_repr, shorten
 from mlmt_bench.errors import UserError
+from mlmt_bench.spec import (
+    RunSpec,
+    SweepSpec,
+    _Spec,
+    apply_overrides,
+    dump_yaml,
+    format_validation_error,
+    is_experiment,
+    load_raw,
+    load_validated,
+    parse_override,
+    validate_run,
+)
 from mlmt_bench.sweep_workers import GRACE_FACTOR, MAX_CONSECUTIVE_FAILURES
-from mlmt_bench.spec import (RunSpec, SweepSpec, _Spec, apply_overrides, dump_yaml, format_validation_error,
-                             is_experiment, load_raw, load_validated, parse_override, validate_run)
 
 if TYPE_CHECKING:  # pragma: no cover
     import optuna
@@ -119,7 +131,7 @@ class CategoricalDist(_Spec):
 
 
 SearchDistribution = FloatDist | IntDist | CategoricalDist
-_DISTS: dict[str, type[_Spec]] = {"float": FloatDist, "int": IntDist, "categorical": CategoricalDist}
+_DISTS: dict[str, type[SearchDistribution]] = {"float": FloatDist, "int": IntDist, "categorical": CategoricalDist}
 
 
 def parse_dist(raw: Any, source: str, key: str) -> SearchDistribution:
@@ -147,7 +159,8 @@ def parse_dist(raw: Any, source: str, key: str) -> SearchDistribution:
         raise UserError(f"{where}: low must be < high, got low={short_repr(dist.low)}, high={short_repr(dist.high)}")
     if dist.log and dist.low <= 0:
         raise UserError(f"{where}: log: true needs low > 0, got low={short_repr(dist.low)}")
-    if dist.log and (isinstance(dist, FloatDist) and dist.step is not None or isinstance(dist, IntDist) and dist.step != 1):
+    if dist.log and (isinstance(dist, FloatDist) and dist.step is not None
+                     or isinstance(dist, IntDist) and dist.step != 1):
         raise UserError(f"{where}: log: true and step cannot be used together")
     if isinstance(dist, FloatDist) and not (math.isfinite(dist.low) and math.isfinite(dist.high)):
         raise UserError(f"{where}: low and high must be finite, got low={dist.low!r}, high={dist.high!r}")
@@ -164,6 +177,7 @@ def end_points(dist: SearchDistribution) -> list[Any]:
 def grid_count(dist: SearchDistribution, where: str) -> int:
     """How many values ``dist`` has on the grid, computed without listing them; UserError past
     ``MAX_GRID_POINTS`` or for a float without a ``step``."""
+    n: float  # an int but for math.inf
     if isinstance(dist, CategoricalDist):
         n = len(dist.choices) - 1
     elif isinstance(dist, IntDist):
@@ -196,10 +210,11 @@ def grid_values(dist: SearchDistribution, where: str) -> list[Any]:
         return list(dist.choices)
     if isinstance(dist, IntDist):
         return list(range(dist.low, dist.high + 1, dist.step))
+    assert dist.step is not None  # grid_count refused a float without one
     return [round(dist.low + i * dist.step, 12) for i in range(n + 1)]
 
 
-def suggest(trial: "optuna.Trial", path: str, dist: SearchDistribution) -> Any:
+def suggest(trial: optuna.Trial, path: str, dist: SearchDistribution) -> Any:
     if isinstance(dist, FloatDist):
         return trial.suggest_float(path, dist.low, dist.high, log=dist.log, step=dist.step)
     if isinstance(dist, IntDist):
@@ -362,8 +377,8 @@ def use_wal(db: Path) -> None:
 
 
 def open_storage(url: str, heartbeat_s: int | None = None,
-                 on_stale: Callable[["optuna.Study", "optuna.trial.FrozenTrial"], None] | None = None,
-                 ) -> "optuna.storages.BaseStorage":
+                 on_stale: Callable[[optuna.Study, optuna.trial.FrozenTrial], None] | None = None,
+                 ) -> optuna.storages.BaseStorage:
     """The Optuna storage at ``url``.
 
     With ``heartbeat_s``, a running trial records a heartbeat every ``heartbeat_s`` seconds, and
@@ -415,7 +430,7 @@ class RetryDeadTrial:
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             self.retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)
 
-    def __call__(self, study: "optuna.Study", trial: "optuna.trial.FrozenTrial") -> None:
+    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         from mlmt_bench.tracking import RunDir, utc_now
 
         self.retry(study, trial)
@@ -429,7 +444,7 @@ class RetryDeadTrial:
                                         error="its process stopped sending heartbeats (killed?)")
 
 
-def make_sampler(kind: str, sweep: Sweep, seed: int | None) -> "optuna.samplers.BaseSampler":
+def make_sampler(kind: str, sweep: Sweep, seed: int | None) -> optuna.samplers.BaseSampler:
     import optuna
 
     if kind == "random":
@@ -450,7 +465,7 @@ def worker_seed(seed: int | None, n_trials_so_far: int, worker: int) -> int | No
     return None if seed is None else seed + n_trials_so_far + 100_003 * worker
 
 
-def make_pruner(kind: str) -> "optuna.pruners.BasePruner":
+def make_pruner(kind: str) -> optuna.pruners.BasePruner:
     import optuna
 
     if kind == "none":
@@ -599,13 +614,13 @@ def run_sweep(path: Path | str, *, n_trials: int | None = None, storage: str | N
     return result
 
 
-def _count_finished(study: "optuna.Study") -> int:
+def _count_finished(study: optuna.Study) -> int:
     from optuna.trial import TrialState
 
     return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
 
 
-def work(study: "optuna.Study", sweep: Sweep, target: int, emit: Emit, *, seed: int | None, worker: int,
+def work(study: optuna.Study, sweep: Sweep, target: int, emit: Emit, *, seed: int | None, worker: int,
          heartbeat_s: int, keep_going: Callable[[], bool] = lambda: True) -> str | None:
     """Worker ``worker``'s loop over ``study``: start a trial while complete + pruned + running
     trials are fewer than ``target``; while the study's last trials run elsewhere, wait (one of
@@ -619,7 +634,7 @@ def work(study: "optuna.Study", sweep: Sweep, target: int, emit: Emit, *, seed: 
 
     study.sampler = make_sampler(sweep.spec.sampler, sweep, worker_seed(seed, len(study.trials), worker))
     poll_s = min(heartbeat_s, WAIT_POLL_S)
-    failures = {"consecutive": 0, "stopped": None}
+    failures: dict[str, Any] = {"consecutive": 0, "stopped": None}  # "stopped": why the sweep ends, or None
 
     def objective(trial: optuna.Trial) -> float:
         return _run_trial(trial, sweep, study.study_name, emit)
@@ -658,7 +673,7 @@ def work(study: "optuna.Study", sweep: Sweep, target: int, emit: Emit, *, seed: 
     return failures["stopped"]
 
 
-def _check_study(study: "optuna.Study", sweep: Sweep, url: str) -> None:
+def _check_study(study: optuna.Study, sweep: Sweep, url: str) -> None:
     """A resumed study must optimise the same metric in the same direction."""
     direction = study.direction.name.lower()
     if direction != sweep.spec.direction:
@@ -675,7 +690,7 @@ def _check_study(study: "optuna.Study", sweep: Sweep, url: str) -> None:
         study.set_user_attr("overrides", sweep.overrides)
 
 
-def _retry_of(trial: "optuna.Trial") -> int | None:
+def _retry_of(trial: optuna.Trial) -> int | None:
     """The number of the dead trial that ``trial`` retries (RetryHeartbeatStaleTrialCallback's mark)."""
     from optuna.trial import TrialState
 
@@ -685,7 +700,7 @@ def _retry_of(trial: "optuna.Trial") -> int | None:
     return None
 
 
-def _run_trial(trial: "optuna.Trial", sweep: Sweep, study: str, emit: Emit) -> float:
+def _run_trial(trial: optuna.Trial, sweep: Sweep, study: str, emit: Emit) -> float:
     import optuna
 
     from mlmt_bench import runner
@@ -736,7 +751,7 @@ def _run_trial(trial: "optuna.Trial", sweep: Sweep, study: str, emit: Emit) -> f
     return float(value)
 
 
-def _record_run_dir(trial: "optuna.Trial", sweep: Sweep, study: str) -> None:
+def _record_run_dir(trial: optuna.Trial, sweep: Sweep, study: str) -> None:
     run_dir = _find_run_dir(sweep, study, trial.number)
     if run_dir is not None:
         trial.set_user_attr("run_dir", run_dir)
@@ -753,7 +768,7 @@ def _free_memory() -> None:
 # Results
 
 
-def summarize(study: "optuna.Study", sweep: Sweep, study_name: str, url: str, target: int) -> dict[str, Any]:
+def summarize(study: optuna.Study, sweep: Sweep, study_name: str, url: str, target: int) -> dict[str, Any]:
     """Trials, counts and the best trial; writes ``<study>-best.yaml`` when a trial completed."""
     from optuna.trial import TrialState
 
@@ -781,6 +796,7 @@ def summarize(study: "optuna.Study", sweep: Sweep, study_name: str, url: str, ta
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     if complete:
         best = study.best_trial
+        assert best.value is not None  # a complete trial's
         result["best"] = {"number": best.number, "value": best.value, "params": dict(best.params),
                           "run_dir": best.user_attrs.get("run_dir")}
         result["best_spec"] = str(write_best(sweep, study_name, best.params, best.number, best.value))

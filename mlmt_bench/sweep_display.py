@@ -72,7 +72,7 @@ class SweepDisplay:
         self.progress: Any = None
 
     # context ----------------------------------------------------------------------------------
-    def __enter__(self) -> "SweepDisplay":
+    def __enter__(self) -> SweepDisplay:
         if self.enabled:
             self._line(f"sweep {self.study}: {self.done} of {self.target} trials complete or pruned; "
                        f"optimising {self.metric}")
@@ -107,7 +107,8 @@ class SweepDisplay:
             w.update(trial=event["trial"], steps=event.get("steps") or 0, step=0, eval=None, waiting=[],
                      started=time.monotonic(), shown=time.monotonic())
             retry = f", retrying trial {event['retry_of']}" if event.get("retry_of") is not None else ""
-            self._line(f"trial {event['trial']} started (worker {worker}{retry}): {fmt_params(event.get('params', {}))}")
+            self._line(f"trial {event['trial']} started (worker {worker}{retry}): "
+                       f"{fmt_params(event.get('params', {}))}")
         elif kind == "step":
             w.update(step=event["step"], steps=event.get("steps") or w["steps"])
         elif kind == "eval":
@@ -154,7 +155,8 @@ class SweepDisplay:
             else:
                 desc, info = f"w{worker} idle", ""
             count = f"{w['step']}/{w['steps']}" if w["trial"] is not None and w["steps"] else ""
-            fields = {"description": desc, "total": w["steps"] or 1, "completed": w["step"], "info": info, "count": count}
+            fields = {"description": desc, "total": w["steps"] or 1, "completed": w["step"], "info": info,
+                      "count": count}
             if w["task"] is None:
                 w["task"] = self.progress.add_task(**fields)
             elif kind == "start":  # a new trial: its own elapsed time

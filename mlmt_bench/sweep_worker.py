@@ -12,7 +12,8 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mlmt_bench.errors import UserError
 from mlmt_bench.sweep_workers import WorkerArgs, interrupt

@@ -30,9 +30,10 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import IO, Any, cast
 
 from mlmt_bench.errors import UserError
 
@@ -121,10 +122,12 @@ def supervise(args: WorkerArgs, n: int, display: Any, log_dir: Path) -> str | No
             f.write(f"--- {utc_now()} worker {started} of study {args.study}\n")
             f.flush()
             proc = subprocess.Popen(
-                [sys.executable, "-m", "mlmt_bench.sweep_worker", json.dumps({"args": asdict(args), "worker": started})],
+                [sys.executable, "-m", "mlmt_bench.sweep_worker",
+                 json.dumps({"args": asdict(args), "worker": started})],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=f, start_new_session=True)
         w = _Worker(started, proc, log)
         started += 1
+        assert proc.stdout is not None  # stdout=PIPE
         sel.register(proc.stdout, selectors.EVENT_READ, w)
         return w
 
@@ -154,7 +157,7 @@ def supervise(args: WorkerArgs, n: int, display: Any, log_dir: Path) -> str | No
                             display.handle(w.index, event)
                         continue
                     sel.unregister(key.fileobj)
-                    key.fileobj.close()
+                    cast(IO[bytes], key.fileobj).close()  # a worker's stdout, registered in start()
                     rc = w.proc.wait()
                     if w.final.get("event") == "error":
                         outcome["error"] = w.final.get("message", "a worker failed")

@@ -44,9 +44,10 @@ import stat
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO
 
 from mlmt_bench.errors import UserError
 
@@ -58,7 +59,7 @@ _TRACKED_PACKAGES = ("mlmt-bench", "torch", "transformers", "peft", "accelerate"
 
 
 def utc_now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # never written into, nor used as the root of a run's outputs: the kernel's views, and the
@@ -290,13 +291,13 @@ class RunDir:
     LOGS = ("manifest.json", "spec.resolved.yaml", "metrics.jsonl", "samples.jsonl", "eval_problems.jsonl")
 
     @classmethod
-    def create(cls, output_dir: Path | str, name: str, spec_yaml: str, seed: int) -> "RunDir":
+    def create(cls, output_dir: Path | str, name: str, spec_yaml: str, seed: int) -> RunDir:
         output_dir = check_output_root(output_dir)
         try:
             output_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UserError(f"output_dir {_shown(output_dir)}: cannot create it ({exc.strerror or exc})") from None
-        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ")
         for i in range(1000):  # mkdir is atomic: two runs started the same second get distinct dirs
             path = output_dir / (f"{name}-{stamp}" + (f"-{i}" if i else ""))
             try:
@@ -325,7 +326,7 @@ class RunDir:
         return run
 
     @classmethod
-    def open(cls, path: Path | str) -> "RunDir":
+    def open(cls, path: Path | str) -> RunDir:
         """An existing run directory, to resume: it, its logs, ``checkpoints/`` and each of its
         entries must be what they say (no symlink, device or FIFO), and it must not be a system
         directory; otherwise a one-line UserError before anything is read or written."""
@@ -359,13 +360,21 @@ class RunDir:
             check(self.path / name, False)
         if check(self.checkpoints, True) is None:
             return
-        seen = 0
-        for root, dirs, files in os.walk(self.checkpoints, onerror=None, followlinks=False):
+        def unreadable(exc: OSError) -> None:  # a directory os.walk cannot list is not skipped unchecked
+            raise UserError(f"{_shown(exc.filename or self.checkpoints)}: unreadable ({exc.strerror or exc})")
+
+        seen, top = 0, str(self.checkpoints).count(os.sep)
+        for root, dirs, files in os.walk(self.checkpoints, onerror=unreadable, followlinks=False):
+            if root.count(os.sep) - top >= 16:  # a checkpoint is 2 levels deep; os.walk recurses in Python
+                raise UserError(f"{_shown(self.checkpoints)}: nested more than 16 levels deep, refused")
             for name in dirs + files:  # os.walk lists a symlink to a directory among dirs, never enters it
                 seen += 1
                 if seen > 100_000:
                     raise UserError(f"{_shown(self.checkpoints)}: more than 100000 entries, refused")
-                st = os.lstat(os.path.join(root, name))
+                try:
+                    st = os.lstat(os.path.join(root, name))
+                except OSError as exc:  # a name too long for the system ...
+                    raise UserError(f"{_shown(os.path.join(root, name))}: unreadable ({exc.strerror or exc})") from None
                 if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
                     raise UserError(f"{_shown(os.path.join(root, name))}: is {_what(st.st_mode)}, refused (every "
                                     "part of a run directory must be a real file or directory, not a link)")

@@ -11,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -73,8 +74,9 @@ class Trainer:
                                                          self.algorithm.params.loss_terms().epochs))
         b = self.spec.backend
         temps = training_temperatures(self.spec)
-        self.sampling = Sampling(temps["solver"], b.top_p, b.max_new_tokens, b.feedback_max_new_tokens or b.max_new_tokens,
-                                 b.stop, feedback_temperature=temps["critic"])
+        self.sampling = Sampling(temps["solver"], b.top_p, b.max_new_tokens,
+                                 b.feedback_max_new_tokens or b.max_new_tokens, b.stop,
+                                 feedback_temperature=temps["critic"])
         self.eval_sampling = Sampling(self.spec.eval.temperature, 1.0, b.max_new_tokens,
                                       b.feedback_max_new_tokens or b.max_new_tokens, b.stop)
         self.loss_cfg = LossConfig(**dataclasses.asdict(self.algorithm.params.loss_terms()), grad_accum=t.grad_accum,
@@ -106,8 +108,8 @@ class Trainer:
                 feats, values, value_tokens = self.value_predictions(ro)
             verdict = self.actors.verdict  # Benchmark.feedback_verdict: critic_reward helpfulness+verdict reads it
             matches = verdict_matches(ro, verdict) if verdict is not None and ro.of_kind("feedback") else None
-            credit = self.algorithm.credit(ro, step, CreditInputs(self.frac_done(), values, self.sampling.max_new_tokens,
-                                                                  matches))
+            credit = self.algorithm.credit(ro, step, CreditInputs(self.frac_done(), values,
+                                                                  self.sampling.max_new_tokens, matches))
 
             t0 = time.perf_counter()
             updated, update_stats = self.update(credit, self.algorithm.updates(step))
@@ -193,7 +195,8 @@ class Trainer:
                     for role, n in gen_by_role.items() if n)
         for role, s in update_stats.items():
             p = self._params(role)
-            flops += training_flops(p, int(s.get("sequence_tokens", 0))) + forward_flops(p, int(s.get("forward_tokens", 0)))
+            flops += (training_flops(p, int(s.get("sequence_tokens", 0)))
+                      + forward_flops(p, int(s.get("forward_tokens", 0))))
         flops += forward_flops(self._params("solver"), int(self.dist.sum(value_tokens)))
         gen = sum(gen_by_role.values())
         c.step += 1

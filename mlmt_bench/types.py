@@ -42,7 +42,7 @@ class Problem:
         }
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "Problem":
+    def from_json(cls, d: dict[str, Any]) -> Problem:
         return cls(
             id=str(d["id"]),
             benchmark=str(d.get("benchmark", "")),

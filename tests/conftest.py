@@ -55,3 +55,58 @@ def write_spec(tmp_path):
         return p
 
     return _write
+
+
+# sweeps with a fake runner (tests/test_sweep.py, test_sweep_report.py)
+
+
+@pytest.fixture
+def fast_sweeps(monkeypatch):
+    """For sweep tests (``pytestmark = pytest.mark.usefixtures("fast_sweeps")``), speed only: no
+    fsync in SQLite, no git / package metadata look-ups per fake run directory."""
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    from mlmt_bench import tracking
+
+    def no_sync(dbapi_con, _record):
+        if type(dbapi_con).__module__.startswith("sqlite3"):
+            dbapi_con.execute("PRAGMA synchronous=OFF")
+
+    event.listen(Engine, "connect", no_sync)
+    monkeypatch.setattr(tracking, "git_sha", lambda cwd=None: None)
+    monkeypatch.setattr(tracking, "package_versions", lambda: {})
+    monkeypatch.setattr("mlmt_bench.sweep._free_memory", lambda: None)  # gc.collect: ~0.3 s per trial here
+    yield
+    event.remove(Engine, "connect", no_sync)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """A :class:`support.FakeRun` in place of ``runner.run``."""
+    from mlmt_bench import runner
+    from support import FakeRun
+
+    f = FakeRun()
+    monkeypatch.setattr(runner, "run", f)
+    return f
+
+
+@pytest.fixture
+def make_sweep(tmp_path):
+    """make_sweep(**fields) -> path of a sweep file over a valid mlmt run spec in tmp_path."""
+    from support import mlmt_spec
+
+    run = tmp_path / "specs" / "run.yaml"
+    run.parent.mkdir()
+    run.write_text(yaml.safe_dump(mlmt_spec(tmp_path / "runs")))
+
+    def _make(name: str = "sw", **fields) -> Path:
+        sweep = {"name": name, "run": "run.yaml", "n_trials": 6, "sampler": "random",
+                 "space": {"algorithm.params.lam": {"type": "float", "low": 0.0, "high": 1.0}}}
+        sweep.update(fields)
+        p = run.parent / f"{name}.yaml"
+        p.write_text(yaml.safe_dump(sweep))
+        return p
+
+    return _make

@@ -5,20 +5,20 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
+from conftest import minimal_spec
 from mlmt_bench import registry
 from mlmt_bench.errors import UserError
 from mlmt_bench.fsdp import Sharding
 from mlmt_bench.models.factory import ModelFactory, factory_of, model_factory
 from mlmt_bench.rollout.backend import Backend, BackendTraits, GenerationLoad, backend_class, declared
 from mlmt_bench.spec import validate_run
-
-from conftest import minimal_spec
 
 
 @contextmanager

@@ -43,7 +43,7 @@ def test_two_cpu_processes_keep_identical_weights(tiny_ckpt, tmp_path):
     (run,) = (tmp_path / "runs").iterdir()  # one process wrote one run directory
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["world_size"] == 2 and manifest["status"] == "completed"
-    train = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines() if '"train"' in l]
+    train = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"train"' in line]
     assert [r["step"] for r in train] == [1, 2, 3]
     assert all(r["updated"] == ["solver"] for r in train)  # the parity reward gives a gradient
     assert all(r["replica_spread"] == 0.0 for r in train)  # both processes hold identical weights
@@ -52,7 +52,8 @@ def test_two_cpu_processes_keep_identical_weights(tiny_ckpt, tmp_path):
 
 
 REPO = TESTS.parent
-DDP = ["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+DDP = ["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+       "--dynamo_backend", "no"]
 FSDP = ["--config_file", str(REPO / "registry" / "accelerate" / "fsdp.yaml"), "--num_processes", "2"]
 
 
@@ -79,7 +80,7 @@ def _final(out):
 
     (run,) = out.iterdir()
     ckpt = sorted((run / "checkpoints").glob("step-*"))[-1]
-    train = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines() if '"train"' in l]
+    train = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"train"' in line]
     return run, ckpt, load_file(str(ckpt / "solver" / "model.safetensors")), train
 
 

@@ -39,7 +39,7 @@ def test_workers_run_every_arm_and_seed_in_processes(exp_spec, tmp_path):
     record = out["experiment"]
     exp_dir = out["run_dir"]
     assert set(record["arms"]) == {"a", "b"} and set(record["wall_s"]) >= {"a/s0", "a/s1", "b/s0", "b/s1"}
-    for arm, names in record["arms"].items():
+    for names in record["arms"].values():
         seeds = [json.loads(open(f"{exp_dir}/{n}/manifest.json").read())["seed"] for n in names]
         assert seeds == [0, 1]  # listed in seed order whatever order the processes finished in
         for n in names:
@@ -95,7 +95,7 @@ def test_workers_build_each_shared_base_once_before_the_runs_that_need_it(tmp_pa
     built = sorted(p.name for p in (tmp_path / "cache").iterdir())
     assert len(built) == 2 and not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".tmp")]
     assert capfd.readouterr().err.count("shared base") == 2
-    for arm, names in out["experiment"]["arms"].items():
+    for names in out["experiment"]["arms"].values():
         for seed, name in zip((0, 1), names):
             manifest = json.loads(open(f"{out['run_dir']}/{name}/manifest.json").read())
             assert manifest["seed"] == seed and manifest["base"]["key"] in built, (manifest["base"], built)

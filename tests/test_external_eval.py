@@ -138,4 +138,5 @@ def test_cli_errors_are_one_line(tiny_ckpt, tmp_path):
     r = cli("eval", str(tmp_path / "nope"), "--tasks", "x")
     assert r.returncode == 2 and r.stderr.strip() == f"error: {tmp_path / 'nope'}: no such file or directory"
     r = cli("eval", str(tiny_ckpt), "--tasks", "x", "--limit", "0")
-    assert r.returncode == 2 and r.stderr.strip() == "error: --limit must be > 0 (a count, or a fraction below 1), got 0"
+    assert r.returncode == 2
+    assert r.stderr.strip() == "error: --limit must be > 0 (a count, or a fraction below 1), got 0"

@@ -4,7 +4,6 @@ episodes, checked against numbers computed by hand, and one training step of eac
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
@@ -51,7 +50,8 @@ def test_critique_grpo_mixes_correct_refinements_into_the_group_as_responses_to_
     c = algo.credit(ro, 0, DONE)
     # mixed group [0, 0, 1]: mean 1/3, sample std 0.5774 -> [-0.5774, -0.5774, 1.1547]
     advs = [c.advantages[i] for i in (0, 3, 2)]
-    assert advs == pytest.approx([-0.5774, -0.5774, 1.1547], abs=1e-4) and 5 not in c.advantages  # the wrong refinement stays out
+    # the wrong refinement stays out
+    assert advs == pytest.approx([-0.5774, -0.5774, 1.1547], abs=1e-4) and 5 not in c.advantages
     off = [it for it in c.items["solver"] if it.mode == core.SHAPED]
     assert len(off) == 1 and off[0].prompt_ids == [1, 0] and off[0].ids == [5, 6]  # x alone, the refinement's ids
     assert c.sampled == {"solver": 3}

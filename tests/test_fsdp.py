@@ -13,7 +13,8 @@ from mlmt_bench.spec import PolicySpec
 def test_saved_adapter_names_map_back_to_the_model_parameters(tiny_ckpt, tmp_path):
     from safetensors.torch import load_file
 
-    spec = PolicySpec(model="tiny", path=str(tiny_ckpt), lora={"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]})
+    spec = PolicySpec(model="tiny", path=str(tiny_ckpt),
+                      lora={"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]})
     policy = build_policy("solver", spec, str(tiny_ckpt))
     with torch.no_grad():
         for n, p in policy.model.named_parameters():

@@ -293,7 +293,7 @@ def test_run_with_an_hf_model_path_of_etc_is_one_line(tmp_path):
 
 @pytest.fixture()
 def two_arms(tmp_path: Path) -> list[Path]:
-    from test_report import make_run
+    from support import make_run
 
     r = tmp_path / "runs"
     return [make_run(r, f"{arm}-20250101T000000Z", seed=0, arm=arm, feedback=False,

@@ -47,7 +47,8 @@ def test_cispo_weight_is_capped_and_stopped_so_every_token_keeps_a_gradient():
 
 
 def test_shaped_and_sft_rows():
-    # shaped: -A * pi / (pi + gamma), pi = e^logp = 0.3, gamma = 0.1 -> -A * 0.75; gradient -A * gamma * pi / (pi+gamma)^2
+    # shaped: -A * pi / (pi + gamma), pi = e^logp = 0.3, gamma = 0.1 -> -A * 0.75;
+    # gradient -A * gamma * pi / (pi+gamma)^2
     logp = t([[math.log(0.3)], [math.log(0.3)], [math.log(0.3)]]).requires_grad_(True)
     modes = torch.tensor([SHAPED, SFT, POLICY])
     pt, clipped = policy_loss_terms(logp, logp.detach() + 1.0, t([2.0, 0.5, -1.0]), t([[1], [1], [1]]), 0.2, 0.2,

@@ -119,7 +119,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_ckpt, lora):
         policy = build_policy("solver", spec, str(tiny_ckpt))
         base = policy.model.get_base_model() if lora else policy.model
         calls = []
-        hook = base.model.layers[0].mlp.register_forward_pre_hook(lambda *a: calls.append(1))
+        hook = base.model.layers[0].mlp.register_forward_pre_hook(lambda *a, calls=calls: calls.append(1))
         opt = torch.optim.SGD(policy.trainable_parameters(), lr=0.0)  # keep the weights: compare gradients
         update_policy(policy, opt, None, copy.deepcopy(items), LossConfig(0.2, 0.2, "token_mean", 1, 1, 1e9))
         hook.remove()
@@ -149,4 +149,5 @@ def test_phase_peaks_nest_and_reset():
     assert peaks["mem/peak_mb/update"] >= peaks["mem/peak_mb/logprobs"]  # the outer phase includes the inner
     assert peaks["mem/peak_mb/logprobs"] - peaks["mem/peak_mb/rollout"] > 250  # reset between phases
     assert tracker.take() == {}  # taken once
-    assert tracker.peak_mb() >= peaks["mem/peak_mb/logprobs"] - 0.1  # the lifetime peak survives the resets (0.1: rounding)
+    # the lifetime peak survives the resets (0.1: rounding)
+    assert tracker.peak_mb() >= peaks["mem/peak_mb/logprobs"] - 0.1

@@ -15,11 +15,11 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
+from conftest import minimal_spec
+from mlmt_bench.algorithms import core
 from mlmt_bench.cli import app
 from mlmt_bench.models.configs import shape_from_registry_file, shape_of_path, shape_of_preset
 from mlmt_bench.spec import LoraSpec, validate_run
-
-from conftest import minimal_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 HUB_FILES = sorted((ROOT / "registry" / "models").glob("*-instruct.yaml"))
@@ -100,10 +100,14 @@ class FullLengthBackend:
 
 @pytest.mark.parametrize("algo,params", [("grpo", {"group_size": 3}),
                                          ("self_correct", {"group_size": 2}),
-                                         ("mlmt", {"group_size": 3, "feedbacks": 2, "refinements": 2})])
+                                         ("mlmt", {"group_size": 3, "feedbacks": 2, "refinements": 2}),
+                                         ("critique_grpo", {"group_size": 2, "refinements_in_group": "all"}),
+                                         ("self_distill", {"group_size": 2, "distill": "kl", "distill_on": "all"}),
+                                         ("self_distill", {"group_size": 2, "distill": "sft", "distill_on": "all",
+                                                           "critique_source": "mlmt"})])
 def test_step_tokens_are_those_of_a_rollout_at_full_length(tiny_ckpt, tmp_path, algo, params):
     from mlmt_bench import runner as run
-    from mlmt_bench.plan import plan_run, resolve_device, load_table
+    from mlmt_bench.plan import load_table, plan_run, resolve_device
     from mlmt_bench.rollout.episodes import Actors, Sampling, rollout
 
     spec = _two_problem_spec(tiny_ckpt, algo, params, 12, 7, steps=3)
@@ -113,7 +117,7 @@ def test_step_tokens_are_those_of_a_rollout_at_full_length(tiny_ckpt, tmp_path, 
     comp = run.build(spec, progress=False)
     algorithm = comp.algorithm
     actors = Actors(comp.policies["solver"], comp.policies["critic"], FullLengthBackend(), comp.templates,
-                    comp.verifier, getattr(comp.benchmark, "oracle_feedback", None))
+                    _CountingVerifier(), getattr(comp.benchmark, "oracle_feedback", None))  # every turn trains
     ro = rollout(algorithm.program(0), actors, comp.train_problems[:2], Sampling(1.0, 1.0, 12, 7))
     prefill, generated = {}, {}
     for t in ro.turns:
@@ -128,12 +132,25 @@ def test_step_tokens_are_those_of_a_rollout_at_full_length(tiny_ckpt, tmp_path, 
     expected = {"grpo": {"attempt (solver)": 2 * g},
                 "self_correct": {"attempt (solver)": 2 * g, "refine (solver)": 2 * g},
                 "mlmt": {"attempt (solver)": 2 * g, "feedback (critic)": 2 * g * k, "refine (solver)": 2 * g * k * m}}
+    expected["critique_grpo"] = expected["self_distill"] = expected["mlmt"]
     assert plan["per_step"]["sequences"] == expected[algo]
     # trained tokens: every trained turn's whole sequence (upper bound), FLOPs by metrics/cost.py
     trained = {"solver": sum(len(t.prompt_ids) + len(t.ids) for t in ro.turns
                              if t.policy == "solver" and (algo != "grpo" or t.kind == "attempt"))}
     if algo == "mlmt":
         trained["critic"] = sum(len(t.prompt_ids) + len(t.ids) for t in ro.turns if t.policy == "critic")
+    if algo in ("critique_grpo", "self_distill"):  # refinements trained as responses to x: what credit hands in
+        from mlmt_bench.algorithms.base import CreditInputs
+        from mlmt_bench.models.forward import seq_len
+
+        credit = algorithm.credit(ro, 0, CreditInputs(max_new_tokens=12))
+        roles = {t.policy for t in ro.turns if algorithm.trained_turns.get(t.kind) and t.policy in algorithm.updates(0)}
+        assert sum(map(len, credit.items.values())) == sum(1 for t in ro.turns if t.policy in roles
+                                                           and t.kind in algorithm.trained_turns)
+        trained = {role: sum(map(seq_len, items)) for role, items in credit.items.items() if items}
+        teacher = sum(len(it.teacher_prompt_ids) + len(it.ids) for it in credit.items["solver"]
+                      if it.mode == core.DISTILL)  # the KL teacher's forward, once per step
+        assert tokens["forward"] == pytest.approx({"solver": teacher} if teacher else {})
     assert tokens["trained"] == pytest.approx(trained)
     from mlmt_bench.metrics import cost
 
@@ -334,7 +351,13 @@ class _CountingVerifier:
 
 @pytest.mark.parametrize("algo,params", [("grpo", {"group_size": 3, "beta": 0.1, "epochs": 2}),
                                          ("self_correct", {"group_size": 2}),
-                                         ("mlmt", {"group_size": 2, "feedbacks": 2})])
+                                         ("mlmt", {"group_size": 2, "feedbacks": 2}),
+                                         ("critique_grpo", {"group_size": 2, "refinements_in_group": "all",
+                                                            "beta": 0.1, "epochs": 2}),
+                                         ("self_distill", {"group_size": 2, "distill": "sft", "distill_on": "all",
+                                                           "beta": 0.1, "epochs": 2}),
+                                         ("self_distill", {"group_size": 2, "distill": "kl", "distill_on": "all",
+                                                           "critique_source": "mlmt"})])
 def test_a_steps_flops_are_what_the_trainer_counts(tiny_ckpt, tmp_path, algo, params):
     """One real training step at full length, every turn with a gradient: the trainer's FLOP counter
     (METHOD.md v2, metrics/cost.py) equals the plan's per-step FLOPs."""

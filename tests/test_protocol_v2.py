@@ -9,6 +9,7 @@ import copy
 import pytest
 import torch
 
+from conftest import minimal_spec
 from mlmt_bench import runner
 from mlmt_bench.algorithms.update import LossConfig, TrainItem, update_policy
 from mlmt_bench.algorithms.value import ValueModel, explained_variance
@@ -16,8 +17,6 @@ from mlmt_bench.errors import UserError
 from mlmt_bench.metrics.cost import forward_flops, generation_flops, training_flops
 from mlmt_bench.spec import validate_run
 from mlmt_bench.tracking import RunDir
-
-from conftest import minimal_spec
 from support import ParityVerifier
 
 
@@ -202,7 +201,8 @@ def test_mlmt_logs_value_skill_and_verdict_match_every_step(tiny_ckpt, tmp_path)
     again = resumed.algorithm.value_model
     again.predict(model.feats[:1])  # builds the net, restoring the pending state
     assert again.sizes == model.sizes and torch.equal(again.feats, model.feats)
-    assert torch.equal(again.targets, model.targets) and torch.equal(again.predict(model.feats), model.predict(model.feats))
+    assert torch.equal(again.targets, model.targets)
+    assert torch.equal(again.predict(model.feats), model.predict(model.feats))
 
 
 def test_experiments_check_equal_budgets(write_spec):

@@ -13,55 +13,8 @@ from mlmt_bench.errors import UserError
 from mlmt_bench.metrics.stats import bootstrap_ci, holm_adjust, sign_flip_test
 from mlmt_bench.metrics.twoway import mde, twoway_bootstrap, twoway_paired
 from mlmt_bench.report.compare import build_comparison, report_from_dirs
-from mlmt_bench.report.runs import load_run, strip_stamp
-
-
-def make_run(root: Path, dirname: str, *, seed: int, arm: str | None, curve: list[tuple],
-             t1: list[int], t2: list[int], extra: dict | None = None, final: bool = True,
-             feedback: bool = True, spec: str = "name: x\n", eval_extra: dict[int, dict] | None = None,
-             samples: dict[int, dict[str, list[dict]]] | None = None) -> Path:
-    """A run directory as `mlmt-bench run` writes it.
-
-    curve: (step, gen_tokens, flops, acc@t1, acc@t2) per eval; the last one is the final eval,
-    whose per-problem correctness is t1 / t2 over problems p0, p1, ... (earlier evals get
-    all-wrong rows, which must be ignored by the final-step selection).
-    eval_extra: more fields of the eval record at a step (the final record copies the last).
-    samples: samples.jsonl, {step: {problem id: turns}}.
-    """
-    d = root / dirname
-    d.mkdir(parents=True)
-    manifest = {"name": strip_stamp(dirname), "status": "completed" if final else "interrupted",
-                "seed": seed, "start_time": "2025-01-01T00:00:00Z", "end_time": None}
-    if arm is not None:
-        manifest["arm"] = arm
-    (d / "manifest.json").write_text(json.dumps(manifest))
-    (d / "spec.resolved.yaml").write_text(spec)
-    lines, prob_lines = [], []
-    for step, tok, flops, a1, a2 in curve:
-        base = {"step": step, "gen_tokens": tok, "trained_tokens": tok // 2, "flops": flops, "wall_s": 1.0}
-        lines.append({"kind": "train", **base, "reward_mean": 0.3})
-        ev = {"kind": "eval", **base, "n": 4, "acc@t1": a1, "acc@t2": a2}
-        lines.append(dict(ev, **(eval_extra or {}).get(step, {})))
-        last = step == curve[-1][0]
-        for i, pid in enumerate(f"p{i}" for i in range(len(t1))):
-            prob_lines.append({"step": step, "gen_tokens": tok, "problem_id": pid,
-                               "t1": bool(t1[i]) if last else False,
-                               "t2": bool(t2[i]) if last else False, "t2_null": None})
-    x1, x2 = np.array(t1, bool), np.array(t2, bool)
-    fin = dict(lines[-1], kind="final", **{"acc@t1": x1.mean(), "acc@t2": x2.mean(),
-                                          "delta": x2.mean() - x1.mean(), "acc_oracle_gated": (x1 | x2).mean()})
-    if feedback:
-        fin.update({"i->c": (~x1 & x2).mean(), "c->i": (x1 & ~x2).mean(), "feedback_effect": 0.125,
-                    "feedback_sensitivity": 0.5, "leakage_rate": 0.0, "feedback_tokens": 40.0})
-    fin.update(extra or {})
-    if final:
-        lines.append(fin)
-    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    (d / "eval_problems.jsonl").write_text("".join(json.dumps(r) + "\n" for r in prob_lines))
-    if samples is not None:
-        (d / "samples.jsonl").write_text("".join(json.dumps({"step": step, "problem_id": pid, "turns": turns}) + "\n"
-                                                 for step, by_pid in samples.items() for pid, turns in by_pid.items()))
-    return d
+from mlmt_bench.report.runs import load_run
+from support import make_run, table_row
 
 
 @pytest.fixture()
@@ -89,14 +42,6 @@ def arms(tmp_path: Path) -> dict[str, list[Path]]:
     return {"grpo": grpo, "mlmt": mlmt, "self_correct": sc}
 
 
-def table_row(md: str, label: str) -> list[str]:
-    for line in md.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if cells and cells[0] == label:
-            return cells[1:]
-    raise AssertionError(f"no row {label!r} in\n{md}")
-
-
 def test_comparison_table_numbers(arms, tmp_path):
     out = tmp_path / "report"
     summary = build_comparison(arms, out, baseline="grpo", title="toy")
@@ -121,7 +66,8 @@ def test_comparison_table_numbers(arms, tmp_path):
     ci = summary["arms"]["grpo"]["ci"]["acc@t2"]
     assert (ci["mean"], ci["lo"], ci["hi"], ci["se"], ci["n_problems"], ci["n_seeds"]) == (m, lo, hi, se, 4, 2)
     assert ci["interval"] == "two-way" and ci["why"] is None
-    assert table_row(md, "acc@t2 (refine-all): 95% CI (seeds × problems)")[0] == f"62.5% [{100 * lo:.1f}, {100 * hi:.1f}]"
+    assert (table_row(md, "acc@t2 (refine-all): 95% CI (seeds × problems)")[0]
+            == f"62.5% [{100 * lo:.1f}, {100 * hi:.1f}]")
     # one seed (self_correct): the two-way bootstrap is the bootstrap over its problems, and says so
     sc = summary["arms"]["self_correct"]["ci"]["acc@t2"]
     assert (sc["mean"], sc["lo"], sc["hi"]) == bootstrap_ci([0, 1, 0, 1], n_boot=10_000, seed=0)
@@ -137,7 +83,8 @@ def test_comparison_table_numbers(arms, tmp_path):
     # 4 positive seed-averaged differences [1, 1, .5, 1]: 2/16
     assert summary["arms"]["mlmt"]["start"]["acc@t2"] == 0.0
     g = summary["arms"]["mlmt"]["gain"]
-    assert g["mean"] == pytest.approx(0.875) and g["per_seed"] == [1.0, 0.75] and g["per_seed_diff"] == {0: 1.0, 1: 0.75}
+    assert g["mean"] == pytest.approx(0.875) and g["per_seed"] == [1.0, 0.75]
+    assert g["per_seed_diff"] == {0: 1.0, 1: 0.75}
     ref = twoway_paired([[1, 1, 1, 1], [1, 1, 0, 1]], [[0] * 4] * 2, n_boot=10_000, seed=0)
     assert (g["lo"], g["hi"], g["p_value"], g["mde"]) == (ref["lo"], ref["hi"], ref["p_value"], ref["mde"])
     assert g["mde"] == pytest.approx(2.8016 * g["se"], rel=1e-4) and g["sign_flip_p"] == pytest.approx(0.125)
@@ -193,7 +140,8 @@ def test_paired_difference_two_way_holm_mde_and_mcnemar_per_seed(arms, tmp_path)
     assert q["interval"] == "problems" and q["n_seeds"] is None and "different seeds" not in q["why"]
     assert "seeds 0" in q["why"] and "a paired comparison needs the same seeds" in q["why"]
     fb = twoway_paired([[-1, 0.5, 0, 0]], [[0] * 4], n_boot=10_000, seed=0)
-    assert q["diff"] == pytest.approx(-0.125) and (q["lo"], q["hi"], q["p_value"]) == (fb["lo"], fb["hi"], fb["p_value"])
+    assert q["diff"] == pytest.approx(-0.125)
+    assert (q["lo"], q["hi"], q["p_value"]) == (fb["lo"], fb["hi"], fb["p_value"])
     assert q["per_seed_diff"] == {0: -0.25} and list(q["mcnemar"]) == [0]  # s0: [0,1,0,1] - [1,1,0,1]
     assert "self_correct − grpo: not on the same seeds and problems" in md
     # Holm over the two arms compared with grpo
@@ -282,7 +230,8 @@ def test_figure_and_atomic_outputs(arms, tmp_path):
     png = (out / "acc_vs_tokens.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     assert (out / "comparison.md").read_text() != "old"
-    assert sorted(p.name for p in out.iterdir()) == ["acc_vs_tokens.png", "comparison.md", "index.html"]  # no temp files
+    # no temp files
+    assert sorted(p.name for p in out.iterdir()) == ["acc_vs_tokens.png", "comparison.md", "index.html"]
 
 
 def test_no_baseline_and_interrupted_run(arms, tmp_path):

@@ -10,28 +10,18 @@ from pathlib import Path
 
 import pytest
 
+from headless_chromium import find_chromium, load_page
 from mlmt_bench.report.compare import build_comparison
 from mlmt_bench.report.episodes import find_disagreements
 from mlmt_bench.report.html import esc
 from mlmt_bench.report.runs import load_run
 from mlmt_bench.report.svg import Series, bar_chart, line_chart, nice_ticks, padded
-
-from headless_chromium import find_chromium, load_page
-from test_report import make_run
+from support import episode as _episode, make_run
 
 # Model output that would run script, load an image or break the page if it were not escaped;
 # with a NUL and a lone surrogate (a broken generation) that UTF-8 cannot encode.
 HOSTILE = ('</pre></div><script>console.error("injected")</script><img src="x" onerror="console.error(1)">'
            '<style>body{display:none}</style> & \x00 \ud800 done')
-
-
-def _episode(attempt: str, refine: str, ok: bool) -> list[dict]:
-    return [{"kind": "attempt", "policy": "solver", "text": attempt, "reward": 0.0, "verdict": "wrong", "tokens": 5,
-             "finish_reason": "stop"},
-            {"kind": "feedback", "policy": "critic", "text": "check the carry", "reward": None, "verdict": None,
-             "tokens": 4, "finish_reason": "stop"},
-            {"kind": "refine", "policy": "solver", "text": refine, "reward": float(ok),
-             "verdict": "ok" if ok else "wrong", "tokens": 5, "finish_reason": "stop"}]
 
 
 def _feedback_evals(scale: float) -> dict[int, dict]:

@@ -18,8 +18,7 @@ from mlmt_bench.metrics.twoway import twoway_bootstrap
 from mlmt_bench.report.compare import with_base_critic_arms
 from mlmt_bench.report.episodes import find_disagreements
 from mlmt_bench.report.runs import group_runs, load_run
-from test_report import make_run, table_row
-from test_report_html import _episode
+from support import episode as _episode, make_run, table_row
 
 RENDERED = ("comparison.md", "index.html", "acc_vs_tokens.png")
 
@@ -40,7 +39,8 @@ def _add_base_critic(run: Path, t2: list[int]) -> None:
     for rec in recs:
         if rec["kind"] in ("eval", "final"):
             at_end = rec["kind"] == "final" or rec["step"] == last
-            rec.update({"base_critic/acc@t1": rec["acc@t1"], "base_critic/acc@t2": float(np.mean(t2)) if at_end else 0.0,
+            rec.update({"base_critic/acc@t1": rec["acc@t1"],
+                        "base_critic/acc@t2": float(np.mean(t2)) if at_end else 0.0,
                         "base_critic/gen_tokens_eval": 900, "gen_tokens_eval": 300})
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
 
@@ -62,7 +62,8 @@ def experiment(tmp_path: Path) -> Path:
         _add_base_critic(d, [1, 1, 1, 0, 0, 0, 0, s])
         names["grpo"].append(d.name)
         d = make_run(exp, f"toy-mlmt-s{s}-2025010{s}T000100Z", seed=s, arm="mlmt",
-                     curve=[(0, 0, 0.0, .125, .25), (10, 3000, 3e12, .25, .6 + .1 * s), (20, 6000 + 100 * s, 6e12, .25, 1.0)],
+                     curve=[(0, 0, 0.0, .125, .25), (10, 3000, 3e12, .25, .6 + .1 * s),
+                            (20, 6000 + 100 * s, 6e12, .25, 1.0)],
                      t1=grpo_t, t2=[1] * 7 + [s],
                      samples={20: {f"p{i}": _episode(f"attempt {i}", f"refined {i}", True) for i in range(8)}})
         names["mlmt"].append(d.name)
@@ -147,13 +148,16 @@ def test_the_shipped_outcomes_recompute_the_table(experiment, tmp_path):
     for arm, dirs in record["arms"].items():
         for d in dirs:
             run = pub / d
-            metrics = [json.loads(line) for line in gzip.decompress((run / "metrics.jsonl.gz").read_bytes()).splitlines()]
+            metrics = [json.loads(line)
+                       for line in gzip.decompress((run / "metrics.jsonl.gz").read_bytes()).splitlines()]
             step = [m for m in metrics if m["kind"] == "final"][-1]["step"]
-            rows = [json.loads(line) for line in gzip.decompress((run / "eval_problems.jsonl.gz").read_bytes()).splitlines()]
+            rows = [json.loads(line)
+                    for line in gzip.decompress((run / "eval_problems.jsonl.gz").read_bytes()).splitlines()]
             final = {r["problem_id"]: r for r in rows if r["step"] == step}
             outcomes.setdefault(arm, []).append({p: r["t2"] for p, r in final.items()})
             if any("t2_base_critic" in r for r in final.values()):
-                outcomes.setdefault(f"{arm} + base critic", []).append({p: r["t2_base_critic"] for p, r in final.items()})
+                outcomes.setdefault(f"{arm} + base critic", []).append(
+                    {p: r["t2_base_critic"] for p, r in final.items()})
     arms = list(summary["arms"])
     assert arms == ["grpo", "grpo + base critic", "mlmt", "self_correct"] and set(outcomes) == set(arms)
     means = [100 * np.mean([np.mean(list(o.values())) for o in outcomes[a]]) for a in arms]
@@ -172,12 +176,13 @@ def test_only_the_episodes_the_report_reads_are_shipped(experiment, tmp_path):
     def examples(exp_dir: Path):
         loaded = with_base_critic_arms({a: [load_run(p) for p in ps] for a, ps in group_runs([exp_dir]).items()})
         ex = find_disagreements(loaded)
-        return ex.n_disputed, ex.n_covered, [(d.problem_id, {a: (e.seed, e.correct, e.turns) for a, e in d.episodes.items()})
-                                             for d in ex.shown]
+        return ex.n_disputed, ex.n_covered, [
+            (d.problem_id, {a: (e.seed, e.correct, e.turns) for a, e in d.episodes.items()}) for d in ex.shown]
 
     assert examples(pub) == examples(experiment)
     assert examples(pub)[:2] == (7, 1)  # p1..p7 disputed; only p2 has a right and a wrong episode
-    shipped = {run.name: [json.loads(line) for line in gzip.decompress((run / "samples.jsonl.gz").read_bytes()).splitlines()]
+    shipped = {run.name: [json.loads(line)
+                          for line in gzip.decompress((run / "samples.jsonl.gz").read_bytes()).splitlines()]
                for run in (pub / "runs").iterdir() if (run / "samples.jsonl.gz").is_file()}
     # p2's episodes at the final step, of the first seed of each arm (grpo's serves its base-critic
     # row too); not step 0's, not p0 (no disagreement), not mlmt's other problems

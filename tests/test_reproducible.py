@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_shared_base import TINY
 
 from mlmt_bench import reproducible
 from mlmt_bench.errors import UserError
+from support import TINY
 
 REPO = Path(__file__).resolve().parents[1]
 #: Two machines as the environment describes them: this one as it is, and one that offers torch
@@ -62,7 +62,8 @@ def test_the_cli_builds_the_same_base_whatever_capability_the_machine_claims_unl
         assert env["mkl_cbwr_branch"] == "COMPATIBLE" and env["cpu"] and env["versions"]["torch"]
     assert pinned[0]["sha256"] == pinned[1]["sha256"] and len(pinned[0]["sha256"]) == 64
     assert pinned[0]["key"] == pinned[1]["key"]  # the claimed capability is not in the key, the pin is:
-    assert unpinned[0]["key"] == unpinned[1]["key"] != pinned[0]["key"]  # an unpinned build never passes for a pinned one
+    # an unpinned build never passes for a pinned one
+    assert unpinned[0]["key"] == unpinned[1]["key"] != pinned[0]["key"]
     assert [b["environment"]["pinned"] for b in unpinned] == [False, False]
     assert "MLMT_BENCH_CPU_PIN=0" in unpinned[0]["environment"]["unpinned_because"]
     assert unpinned[1]["environment"]["cpu_capability"] == "DEFAULT"

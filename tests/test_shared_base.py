@@ -16,10 +16,8 @@ from pydantic import ValidationError
 import mlmt_bench.models.shared_base as shared_base
 from mlmt_bench.benchmarks.synthetic_curriculum import KINDS, Curriculum, Misconceptions, decision_chars
 from mlmt_bench.models.shared_base import BaseConfig, ensure_base
+from support import TINY  # a few steps of everything, on a small benchmark: seconds, not minutes
 
-#: A few steps of everything, on a small benchmark: seconds, not minutes.
-TINY = dict(benchmark_options={"n_train": 200, "n_validation": 20, "n_test": 20}, steps=8, batch=4,
-            check_problems=4, seed=0, allow_invalid=True)  # 8 steps: far from a valid critic
 REPO = Path(__file__).resolve().parents[1]
 
 

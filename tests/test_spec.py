@@ -7,11 +7,10 @@ import re
 import pytest
 from typer.testing import CliRunner
 
+from conftest import minimal_spec
 from mlmt_bench.cli import app
 from mlmt_bench.errors import UserError
-from mlmt_bench.spec import apply_overrides, load_any, load_run_spec, parse_override, RunSpec
-
-from conftest import minimal_spec
+from mlmt_bench.spec import RunSpec, apply_overrides, load_any, load_run_spec, parse_override
 
 runner = CliRunner()
 
@@ -28,7 +27,8 @@ def test_good_spec_is_valid(write_spec):
 
 BAD = [
     # (name, spec content, expected fragment of the one-line error)
-    ("missing field", {k: v for k, v in minimal_spec().items() if k != "algorithm"}, "algorithm: required field is missing"),
+    ("missing field", {k: v for k, v in minimal_spec().items() if k != "algorithm"},
+     "algorithm: required field is missing"),
     ("wrong type", minimal_spec(train={"steps": "many"}), "train.steps: input should be a valid integer"),
     ("below minimum", minimal_spec(algorithm={"name": "grpo", "params": {"group_size": 1}}),
      "algorithm.params.group_size: must be ≥ 2, got 1"),
@@ -142,7 +142,8 @@ def test_experiment_spec_arms(write_spec):
 
 
 def test_experiment_arm_error_names_the_arm(write_spec):
-    exp = {"name": "e", "base": minimal_spec(), "arms": {"bad": {"algorithm": {"name": "grpo", "params": {"group_size": 0}}}}}
+    exp = {"name": "e", "base": minimal_spec(),
+           "arms": {"bad": {"algorithm": {"name": "grpo", "params": {"group_size": 0}}}}}
     p = write_spec(exp)
     code, err = validate(p)
     assert code == 2 and f"{p}: arms.bad: algorithm.params.group_size: must be ≥ 2, got 0" in err

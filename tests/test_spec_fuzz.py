@@ -28,8 +28,12 @@ from mlmt_bench.spec import RunSpec
 from mlmt_bench.sweep import set_path  # exactly what --set does to a mapping
 
 hypothesis = pytest.importorskip("hypothesis")  # the `dev` extra
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import (  # noqa: E402
+    HealthCheck,
+    given,
+    settings,
+    strategies as st,  # noqa: E402
+)
 
 EXAMPLES = 600  # per Hypothesis test; with MAPPING_CASES below: 2,200 cases
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,

@@ -415,11 +415,10 @@ def test_mlmt_training_is_identical_with_the_static_path(tiny_ckpt, tmp_path):
     give the same rollouts, rewards and losses as with plain generate: the CPU sampler draws what
     generate draws, and in-place weight updates reach the next step's generation."""
     from conftest import minimal_spec
-    from support import ParityVerifier
-
     from mlmt_bench import runner
     from mlmt_bench.spec import validate_run
     from mlmt_bench.tracking import RunDir
+    from support import ParityVerifier
 
     records = {}
     for decode in ("generate", "static"):

@@ -22,112 +22,14 @@ from conftest import minimal_spec
 from mlmt_bench import runner
 from mlmt_bench.cli import app
 from mlmt_bench.errors import UserError
-from mlmt_bench.spec import RunSpec, dump_yaml, load_run_spec
+from mlmt_bench.spec import load_run_spec
 from mlmt_bench.tracking import RunDir
+from support import FakeRun
+
+pytestmark = pytest.mark.usefixtures("fast_sweeps")  # conftest.py, with the fixtures fake and make_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "registry" / "runs" / "quickstart-mlmt.yaml"
-
-
-def score(spec: RunSpec) -> float:
-    return 1.0 - (spec.algorithm.params["lam"] - 0.3) ** 2
-
-
-class FakeTrainer:
-    """Evaluates at steps 0..3; ``curve(spec, step)`` gives acc@t2 at each (the last is final)."""
-
-    def __init__(self, spec: RunSpec, on_eval, curve):
-        self.spec, self.on_eval, self.curve = spec, on_eval, curve
-
-    def train(self, bar):
-        record = {}
-        task = bar.add_task("train", total=3, completed=0) if bar is not None else None
-        for step in range(4):
-            if step and bar is not None:
-                bar.update(task, completed=step)
-            value = self.curve(self.spec, step)
-            record = {"kind": "eval", "step": step, "gen_tokens": 100 * step, "n": 8, "acc@t1": value / 2,
-                      "acc@t2": value}
-            if self.on_eval is not None:
-                self.on_eval(record)
-        if self.on_eval is not None:
-            self.on_eval(record)  # the final evaluation repeats the last step's
-        return {**record, "kind": "final"}
-
-
-class FakeRun:
-    """Stands in for runner.run; records every call."""
-
-    def __init__(self, curve=lambda spec, step: score(spec), fail=lambda spec, trial: None):
-        self.curve, self.fail, self.calls = curve, fail, []
-
-    def __call__(self, spec, progress=True, *, extra_manifest=None, on_eval=None, bar=None):
-        self.calls.append((spec, extra_manifest))
-        run_dir = RunDir.create(spec.output_dir, spec.name, dump_yaml(spec), spec.seed)
-        if extra_manifest:
-            run_dir.update_manifest(**extra_manifest)
-        exc = self.fail(spec, extra_manifest["trial"])
-        curve = self.curve
-
-        class Trainer(FakeTrainer):
-            def train(self, bar):
-                if exc is not None:
-                    raise exc
-                return super().train(bar)
-
-        return runner._train(Trainer(spec, on_eval, curve), run_dir, False, bar)
-
-
-@pytest.fixture(autouse=True)
-def _fast(monkeypatch):
-    """Speed only: no fsync in SQLite, no git / package metadata look-ups per fake run directory."""
-    from sqlalchemy import event
-    from sqlalchemy.engine import Engine
-
-    from mlmt_bench import tracking
-
-    def no_sync(dbapi_con, _record):
-        if type(dbapi_con).__module__.startswith("sqlite3"):
-            dbapi_con.execute("PRAGMA synchronous=OFF")
-
-    event.listen(Engine, "connect", no_sync)
-    monkeypatch.setattr(tracking, "git_sha", lambda cwd=None: None)
-    monkeypatch.setattr(tracking, "package_versions", lambda: {})
-    monkeypatch.setattr("mlmt_bench.sweep._free_memory", lambda: None)  # gc.collect: ~0.3 s per trial here
-    yield
-    event.remove(Engine, "connect", no_sync)
-
-
-@pytest.fixture
-def fake(monkeypatch):
-    f = FakeRun()
-    monkeypatch.setattr(runner, "run", f)
-    return f
-
-
-def mlmt_spec(out: Path) -> dict:
-    return minimal_spec(
-        output_dir=str(out),
-        policies={"solver": {"model": "tiny", "path": "CKPT"}, "critic": {"model": "tiny", "path": "CKPT"}},
-        algorithm={"name": "mlmt", "params": {"group_size": 4, "lam": 0.5}})
-
-
-@pytest.fixture
-def make_sweep(tmp_path):
-    """make_sweep(**fields) -> path of a sweep file over a valid mlmt run spec in tmp_path."""
-    run = tmp_path / "specs" / "run.yaml"
-    run.parent.mkdir()
-    run.write_text(yaml.safe_dump(mlmt_spec(tmp_path / "runs")))
-
-    def _make(name: str = "sw", **fields) -> Path:
-        sweep = {"name": name, "run": "run.yaml", "n_trials": 6, "sampler": "random",
-                 "space": {"algorithm.params.lam": {"type": "float", "low": 0.0, "high": 1.0}}}
-        sweep.update(fields)
-        p = run.parent / f"{name}.yaml"
-        p.write_text(yaml.safe_dump(sweep))
-        return p
-
-    return _make
 
 
 def db_counts(db: Path) -> dict[str, int]:

@@ -22,7 +22,8 @@ def quickstart_like_result() -> dict:
               (0.3538, 0.6324, 0.0001909, 2.564e-05, "learned"), (0.5214, 0.1246, 0.000687, 0.0006792, "mc")]
     states = ["complete", "complete", "pruned", "fail", "complete", "complete"]
     scores = [0.4049, 0.5047, 0.3101, None, 0.7197, 0.4427]
-    trials = [{"number": n, "state": s, "value": v, "params": dict(zip(PARAMS, p)), "last_step": 4 if s == "pruned" else 40,
+    trials = [{"number": n, "state": s, "value": v, "params": dict(zip(PARAMS, p)),
+               "last_step": 4 if s == "pruned" else 40,
                "last_value": v, "run_dir": f"runs/q/trials/q-t{n}-20261130T203956Z", "retry_of": 3 if n == 5 else None,
                "error": "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB" if s == "fail" else None}
               for n, (s, v, p) in enumerate(zip(states, scores, values))]
@@ -43,7 +44,8 @@ def test_short_names():
     assert short_names(PARAMS) == {"algorithm.params.lam": "lam", "algorithm.params.eta": "eta",
                                    "policies.solver.lr": "solver.lr", "policies.critic.lr": "critic.lr",
                                    "algorithm.params.value": "value"}
-    assert short_names(["a.lr", "b.a.lr", "train.steps"]) == {"a.lr": "a.lr", "b.a.lr": "b.a.lr", "train.steps": "steps"}
+    assert short_names(["a.lr", "b.a.lr", "train.steps"]) == {"a.lr": "a.lr", "b.a.lr": "b.a.lr",
+                                                               "train.steps": "steps"}
 
 
 def test_table_fits_80_columns_with_every_number_whole():
@@ -51,7 +53,8 @@ def test_table_fits_80_columns_with_every_number_whole():
     text = render(result, 80)
     table = text.split("trial 3 failed:")[0]
     assert max(len(line) for line in table.splitlines()) <= 80, table
-    rows = {line.split()[0]: line.split() for line in table.splitlines() if line.split() and line.split()[0][0].isdigit()}
+    rows = {line.split()[0]: line.split() for line in table.splitlines()
+            if line.split() and line.split()[0][0].isdigit()}
     for r in result["trials"]:
         state = "pruned@4" if r["state"] == "pruned" else r["state"]
         key = f"{r['number']}*" if r["number"] == 4 else str(r["number"])

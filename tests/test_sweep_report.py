@@ -1,5 +1,5 @@
 """`mlmt-bench report --sweep STORAGE`: history, importances and best spec of a real Optuna study
-(made by `run_sweep` with test_sweep's fake runner)."""
+(made by `run_sweep` with the fake runner of tests/support.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from mlmt_bench.cli import app
 from mlmt_bench.spec import load_run_spec
-from test_sweep import _fast, fake, make_sweep  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.usefixtures("fast_sweeps")  # conftest.py, with the fixtures fake and make_sweep
 
 LAM, PPS = "algorithm.params.lam", "train.problems_per_step"
 SPACE = {LAM: {"type": "float", "low": 0.0, "high": 1.0}, PPS: {"type": "int", "low": 2, "high": 8, "step": 2}}
@@ -38,7 +39,8 @@ def test_report_of_a_study(tmp_path, fake, make_sweep):
     best_so_far = [max(values[:i + 1]) for i in range(8)]
     for i, row in enumerate(rows):  # trial, state, acc@t2, best so far, lam, problems_per_step
         assert row[0] == f"| {i}" and row[1] == "complete"
-        assert float(row[2]) == pytest.approx(values[i], rel=1e-3) and float(row[3]) == pytest.approx(best_so_far[i], rel=1e-3)
+        assert float(row[2]) == pytest.approx(values[i], rel=1e-3)
+        assert float(row[3]) == pytest.approx(best_so_far[i], rel=1e-3)
     assert "| trial | state | acc@t2 | best so far | lam | problems_per_step |" in md
     importances = dict(line.strip("| ").split(" | ") for line in md.split("## Parameter importances")[1].split("##")[0]
                        .splitlines() if line.startswith(f"| {LAM}") or line.startswith(f"| {PPS}"))
@@ -67,7 +69,7 @@ def test_report_of_a_study(tmp_path, fake, make_sweep):
 def test_too_few_trials_and_no_complete_trial(tmp_path, monkeypatch, fake, make_sweep):
     from mlmt_bench import runner
     from mlmt_bench.sweep import run_sweep
-    from test_sweep import FakeRun
+    from support import FakeRun
 
     run_sweep(make_sweep(n_trials=2, space=SPACE), progress=False)
     out = tmp_path / "few"
@@ -139,7 +141,8 @@ def test_several_studies_and_bad_storages(tmp_path, fake, make_sweep):
     assert res.stderr.count("\n") == 1
 
     res = report(str(tmp_path), "--sweep", url, "--study", "a", "--out", str(tmp_path / "r"))
-    assert res.exit_code == 2 and "give no run directories, --arm, --at-flops, --raw or --baseline with it" in res.stderr
+    assert res.exit_code == 2
+    assert "give no run directories, --arm, --at-flops, --raw or --baseline with it" in res.stderr
     res = report(str(tmp_path), "--study", "a", "--out", str(tmp_path / "r"))
     assert res.exit_code == 2 and res.stderr == "error: --study goes with --sweep STORAGE\n"
     res = report("--out", str(tmp_path / "r"))

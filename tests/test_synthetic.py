@@ -146,11 +146,13 @@ def test_corrector_applies_only_what_the_feedback_says():
     # A wrong correction is followed too (it is the feedback's fault, not the corrector's).
     assert apply_feedback(p, wrong, "7+5>12 7+5=12 ok;12*3>37 12*3=35 wrong", revision=True) == "12*3=37;37-4=33;#33"
     assert apply_feedback(p, "7+5=12;12*3=36;36-4=32;#30",
-                          "7+5>12 7+5=12 ok;12*3>36 12*3=36 ok;36-4>32 36-4=32 ok;answer wrong: #32") == "7+5=12;12*3=36;36-4=32;#32"
+                          "7+5>12 7+5=12 ok;12*3>36 12*3=36 ok;36-4>32 36-4=32 ok;answer wrong: #32"
+                          ) == "7+5=12;12*3=36;36-4=32;#32"
     assert apply_feedback(p, wrong, OK_FEEDBACK) == wrong
     assert apply_feedback(p, wrong, "7+5>12 7+5=12 ok;answer ok", revision=True) == "#31"
     assert apply_feedback(p, wrong, "gibberish") == wrong
-    assert apply_feedback(p, "junk", "7+5>12 7+5=12 ok;12*3>36 12*3=35 wrong") == "junk"  # the steps it keeps are unreadable
+    # the steps it keeps are unreadable
+    assert apply_feedback(p, "junk", "7+5>12 7+5=12 ok;12*3>36 12*3=35 wrong") == "junk"
     # A custom arithmetic computes the recomputed steps (the warm start's misconceptions).
     assert apply_feedback(p, wrong, "7+5>12 7+5=12 wrong", revision=True,
                           arithmetic=lambda a, op, b, m: (a + b if op == "+" else a * b if op == "*" else a - b) % m + 1

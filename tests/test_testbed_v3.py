@@ -14,7 +14,7 @@ from mlmt_bench.benchmarks.synthetic import parse_attempt, parse_problem, solve
 from mlmt_bench.benchmarks.synthetic_curriculum import Curriculum, Misconceptions
 from mlmt_bench.errors import UserError
 from mlmt_bench.metrics.critic import critic_diagnostics, shortcut_gap
-from mlmt_bench.models.shared_base import BaseConfig, Base, validity_failures
+from mlmt_bench.models.shared_base import Base, BaseConfig, validity_failures
 
 
 def _curriculum(**over):
@@ -146,7 +146,7 @@ def test_feedback_verdicts():
 
 
 def _trainer(tiny_ckpt, tmp_path, algo, params=None, **over):
-    from test_trainer import build_trainer, make_spec
+    from support import build_trainer, make_spec
 
     return build_trainer(make_spec(tmp_path, tiny_ckpt, algo, params, **over), tmp_path)
 
@@ -168,8 +168,7 @@ def test_mlmt_evaluations_log_the_critic_diagnostics(tiny_ckpt, tmp_path, one_to
 
 def test_grpo_with_the_base_critic_gets_a_refine_evaluation_and_a_report_row(tiny_ckpt, tmp_path, one_torch_thread):
     from mlmt_bench.report.compare import build_comparison
-
-    from test_trainer import build_trainer, make_spec
+    from support import build_trainer, make_spec
 
     spec = make_spec(tmp_path, tiny_ckpt, "grpo", train={"steps": 1, "problems_per_step": 2})
     assert build_trainer(spec, tmp_path).base_critic is None  # only when eval.base_critic asks for it
@@ -182,7 +181,7 @@ def test_grpo_with_the_base_critic_gets_a_refine_evaluation_and_a_report_row(tin
             "base_critic/gen_tokens_eval"} <= set(final)
     assert final["base_critic/acc@t1"] == final["acc@t1"]  # the same greedy attempts
     assert final["base_critic/gen_tokens_eval"] > final["gen_tokens_eval"]  # feedback and refinement cost tokens
-    rows = [json.loads(l) for l in (trainer.run_dir.path / "eval_problems.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (trainer.run_dir.path / "eval_problems.jsonl").read_text().splitlines()]
     assert all(isinstance(r["t2_base_critic"], bool) for r in rows)
     trainer.run_dir.finish("completed")
     summary = build_comparison({"grpo": [trainer.run_dir.path]}, tmp_path / "report")
@@ -216,12 +215,12 @@ class RecordingBackend:
 
 def test_each_role_samples_at_its_own_temperature(tiny_ckpt, tmp_path, one_torch_thread):
     from mlmt_bench.rollout.episodes import rollout
-    from test_trainer import make_spec
+    from support import make_spec
 
     spec = make_spec(tmp_path, tiny_ckpt, "mlmt", train={"steps": 1, "problems_per_step": 2})
     spec.policies.critic.temperature = 0.3
     spec.policies.solver.temperature = 0.9
-    from test_trainer import build_trainer
+    from support import build_trainer
 
     trainer = build_trainer(spec, tmp_path)
     backend = RecordingBackend()
@@ -248,7 +247,7 @@ def test_bases_table(tmp_path):
               "check": check}]
     paths = write_bases(bases, tmp_path, "mlmt-bench base x.yaml --out d")
     md = (tmp_path / "bases.md").read_text()
-    rows = [l for l in md.splitlines() if l.startswith("| 0") or l.startswith("| 1")]
+    rows = [line for line in md.splitlines() if line.startswith("| 0") or line.startswith("| 1")]
     assert len(rows) == 3  # seed 0 greedy and at T=1, seed 1 greedy only
     assert "| 5.0% | 6.0% / 4.0% (+2.0) | 30.0% / 60.0% | 2.0% / 25.0% / 70.0% | yes |" in rows[0]
     assert "| 1.0 |" in rows[1] and rows[2].endswith("| no: shortcut gap +9.0 points > 5 |")

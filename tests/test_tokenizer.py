@@ -61,7 +61,8 @@ def test_chat_template_is_compositional(tok):
     ]
     whole = chat_ids(tok, conv)
     assert whole == [i for m in conv for i in chat_ids(tok, [m])]
-    assert tok.apply_chat_template(conv, tokenize=False) == "".join(f"<|{m['role']}|>{m['content']}<|end|>" for m in conv)
+    assert (tok.apply_chat_template(conv, tokenize=False)
+            == "".join(f"<|{m['role']}|>{m['content']}<|end|>" for m in conv))
     # What a model emits after <|assistant|> is the message's content ids then EOS.
     for k in (1, 3):
         prompt = chat_ids(tok, conv[:k], add_generation_prompt=True)

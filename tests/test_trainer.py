@@ -14,34 +14,14 @@ import pytest
 import torch
 import yaml
 
+from conftest import minimal_spec
 from mlmt_bench import runner
 from mlmt_bench.algorithms.base import CreditInputs
 from mlmt_bench.rollout.backend import Generation
 from mlmt_bench.rollout.chat import chat_ids
 from mlmt_bench.rollout.episodes import Actors, Program, Sampling, rollout
 from mlmt_bench.spec import validate_run
-from mlmt_bench.tracking import RunDir
-
-from conftest import minimal_spec
-from support import ParityVerifier
-
-
-def make_spec(tmp_path, ckpt, algo="grpo", params=None, **over):
-    d = minimal_spec(**over)
-    d["output_dir"] = str(tmp_path / "runs")
-    d["policies"] = {"solver": {"model": "tiny", "path": str(ckpt), "lr": 1e-3},
-                     "critic": {"model": "tiny", "path": str(ckpt), "lr": 1e-3}}
-    d["algorithm"] = {"name": algo, "params": {"group_size": 4, **(params or {})}}
-    d["backend"] = {"max_new_tokens": 12}
-    d["eval"] = {"every": 0, "feedback_metrics": True}
-    return validate_run(d, "test")
-
-
-def build_trainer(spec, tmp_path):
-    comp = runner.build(spec, progress=False)
-    comp.verifier = ParityVerifier()
-    run_dir = RunDir.create(spec.output_dir, spec.name, "", spec.seed)
-    return runner.make_trainer(spec, comp, run_dir)
+from support import build_trainer, make_spec
 
 
 class ScriptedBackend:
@@ -118,7 +98,8 @@ def test_variants_update_the_right_policies(tiny_ckpt, tmp_path, variant, solver
 
 
 def test_shared_policy_is_one_model(tiny_ckpt, tmp_path):
-    spec = make_spec(tmp_path, tiny_ckpt, "mlmt", {"variant": "shared_policy"}, train={"steps": 1, "problems_per_step": 2})
+    spec = make_spec(tmp_path, tiny_ckpt, "mlmt", {"variant": "shared_policy"},
+                     train={"steps": 1, "problems_per_step": 2})
     trainer = build_trainer(spec, tmp_path)
     assert trainer.policies["critic"] is trainer.policies["solver"]
     trainer.train()
@@ -181,7 +162,7 @@ def test_eval_metrics_are_logged(tiny_ckpt, tmp_path):
                 "feedback_effect", "feedback_sensitivity", "leakage_rate", "feedback_tokens", "feedback_share",
                 "gen_tokens", "trained_tokens", "flops", "wall_s"):
         assert key in final, key
-    rows = [json.loads(l) for l in (trainer.run_dir.path / "eval_problems.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (trainer.run_dir.path / "eval_problems.jsonl").read_text().splitlines()]
     assert len(rows) == 2 * 8 and {"t1", "t2", "t2_null"} <= set(rows[0])
     assert final["gen_tokens"] > 0 and final["flops"] > 0
 
@@ -227,7 +208,8 @@ TESTS = Path(__file__).resolve().parent
 
 
 def _launch(tmp_path, args):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)])}  # this checkout, not an installed copy
+    # this checkout, not an installed copy
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)])}
     return subprocess.Popen([sys.executable, str(TESTS / "launch_cli.py"), "-q", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -237,7 +219,7 @@ def _final_state(run: Path):
 
     ckpt = sorted((run / "checkpoints").glob("step-*"))[-1]
     weights = load_file(str(ckpt / "solver" / "model.safetensors"))
-    final = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    final = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     return ckpt.name, weights, final
 
 
@@ -253,8 +235,8 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tiny_ckpt, tmp_path):
         runs = list((tmp_path / "killed").glob("resume-*"))
         if runs and (runs[0] / "metrics.jsonl").exists():
             run = runs[0]
-            steps = [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines()
-                     if l.endswith("}") and '"train"' in l]
+            steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()
+                     if line.endswith("}") and '"train"' in line]
             if 3 in steps:
                 break
         time.sleep(0.05)
@@ -269,9 +251,11 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tiny_ckpt, tmp_path):
     name_b, w_b, m_b = _final_state(run)
     assert name_a == name_b == "step-000006"
     assert w_a.keys() == w_b.keys() and all(torch.equal(w_a[k], w_b[k]) for k in w_a)
-    strip = lambda recs: [{k: v for k, v in r.items() if k not in ("wall_s", "gen_tok_per_s", "train_tok_per_s",
-                                                                   "peak_mem_mb") and not k.startswith("mem/")}
-                          for r in recs]
+
+    def strip(recs):
+        return [{k: v for k, v in r.items() if k not in ("wall_s", "gen_tok_per_s", "train_tok_per_s", "peak_mem_mb")
+                 and not k.startswith("mem/")} for r in recs]
+
     assert strip(m_a) == strip(m_b)  # same records, every step exactly once
     train_steps = [r["step"] for r in m_b if r["kind"] == "train"]
     assert train_steps == [1, 2, 3, 4, 5, 6]
@@ -307,7 +291,8 @@ def test_sequence_logprobs_runs_the_lm_head_only_where_tokens_are_trained(tiny_c
     model, tok = load_checkpoint(tiny_ckpt)
     gen = torch.Generator().manual_seed(0)
     shapes = [(3, 4), (7, 2), (5, 6)]  # (prompt, completion) lengths: L = 11, shortest prompt 3
-    items = [TrainItem(torch.randint(5, 90, (p,), generator=gen).tolist(), torch.randint(5, 90, (c,), generator=gen).tolist(), 0.0)
+    items = [TrainItem(torch.randint(5, 90, (p,), generator=gen).tolist(),
+                       torch.randint(5, 90, (c,), generator=gen).tolist(), 0.0)
              for p, c in shapes]
     seen: list[tuple[int, ...]] = []
     hook = model.lm_head.register_forward_hook(lambda mod, inp, out: seen.append(tuple(out.shape)))

@@ -25,20 +25,10 @@ from mlmt_bench.checkpoint_state import STATE_FILE, load_state, save_state
 from mlmt_bench.cli import app
 from mlmt_bench.errors import UserError
 from mlmt_bench.tracking import JsonlWriter, RunDir, atomic_write_bytes, check_output_root
+from support import one_line_error
 
 REPO = Path(__file__).resolve().parents[1]
 SECRET = "root:$6$Zq8SECRETHASHx1$aB3dEfGh:19000:0:99999:7:::"
-
-
-def one_line_error(args: list[str], *fragments: str) -> str:
-    """Run the CLI in this process: exit 2, exactly one ``error:`` line holding ``fragments``."""
-    res = CliRunner().invoke(app, args)
-    assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
-    assert res.exit_code == 2, (res.exit_code, res.stderr[-800:])
-    assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1, res.stderr[-800:]
-    for f in fragments:
-        assert f in res.stderr, res.stderr
-    return res.stderr
 
 
 def _cli_process(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
@@ -171,7 +161,8 @@ def test_verify_code_tests_from_the_input_cannot_write_on_the_host(tmp_path):
 
 def test_verify_out_onto_a_fifo_proc_or_a_directory_is_refused(tmp_path):
     inp = tmp_path / "in.jsonl"
-    inp.write_text(json.dumps({"problem": {"id": "x", "prompt": "1+1", "answer": "2"}, "response": "\\boxed{2}"}) + "\n")
+    inp.write_text(json.dumps({"problem": {"id": "x", "prompt": "1+1", "answer": "2"},
+                               "response": "\\boxed{2}"}) + "\n")
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     one_line_error(["verify", "math", str(inp), "--out", str(fifo)], "is a FIFO, refused")
@@ -348,7 +339,8 @@ def test_a_forged_frame_of_tiny_items_does_not_blow_up_the_judge():
     from mlmt_bench.verifiers._sandbox_child import MAX_FRAME
 
     n = MAX_FRAME // 2 - 64
-    program = _FORGE + f"def f(x):\n    _send(b'{{\"t\":\"result\",\"id\":1,\"ok\":true,\"v\":[\"L\"' + b',0' * {n} + b']}}')\n    return x\n"
+    program = _FORGE + (f"def f(x):\n    _send(b'{{\"t\":\"result\",\"id\":1,\"ok\":true,\"v\":[\"L\"' "
+                        f"+ b',0' * {n} + b']}}')\n    return x\n")
     r = _run_in_fresh_process(program, ["assert f(1) == 1"], timeout_s=5)
     assert r["passed"] == [False] and "result too large to decode" in r["details"][0], r
     assert r["max_rss_mb"] < 150, r

@@ -154,7 +154,8 @@ def test_extract_unterminated_final_fence():
 
 
 def test_extract_indented_fence():
-    assert extract_program("1. Code:\n    ```python\n    def f():\n        return 3\n    ```\n") == "def f():\n    return 3"
+    assert (extract_program("1. Code:\n    ```python\n    def f():\n        return 3\n    ```\n")
+            == "def f():\n    return 3")
 
 
 # ------------------------------------------------------------------------------ pool, registry
@@ -258,7 +259,7 @@ def test_sandbox_disable_is_the_explicit_way_to_weaken_the_sandbox():
     from mlmt_bench.verifiers.sandbox import capabilities
 
     sees_host = Problem(id="t/host", benchmark="test", prompt="", tests=("assert visible() is True",))
-    program = fenced(f"import os\ndef visible():\n    return os.path.exists('/etc/passwd')")
+    program = fenced("import os\ndef visible():\n    return os.path.exists('/etc/passwd')")
     weakened = CodeVerifier(timeout_s=5.0, sandbox_disable=["jail"])
     assert weakened.sandbox_disabled == ("jail",) and weakened.options["sandbox_disable"] == ["jail"]
     assert weakened.score(sees_host, program).kind == "ok"

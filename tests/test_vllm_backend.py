@@ -81,7 +81,7 @@ class FakeLLM:
     """
 
     mode = "v0"
-    instances: list["FakeLLM"] = []
+    instances: list[FakeLLM] = []
     script = None  # callable(prompt_ids) -> FakeCompletion
 
     def __init__(self, **kwargs):

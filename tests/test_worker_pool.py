@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from mlmt_bench.verifiers.timeout import CallTimeout, WorkerRaised, WorkerPool
+from mlmt_bench.verifiers.timeout import CallTimeout, WorkerPool, WorkerRaised
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for CPU time")
 

@@ -12,8 +12,9 @@ advantages as train items; it never writes into the rollout and never runs a mod
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 
@@ -24,7 +25,6 @@ from mlmt_bench.models.tokenizer import encode
 from mlmt_bench.rollout.episodes import Program, Rollout
 
 if TYPE_CHECKING:
-    from pydantic import BaseModel
 
     from mlmt_bench.algorithms.value import ValueModel
     from mlmt_bench.types import Problem
@@ -69,8 +69,10 @@ class Algorithm:
 
     Params: ClassVar[type[LossParams]]
     #: How each kind of generated turn is trained (``mlmt-bench plan`` sizes the update from it): on
-    #: the context it was generated from ("own"), or as a response to the problem alone
-    #: ("as_attempt"); a kind not listed is not trained. Default: every turn on its own context.
+    #: the context it was generated from ("own"), as a response to the problem alone in the policy
+    #: loss ("as_attempt"), or as a response to the problem alone in an auxiliary term ("auxiliary":
+    #: SFT / DISTILL items, over which the update computes no π_old or π_ref log-probs); a kind not
+    #: listed is not trained. Default: every turn on its own context.
     trained_turns: ClassVar[dict[str, str]] = {"attempt": "own", "feedback": "own", "refine": "own"}
     #: Whether a step's work depends on the share of the budget spent (``CreditInputs.frac_done``):
     #: then a run read at a smaller budget (``report --at-flops``) is not one stopped there.
@@ -130,7 +132,7 @@ class Algorithm:
         until ``problems_per_step`` of them): by default those whose attempts' rewards differ."""
         by_problem: dict[int, set[float]] = {}
         for i in rollout.of_kind("attempt"):
-            by_problem.setdefault(rollout.turns[i].problem, set()).add(float(rollout.turns[i].reward))
+            by_problem.setdefault(rollout.turns[i].problem, set()).add(float(rollout.turns[i].scored_reward))
         return {p for p, rs in by_problem.items() if len(rs) > 1}
 
     # loss-variant helpers shared by every algorithm's credit ------------------------------
@@ -167,7 +169,7 @@ class Algorithm:
 
 def rewards(rollout: Rollout, indices: Sequence[int]) -> torch.Tensor:
     """``[N]`` verifier rewards of the turns at ``indices`` (float64)."""
-    return torch.tensor([float(rollout.turns[i].reward) for i in indices], dtype=torch.float64)
+    return torch.tensor([float(rollout.turns[i].scored_reward) for i in indices], dtype=torch.float64)
 
 
 def problem_of(rollout: Rollout, indices: Sequence[int]) -> list[int]:
@@ -175,7 +177,8 @@ def problem_of(rollout: Rollout, indices: Sequence[int]) -> list[int]:
     return [rollout.turns[i].problem for i in indices]
 
 
-def group_advantages(values: torch.Tensor, groups: Sequence[int], scale: str) -> tuple[torch.Tensor, float]:
+def group_advantages(values: torch.Tensor, groups: Sequence[int],
+                     scale: Literal["std", "none"]) -> tuple[torch.Tensor, float]:
     """Group-relative advantages ``[N]`` of ``values`` and the share of zero-variance groups."""
     gid = torch.tensor(list(groups), dtype=torch.long)
     return core.group_advantages(values, gid, scale=scale), core.frac_zero_std(values, gid)

@@ -19,10 +19,13 @@ a float mask of 0/1 is accepted wherever a mask is.
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Iterator, Mapping
+from typing import Literal, TypedDict, Unpack
 
 import torch
 from torch import Tensor
+
+from mlmt_bench.algorithms import losses
 
 AggMode = Literal["token_mean", "seq_mean_token_mean", "constant_norm"]
 AGG_MODES: tuple[str, ...] = ("token_mean", "seq_mean_token_mean", "constant_norm")
@@ -182,11 +185,12 @@ def policy_loss_terms(
     clip_low: float,
     clip_high: float,
     *,
-    ratio: Literal["token", "sequence"] = "token",
-    loss: Literal["clip", "cispo"] = "clip",
+    ratio: str = "token",
+    loss: str = "clip",
     cispo_max: float = 5.0,
     row_mode: Tensor | None = None,
     shaping_gamma: float = 0.1,
+    loss_options: Mapping[str, float] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Per-token policy loss of each row, by its mode (METHOD.md "Shared pieces", v2 loss variants).
 
@@ -196,19 +200,24 @@ def policy_loss_terms(
     mask:       [B, T] 1 on trained tokens, 0 elsewhere.
     clip_low, clip_high: epsilon_low, epsilon_high (unitless); asymmetric clipping is DAPO's
                 "clip-higher".
-    ratio:      "token": rho_t = pi_theta / pi_old per token; "sequence" (GSPO): one
-                length-normalised ratio per sequence, exp(mean_t log rho_t), clipped per sequence.
-    loss:       "clip": -min(rho*A, clip(rho, 1-clip_low, 1+clip_high)*A) (PPO/GRPO);
-                "cispo": -sg[min(rho, cispo_max)] * A * log pi_theta (CISPO: the importance
-                weight is clipped and stop-gradiented, so no token leaves the gradient).
+    ratio:      a ratio of :data:`losses.RATIOS`: "token": rho_t = pi_theta / pi_old per token;
+                "sequence" (GSPO): one length-normalised ratio per sequence, exp(mean_t log rho_t),
+                clipped per sequence.
+    loss:       a policy loss of :data:`losses.POLICY_LOSSES`, looked up by name: "clip":
+                -min(rho*A, clip(rho, 1-clip_low, 1+clip_high)*A) (PPO/GRPO); "cispo":
+                -sg[min(rho, cispo_max)] * A * log pi_theta (CISPO: the importance weight is
+                clipped and stop-gradiented, so no token leaves the gradient); any other
+                registered one (see :mod:`mlmt_bench.algorithms.losses`).
+    clip_low, clip_high, cispo_max: passed to the losses that declare them;
+    loss_options: the loss's other options (keyword arguments of its function).
     row_mode:   [B] long, per row: POLICY (the loss above), SHAPED (an off-policy response:
                 policy shaping -A * pi/(pi + gamma) with pi = exp(logp), no ratio or clip, as
                 Critique-GRPO / LUFFY), SFT (-A * log pi_theta: a weighted log-likelihood term).
                 Default: every row POLICY.
     returns:    (per_token_loss [B, T], 0 outside the mask;
-                 clipped_mask [B, T] bool: POLICY rows' tokens whose gradient the clip removed
-                 (clip: rho < 1-clip_low with A < 0, or rho > 1+clip_high with A > 0; cispo:
-                 the weight capped at cispo_max with A > 0)).
+                 clipped_mask [B, T] bool: POLICY rows' tokens whose gradient the loss's clip
+                 removed (clip: rho < 1-clip_low with A < 0, or rho > 1+clip_high with A > 0;
+                 cispo: the weight capped at cispo_max with A > 0)).
 
     rho is computed only on masked tokens (1 elsewhere), so garbage log-probs on padding can
     neither overflow nor leak NaN into the gradient.
@@ -220,25 +229,16 @@ def policy_loss_terms(
         )
     if advantages.shape != logp.shape[:1]:
         raise ValueError(f"advantages must be [B]={logp.shape[0]}, got {tuple(advantages.shape)}")
-    if ratio not in ("token", "sequence") or loss not in ("clip", "cispo"):
-        raise ValueError(f"ratio must be token|sequence and loss clip|cispo, got {ratio!r}, {loss!r}")
+    reduce_ratio, loss_fn = losses.ratio_of(ratio), losses.policy_loss(loss)
     m = _bool_mask(mask)
     zeros = torch.zeros_like(logp)
-    log_ratio = torch.where(m, logp - old_logp.detach(), zeros)
-    if ratio == "sequence":
-        mf = m.to(logp.dtype)
-        log_ratio = ((log_ratio * mf).sum(dim=1, keepdim=True) / mf.sum(dim=1, keepdim=True).clamp(min=1.0))
-        log_ratio = log_ratio.expand_as(logp)
+    log_ratio = reduce_ratio(torch.where(m, logp - old_logp.detach(), zeros), m.to(logp.dtype))
     rho = torch.exp(log_ratio)
     adv = advantages.detach().unsqueeze(1).to(logp.dtype)
-    if loss == "clip":
-        unclipped = rho * adv
-        clipped = torch.clamp(rho, 1.0 - clip_low, 1.0 + clip_high) * adv
-        pg = -torch.minimum(unclipped, clipped)
-        was_clipped = clipped < unclipped
-    else:
-        pg = -torch.clamp(rho, max=cispo_max).detach() * adv * logp
-        was_clipped = (rho > cispo_max) & (adv > 0)
+    shared = {"clip_low": clip_low, "clip_high": clip_high, "cispo_max": cispo_max}
+    declared = losses.options_of(loss)
+    options = {k: v for k, v in shared.items() if k in declared} | dict(loss_options or {})
+    pg, was_clipped = loss_fn(logp, rho, adv, m, **options)
     if row_mode is not None:
         mode = row_mode.to(logp.device).unsqueeze(1)
         pi = torch.exp(torch.where(m, logp, zeros))
@@ -313,6 +313,17 @@ def _masked_mean(values: Tensor, mask: Tensor) -> float:
     return float(values.detach()[m].double().mean().item())
 
 
+class LossVariant(TypedDict, total=False):
+    """The keyword arguments :func:`grpo_loss` passes on to :func:`policy_loss_terms`."""
+
+    ratio: str
+    loss: str
+    cispo_max: float
+    row_mode: Tensor | None
+    shaping_gamma: float
+    loss_options: Mapping[str, float] | None
+
+
 def grpo_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -325,7 +336,7 @@ def grpo_loss(
     beta: float | Tensor = 0.0,
     agg: AggMode = "token_mean",
     norm: float | None = None,
-    **variant: object,
+    **variant: Unpack[LossVariant],
 ) -> tuple[Tensor, dict[str, float]]:
     """GRPO loss = aggregate(pg + beta * kl_k3) over the masked tokens.
 
@@ -337,7 +348,7 @@ def grpo_loss(
                 [B, 1] tensor of per-sequence coefficients (SCoRe's stage I puts the KL on
                 one turn only).
     agg, norm: see `aggregate`.
-    variant:    ratio, loss, cispo_max, row_mode, shaping_gamma: see `policy_loss_terms`.
+    variant:    ratio, loss, cispo_max, loss_options, row_mode, shaping_gamma: see `policy_loss_terms`.
     returns:    (loss [] scalar with gradient w.r.t. logp,
                  stats: "clip_frac" share of masked tokens whose clipped branch is active,
                         "kl" token-mean k3 KL (nats; 0.0 when ref_logp is None),
@@ -383,7 +394,7 @@ def distill_kl(student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
 # --------------------------------------------------------------------------- logits
 
 
-def _rows_in_float(logits: Tensor):
+def _rows_in_float(logits: Tensor) -> Iterator[Tensor]:
     """Yield one sequence [T, V] at a time, upcast to float32 when stored in half precision."""
     for row in logits:
         yield row.float() if row.dtype in (torch.float16, torch.bfloat16) else row

@@ -25,8 +25,15 @@ import torch
 from pydantic import Field
 
 from mlmt_bench.algorithms import core
-from mlmt_bench.algorithms.base import (Algorithm, Credit, CreditInputs, by_turn, group_advantages, problem_of,
-                                        response_to_x)
+from mlmt_bench.algorithms.base import (
+    Algorithm,
+    Credit,
+    CreditInputs,
+    by_turn,
+    group_advantages,
+    problem_of,
+    response_to_x,
+)
 from mlmt_bench.algorithms.params import DEFAULT_SHAPING_GAMMA, GRPOParams, LossTerms, Roles
 from mlmt_bench.rollout.episodes import Program, Rollout
 
@@ -48,6 +55,7 @@ class CritiqueGRPOParams(GRPOParams):
 
 class CritiqueGRPO(Algorithm):
     Params = CritiqueGRPOParams
+    params: CritiqueGRPOParams  # what __init__ is given: an instance of Params
     trained_turns = {"attempt": "own", "refine": "as_attempt"}  # refinements join the problem's group
 
     def program(self, step: int) -> Program:

@@ -9,6 +9,7 @@ from mlmt_bench.rollout.episodes import Program, Rollout
 
 class GRPO(Algorithm):
     Params = GRPOParams
+    params: GRPOParams  # what __init__ is given: an instance of Params
     trained_turns = {"attempt": "own"}
 
     def program(self, step: int) -> Program:

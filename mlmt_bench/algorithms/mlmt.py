@@ -24,8 +24,16 @@ from __future__ import annotations
 import torch
 
 from mlmt_bench.algorithms import core
-from mlmt_bench.algorithms.base import Algorithm, Credit, CreditInputs, ancestor, by_turn, group_advantages, \
-    problem_of, rewards
+from mlmt_bench.algorithms.base import (
+    Algorithm,
+    Credit,
+    CreditInputs,
+    ancestor,
+    by_turn,
+    group_advantages,
+    problem_of,
+    rewards,
+)
 from mlmt_bench.algorithms.params import MLMTParams
 from mlmt_bench.algorithms.value import ValueModel
 from mlmt_bench.rollout.episodes import Program, Rollout
@@ -33,6 +41,7 @@ from mlmt_bench.rollout.episodes import Program, Rollout
 
 class MLMT(Algorithm):
     Params = MLMTParams
+    params: MLMTParams  # what __init__ is given: an instance of Params
 
     def __init__(self, params: MLMTParams, total_steps: int) -> None:
         super().__init__(params, total_steps)
@@ -66,7 +75,7 @@ class MLMT(Algorithm):
     def value_targets(self, rollout: Rollout) -> tuple[list[int], torch.Tensor]:
         f_pos = {f: n for n, f in enumerate(rollout.of_kind("feedback"))}
         refines = rollout.of_kind("refine")
-        return [f_pos[rollout.turns[r].parent] for r in refines], rewards(rollout, refines)
+        return [f_pos[rollout.parent_index(r)] for r in refines], rewards(rollout, refines)
 
     # credit -----------------------------------------------------------------------------------
     def credit(self, rollout: Rollout, step: int, inputs: CreditInputs) -> Credit:
@@ -137,7 +146,8 @@ def critic_credit(algo: Algorithm, rollout: Rollout, u_bar: torch.Tensor, values
             raise ValueError("critic_reward: helpfulness+verdict needs each feedback's verdict match in "
                              "CreditInputs.verdict_match (the trainer reads it with Benchmark.feedback_verdict)")
         reward = core.verdict_reward(u_bar, verdict_match, nu)
-    groups = [rollout.turns[f].parent for f in feedbacks] if feedbacks_per_attempt > 1 else problem_of(rollout, feedbacks)
+    groups = ([rollout.parent_index(f) for f in feedbacks] if feedbacks_per_attempt > 1
+              else problem_of(rollout, feedbacks))
     gid = torch.tensor(groups, dtype=torch.long)
     adv_h = core.critic_advantages(reward, value, lam, gid, p.scale)
     zero_h = core.frac_zero_std(reward, gid)

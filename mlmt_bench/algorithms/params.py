@@ -22,11 +22,12 @@ problems × G × K × M per step: :mod:`mlmt_bench.spec`):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from mlmt_bench.algorithms import losses
 from mlmt_bench.rollout.episodes import FeedbackSource
 
 #: What an algorithm does with a role's policy: ``trained`` (built and updated), ``frozen``
@@ -50,7 +51,8 @@ class Roles:
     feedback: FeedbackSource = "none"
 
     def mode(self, role: str) -> RoleMode:
-        return getattr(self, role)
+        mode: RoleMode = getattr(self, role)  # a field of this class
+        return mode
 
     def built(self) -> list[str]:
         """Roles whose policy is loaded from a spec (trained or frozen)."""
@@ -83,12 +85,13 @@ class LossTerms:
 
     clip_low: float
     clip_high: float
-    loss_agg: str
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "constant_norm"]
     epochs: int
     ratio: str = "token"
     loss: str = "clip"
     cispo_max: float = 5.0
     shaping_gamma: float = DEFAULT_SHAPING_GAMMA
+    loss_options: dict[str, float] = field(default_factory=dict)  # the loss's own options (losses.py)
 
 
 class AlgorithmParams(BaseModel):
@@ -119,21 +122,47 @@ class LossParams(AlgorithmParams):
                                   "completion tokens / (max_new_tokens × sequences sampled))")
     scale: Literal["std", "none"] = Field("std", description="divide advantages by the group std (none = Dr.GRPO)")
     epochs: int = Field(1, ge=1, le=MAX_EPOCHS, description="optimisation passes over each rollout batch")
-    ratio: Literal["token", "sequence"] = Field(
-        "token", description="importance ratio per token, or one length-normalised ratio per sequence (GSPO)")
-    loss: Literal["clip", "cispo"] = Field(
+    ratio: str = Field(
+        "token", description="importance ratio per token, or one length-normalised ratio per sequence (GSPO); "
+                             f"one of the ratios of mlmt_bench/algorithms/losses.py: {', '.join(losses.RATIOS)}")
+    loss: str = Field(
         "clip", description="clip: PPO's clipped surrogate; cispo: the clipped, stop-gradiented weight times "
-                            "the REINFORCE term of every token")
+                            "the REINFORCE term of every token; one of the policy losses registered in "
+                            f"mlmt_bench/algorithms/losses.py: {', '.join(losses.POLICY_LOSSES)}")
+    loss_options: dict[str, float] = Field(
+        default_factory=dict, description="the chosen loss's own options (keyword arguments of its function in "
+                                          "losses.py, beyond clip_low, clip_high and cispo_max)")
     cispo_max: float = Field(5.0, gt=0.0, description="CISPO's cap on the importance weight (ε_max)")
     overlong_buffer: int = Field(0, ge=0, description="DAPO overlong shaping: a penalty ramping from 0 to "
-                                                      "-overlong_penalty over the last N tokens before the limit (0: off)")
+                                                      "-overlong_penalty over the last N tokens before the limit "
+                                                      "(0: off)")
     overlong_penalty: float = Field(1.0, ge=0.0, description="the overlong penalty at the token limit")
     mask_truncated: bool = Field(False, description="drop completions cut by the token limit from the loss "
-                                                    "(DAPO's overlong filtering); they still count in the group's statistics")
+                                                    "(DAPO's overlong filtering); they still count in the group's "
+                                                    "statistics")
+
+    @field_validator("ratio")
+    @classmethod
+    def _known_ratio(cls, v: str) -> str:
+        losses.ratio_of(v)  # ValueError with a did-you-mean
+        return v
+
+    @field_validator("loss")
+    @classmethod
+    def _known_loss(cls, v: str) -> str:
+        losses.policy_loss(v)
+        return v
+
+    @field_validator("loss_options")
+    @classmethod
+    def _options_of_the_loss(cls, v: dict[str, float], info: ValidationInfo) -> dict[str, float]:
+        if "loss" in info.data:  # else the loss itself is already reported
+            losses.check_options(info.data["loss"], v)
+        return v
 
     def loss_terms(self) -> LossTerms:
         return LossTerms(self.clip_low, self.clip_high, self.loss_agg, self.epochs, self.ratio, self.loss,
-                         self.cispo_max)
+                         self.cispo_max, loss_options=dict(self.loss_options))
 
     def needs_reference(self) -> bool:
         """Whether some trained turn carries a KL term to π_ref (a reference model is kept)."""

@@ -12,14 +12,14 @@ from __future__ import annotations
 import torch
 
 from mlmt_bench.algorithms import core
-from mlmt_bench.algorithms.base import Algorithm, Credit, CreditInputs, ancestor, by_turn, group_advantages, \
-    problem_of
+from mlmt_bench.algorithms.base import Algorithm, Credit, CreditInputs, ancestor, by_turn, group_advantages, problem_of
 from mlmt_bench.algorithms.params import SelfCorrectParams
 from mlmt_bench.rollout.episodes import Program, Rollout
 
 
 class SelfCorrect(Algorithm):
     Params = SelfCorrectParams
+    params: SelfCorrectParams  # what __init__ is given: an instance of Params
     trained_turns = {"attempt": "own", "refine": "own"}
     budget_dependent = True  # stage I is the first stage1_frac of the budget
 

@@ -29,10 +29,10 @@ from pydantic import Field
 from mlmt_bench.algorithms import core
 from mlmt_bench.algorithms.base import Algorithm, Credit, CreditInputs, by_turn, group_advantages, problem_of
 from mlmt_bench.algorithms.mlmt import critic_credit, feedback_means
-from mlmt_bench.algorithms.params import GRPOParams, Roles
+from mlmt_bench.algorithms.params import GRPOParams, RoleMode, Roles
 from mlmt_bench.rollout.episodes import Program, Rollout
 
-_CRITIC_MODE = {"critic": "frozen", "oracle": "absent", "mlmt": "trained"}
+_CRITIC_MODE: dict[str, RoleMode] = {"critic": "frozen", "oracle": "absent", "mlmt": "trained"}
 
 
 class SelfDistillParams(GRPOParams):
@@ -51,7 +51,8 @@ class SelfDistillParams(GRPOParams):
 
 class SelfDistill(Algorithm):
     Params = SelfDistillParams
-    trained_turns = {"attempt": "own", "feedback": "own", "refine": "as_attempt"}  # refinements distilled
+    params: SelfDistillParams  # what __init__ is given: an instance of Params
+    trained_turns = {"attempt": "own", "feedback": "own", "refine": "auxiliary"}  # refinements distilled (δ·L)
 
     def teacher_turn(self) -> str | None:
         return "refine" if self.params.distill == "kl" else None  # the KL teacher reads ŷ after (x, z, g)

@@ -6,7 +6,7 @@ coefficients; batching, log-probs, the clipped loss and gradient accumulation li
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -42,15 +42,16 @@ class TrainItem:
 class LossConfig:
     clip_low: float
     clip_high: float
-    loss_agg: str
+    loss_agg: core.AggMode
     epochs: int
     grad_accum: int
     grad_clip: float
     micro_batch_tokens: int | None = None  # padded tokens per forward/backward; None: no limit
     ratio: str = "token"  # token | sequence (GSPO)
-    loss: str = "clip"  # clip | cispo
+    loss: str = "clip"  # a policy loss of algorithms/losses.py: clip | cispo | ...
     cispo_max: float = 5.0
     shaping_gamma: float = 0.1  # policy shaping of off-policy (SHAPED) rows: pi / (pi + gamma)
+    loss_options: dict[str, float] = field(default_factory=dict)  # the loss's own options
 
 
 def _is_auxiliary(item: TrainItem) -> bool:
@@ -197,13 +198,15 @@ def _policy_micro_step(model: Any, mb: list[TrainItem], pad_id: int, old_logp: t
     """The policy loss of one micro-batch, weighted to its share of the whole batch's
     aggregate, backward; its share of loss, clip fraction, KL and entropy added to ``stats``."""
     logp, mask, entropy = sequence_logprobs(model, mb, pad_id, with_entropy=True)
+    assert entropy is not None  # with_entropy=True
     old = logp.detach() if old_logp is None else old_logp
     adv = torch.tensor([it.advantage for it in mb], dtype=logp.dtype, device=logp.device)
     beta = torch.tensor([[it.beta] for it in mb], dtype=logp.dtype, device=logp.device)
     modes = torch.tensor([it.mode for it in mb], dtype=torch.long)
     loss, s = core.grpo_loss(logp, old, ref_logp, adv, mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
                              beta=beta if plan.needs_ref else 0.0, agg=cfg.loss_agg, norm=norm, row_mode=modes,
-                             ratio=cfg.ratio, loss=cfg.loss, cispo_max=cfg.cispo_max, shaping_gamma=cfg.shaping_gamma)
+                             ratio=cfg.ratio, loss=cfg.loss, cispo_max=cfg.cispo_max, shaping_gamma=cfg.shaping_gamma,
+                             loss_options=cfg.loss_options)
     n_tok = int(mask.sum())
     weight = {"token_mean": n_tok / plan.total_tokens, "seq_mean_token_mean": len(mb) / plan.total_items,
               "constant_norm": 1.0}[cfg.loss_agg]

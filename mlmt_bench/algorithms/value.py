@@ -60,15 +60,15 @@ class ValueModel:
         """``[F]`` value estimates (float64), a sigmoid: in [0, 1] like the rewards."""
         return torch.sigmoid(self._ensure(feats)(feats.float()).squeeze(-1)).double()
 
-    def fit(self, feats: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
+    def fit(self, feats: torch.Tensor, targets: torch.Tensor) -> dict[str, float | None]:
         """Score on the fresh ``(feats, targets)`` (one training step's refinements), add them to the
         buffer and drop the steps older than the last ``buffer_steps``, then ``fit_steps`` Adam steps
         of MSE on minibatches of the buffer. Returns the logged stats."""
         net = self._ensure(feats)
         targets = targets.float()
         pred = self.predict(feats).float()
-        stats = {"value/explained_variance": explained_variance(pred, targets),
-                 "value/mse_before": float(((pred - targets) ** 2).mean())}
+        stats: dict[str, float | None] = {"value/explained_variance": explained_variance(pred, targets),
+                                          "value/mse_before": float(((pred - targets) ** 2).mean())}
         self.add(feats, targets)
         assert self.opt is not None
         loss = torch.tensor(0.0)

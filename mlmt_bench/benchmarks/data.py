@@ -34,16 +34,19 @@ import os
 import stat
 import threading
 import zlib
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from mlmt_bench.benchmarks.base import Benchmark
 from mlmt_bench.errors import UserError
-from mlmt_bench.jsonl import DECODE_ERRORS as _DECODE_ERRORS
-from mlmt_bench.jsonl import decode_error as _decode_error
-from mlmt_bench.jsonl import is_gzip as _is_gzip
-from mlmt_bench.jsonl import iter_jsonl
+from mlmt_bench.jsonl import (
+    DECODE_ERRORS as _DECODE_ERRORS,
+    decode_error as _decode_error,
+    is_gzip as _is_gzip,
+    iter_jsonl,
+)
 from mlmt_bench.types import Problem
 
 ENV_VAR = "MLMT_BENCH_DATA"
@@ -242,12 +245,12 @@ def read_records(path: Path, required: Sequence[str] = (), member: ZipMember | N
         st = path.stat()
     except OSError as exc:
         raise UserError(f"{path}: cannot read data file ({exc.strerror or exc})") from None
-    in_zip = member is not None and path.name == member.archive
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, tuple(required), member.member if in_zip else "")
+    zipped = member if member is not None and path.name == member.archive else None  # read from the archive
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, tuple(required), zipped.member if zipped else "")
     with _cache_lock:
         if key in _cache:
             return _cache[key]
-    rows = read_zip_csv(path, member, required) if in_zip else _READERS[_format_of(path)](path, required)
+    rows = read_zip_csv(path, zipped, required) if zipped else _READERS[_format_of(path)](path, required)
     with _cache_lock:
         _cache[key] = rows
     return rows
@@ -293,8 +296,9 @@ def _load_hub(hub: HubSource) -> list[dict[str, Any]]:
         for row in ds:
             row = dict(row)
             rows.append(hub.convert(row) if hub.convert else row)
-    if hub.sort_key:
-        rows.sort(key=lambda r: r[hub.sort_key])
+    sort_key = hub.sort_key
+    if sort_key:
+        rows.sort(key=lambda r: r[sort_key])
     return rows
 
 
@@ -371,7 +375,8 @@ def load_records(spec: DataSpec, path: str | os.PathLike[str] | None = None) -> 
             else:
                 missing = [k for k in spec.required if rows and k not in rows[0]]
                 if missing:
-                    raise UserError(f"benchmark {spec.benchmark}: hub dataset {where} lacks field(s) {', '.join(missing)}")
+                    raise UserError(f"benchmark {spec.benchmark}: hub dataset {where} lacks field(s) "
+                                    f"{', '.join(missing)}")
                 return Found(rows, f"hf://{hub.path}" + (f"/{hub.name}" if hub.name else ""))
     raise UserError(
         f"benchmark {spec.benchmark}: data file {want} not found; searched: {'; '.join(searched)}. "

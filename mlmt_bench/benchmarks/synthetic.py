@@ -40,7 +40,8 @@ from __future__ import annotations
 
 import random
 import re
-from typing import Any, Callable, ClassVar, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
 from mlmt_bench.benchmarks.base import OracleBenchmark
 from mlmt_bench.errors import UserError
@@ -238,7 +239,8 @@ def apply_feedback(problem: Problem, attempt: str, feedback: str, *, revision: b
     """The scripted "follow the feedback" corrector.
 
     Applies only what the feedback states: ``S1 ok;...;S wrong`` (step ``i`` after ``i-1``
-    approved ones) keeps the attempt's steps before ``i``, writes ``S`` as step ``i`` and recomputes the remaining steps from the
+    approved ones) keeps the attempt's steps before ``i``, writes ``S`` as step ``i`` and recomputes \
+the remaining steps from the
     problem; ``answer wrong: #N`` keeps the steps and rewrites the final line. Any other
     feedback (``answer ok``, null feedback, nonsense) keeps the attempt.
 
@@ -517,8 +519,9 @@ class SyntheticArith(OracleBenchmark):
                              second_error_rate=second_error_rate)
 
     def apply_feedback(self, problem: Problem, attempt: str, feedback: str, *, revision: bool = False,
-                       arithmetic: Arithmetic = apply_op) -> str:
-        return apply_feedback(problem, attempt, feedback, revision=revision, arithmetic=arithmetic)
+                       arithmetic: Arithmetic = apply_op, **options: Any) -> str:
+        # **options: the base's signature; any but `arithmetic` is a TypeError, as before
+        return apply_feedback(problem, attempt, feedback, revision=revision, arithmetic=arithmetic, **options)
 
     def full_response(self, problem: Problem, attempt: str, refinement: str) -> str:
         """The solver's refinements are revisions (the base's curriculum teaches that form): the

@@ -42,7 +42,8 @@ from __future__ import annotations
 
 import random
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mlmt_bench.benchmarks.synthetic import (
     _gold_steps,
@@ -51,7 +52,6 @@ from mlmt_bench.benchmarks.synthetic import (
     apply_op,
     approve_all,
     corrected_step,
-    STEP_WRONG,
     feedback_is_ok,
     format_solution,
     format_step,

@@ -9,7 +9,8 @@ right value.
 
 | metric | definition (rates in [0, 1]; None when the denominator is empty) |
 |---|---|
-| ``false_alarm_rate`` | P(verdict wrong │ attempt right): an unreadable verdict counts as "wrong" (it asks for no approval) |
+| ``false_alarm_rate`` | P(verdict wrong │ attempt right): an unreadable verdict counts as "wrong" \
+(it asks for no approval) |
 | ``miss_rate`` | P(verdict right │ attempt wrong) |
 | ``exact_correction_rate`` | P(feedback is the oracle's │ attempt wrong) |
 | ``verdict_accuracy`` | P(verdict matches the verifier); an unreadable verdict is a mismatch |

@@ -18,7 +18,8 @@ term by ``(S - 1) / S`` and counts the interaction about three times (so it errs
 unless the seed term dominates and S is small). A bootstrap over problems alone has no seed term.
 
 How it behaves, measured with the simulation model of ``tests/test_stats_twoway.py`` (1000
-experiments per setting, N = 100 problems, n_boot = 500, S varied): with a large seed effect (latent sds: seed 0.1, problem
+experiments per setting, N = 100 problems, n_boot = 500, S varied): with a large seed effect \
+(latent sds: seed 0.1, problem
 0.15, cell 0.3) the 95% interval covered the true mean in 94.0% of experiments with S = 10 seeds
 and 94.5% with 20, but 88.9% with 5 and 85.3% with 3 (the seed variance is then estimated from
 a few seed means; a bootstrap over problems covered 51-77%); with no seed effect it is
@@ -43,7 +44,7 @@ outcomes the same numbers (every sum is an exact integer).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from statistics import NormalDist
 from typing import Any
 

@@ -23,8 +23,9 @@ the first build.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from mlmt_bench.errors import UserError
 
@@ -42,10 +43,11 @@ class ModelFactory:
         self._build = build
 
     def __call__(self, role: str, spec: PolicySpec, base_dir: Path | None = None, device: str | None = None) -> Any:
-        if isinstance(self._build, str):
-            module, _, attr = self._build.partition(":")
-            self._build = getattr(importlib.import_module(module), attr)
-        return self._build(role, spec, base_dir, device)
+        build = self._build
+        if isinstance(build, str):
+            module, _, attr = build.partition(":")
+            build = self._build = getattr(importlib.import_module(module), attr)
+        return build(role, spec, base_dir, device)
 
     def starts_from_base(self, spec: PolicySpec) -> bool:
         return False

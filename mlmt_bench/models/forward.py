@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, Protocol, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar, cast
 
 import torch
 
@@ -113,7 +114,7 @@ def sequence_logprobs(model: Any, items: Sequence[Tokens], pad_id: int, *, with_
     start = min(len(it.prompt_ids) for it in items) - 1  # first position whose prediction is trained
     keep = input_ids.shape[1] - start
     device = model_device(model)
-    inputs = dict(input_ids=input_ids.to(device), attention_mask=attention.to(device))
+    inputs: dict[str, Any] = dict(input_ids=input_ids.to(device), attention_mask=attention.to(device))
     if takes_logits_to_keep(model):
         inputs["logits_to_keep"] = keep
     logits = reference(**inputs) if reference is not None else model(**inputs).logits
@@ -177,18 +178,19 @@ def last_hidden_states(model: Any, pad_id: int, contexts: Sequence[list[int]],
         h = out.hidden_states[-1][torch.arange(len(mb), device=device), last].float().cpu()
         for k, i in enumerate(mb):
             rows[i] = h[k]
-    return torch.stack(rows)
+    return torch.stack(cast(list[torch.Tensor], rows))  # every row set: the micro-batches cover all contexts
 
 
 def takes_logits_to_keep(model: Any) -> bool:
     """Whether ``model.forward`` names ``logits_to_keep`` (transformers' causal LMs; a peft
     wrapper passes it through to its base model)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return _forward_names_logits_to_keep(type(base))
+    # mypy checks a class object against Hashable with the unbound object.__hash__ and refuses it; classes hash
+    return _forward_names_logits_to_keep(type(base))  # type: ignore[arg-type]
 
 
-@functools.lru_cache(maxsize=None)
-def _forward_names_logits_to_keep(cls: type) -> bool:
+@functools.cache
+def _forward_names_logits_to_keep(cls: type[Any]) -> bool:
     """Per model class, once: this runs on every micro-batch."""
     try:
         return "logits_to_keep" in inspect.signature(cls.forward).parameters

@@ -5,7 +5,7 @@ user needs."""
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 
 @contextlib.contextmanager

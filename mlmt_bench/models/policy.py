@@ -116,6 +116,7 @@ def _load(path: str, dtype: str, device: str | None) -> tuple[Any, Any]:
         raise UserError(f"model {path!r}: no such directory (and the hub is offline)")
     if local.exists():
         check_model_dir(local, path)
+    model: Any  # transformers' typing of PreTrainedModel.to (a decorated method) refuses model.to(device)
     try:
         with quiet_transformers():
             tokenizer = AutoTokenizer.from_pretrained(str(local) if local.exists() else path)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 import random
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 Example = tuple[list[int], list[tuple[int, int, float]]]
 

@@ -31,9 +31,10 @@ import random
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -57,7 +58,7 @@ class BaseMix(BaseModel):
     critique: float = Field(0.3, ge=0, description="feedback on attempts (the critic's skill)")
 
     @model_validator(mode="after")
-    def _some(self) -> "BaseMix":
+    def _some(self) -> BaseMix:
         if self.solve + self.refine + self.resolve + self.critique <= 0:
             raise ValueError("at least one mixture weight must be positive")
         return self
@@ -77,7 +78,7 @@ class CritiqueMix(BaseModel):
     other: float = Field(0.3, ge=0, description="solutions of solvers with other, freshly drawn misconception sets")
 
     @model_validator(mode="after")
-    def _some(self) -> "CritiqueMix":
+    def _some(self) -> CritiqueMix:
         if self.gold + self.slip + self.other <= 0:
             raise ValueError("at least one critique source weight must be positive")
         return self
@@ -88,9 +89,11 @@ class BaseConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    benchmark: str = Field("synthetic-arith", description="registry name of a synthetic benchmark with an oracle critic")
+    benchmark: str = Field("synthetic-arith",
+                           description="registry name of a synthetic benchmark with an oracle critic")
     benchmark_options: dict[str, Any] = Field(default_factory=dict,
-                                              description="options of the benchmark (as in the run spec's benchmark.options)")
+                                              description="options of the benchmark (as in the run spec's "
+                                                          "benchmark.options)")
     seed: int | None = Field(None, description="seeds initialisation, data and misconceptions; default: the run's seed")
     preset: str = Field("tiny-0.5m", description="tiny model preset (registry/models/)")
     steps: int = Field(2400, ge=0, description="SFT optimizer steps")
@@ -105,14 +108,17 @@ class BaseConfig(BaseModel):
     solver_error_rate: float = Field(0.1, ge=0, le=1,
                                      description="share of solutions and new attempts with injected (random) slips")
     refine_correct_frac: float = Field(0.3, ge=0, le=1,
-                                       description="share of refine/resolve conversations whose attempt is the taught one")
+                                       description="share of refine/resolve conversations whose attempt is the "
+                                                   "taught one")
     counterfactual_frac: float = Field(
         0.3, ge=0, le=1, description="share of corrective feedbacks stating a made-up value that the revision follows")
-    feedback_token_weight: float = Field(3.0, ge=0, description="loss weight of the revision tokens the feedback dictates")
+    feedback_token_weight: float = Field(3.0, ge=0,
+                                         description="loss weight of the revision tokens the feedback dictates")
     critique_mix: CritiqueMix = Field(default_factory=CritiqueMix,
                                       description="where the critique examples' attempts come from")
     critic_noise: float = Field(0.1, ge=0, le=1, description="share of critique targets replaced by wrong feedback")
-    critic_token_weight: float = Field(3.0, ge=0, description="loss weight of the critic's verdicts and computed values")
+    critic_token_weight: float = Field(3.0, ge=0,
+                                       description="loss weight of the critic's verdicts and computed values")
     threads: int = Field(1, ge=1, description="torch CPU threads while training: the weights depend on it, so it is "
                                                "part of the key (1: the same weights whatever the machine's load)")
     check_problems: int = Field(200, ge=1, description="validation problems of the base's check")
@@ -130,7 +136,7 @@ class BaseConfig(BaseModel):
             raise ValueError(f"must be JSON-serialisable ({exc})") from None
         return v
 
-    def with_seed(self, seed: int) -> "BaseConfig":
+    def with_seed(self, seed: int) -> BaseConfig:
         """This config with ``seed`` filled in when it names none."""
         return self if self.seed is not None else self.model_copy(update={"seed": seed})
 
@@ -334,8 +340,14 @@ def _build(cfg: BaseConfig, bench: Any, out: Path, progress: bool) -> dict[str, 
 
 
 def _rich_bar() -> Any:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
-        TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn(), TimeRemainingColumn())

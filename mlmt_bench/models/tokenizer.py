@@ -19,8 +19,9 @@ This is what token-in/token-out rollouts rely on (ARCHITECTURE.md, Principles).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 PAD = "<pad>"
 UNK = "<unk>"

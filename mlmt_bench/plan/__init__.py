@@ -47,8 +47,15 @@ from mlmt_bench.errors import UserError
 from mlmt_bench.plan.memory import estimate_memory
 from mlmt_bench.plan.text import render
 from mlmt_bench.plan.throughput import GB, Device, backend_key, load_table, resolve_device, time_estimate
-from mlmt_bench.plan.work import (eval_work, evaluations, generated_turns, planned_policies, prompt_lengths, step_work,
-                                  trained_turns)
+from mlmt_bench.plan.work import (
+    eval_work,
+    evaluations,
+    generated_turns,
+    planned_policies,
+    prompt_lengths,
+    step_work,
+    trained_turns,
+)
 
 __all__ = ["plan_run", "plan_spec", "refusal", "render", "load_table", "resolve_device", "Device"]
 
@@ -115,7 +122,7 @@ def plan_run(spec: RunSpec, device: Device, gpus: int = 1, table: dict[str, Any]
         "policies": [{"role": r, "model": p.spec.path or p.shape.name, "source": p.shape.source,
                       "params": p.shape.params, "trainable": p.trainable, "lora_params": p.lora_params,
                       "dtype": p.spec.dtype, "shared_with_solver": p.shared,
-                      "fine_tuning": ("LoRA r %d" % p.spec.lora.r) if p.spec.lora else "full",
+                      "fine_tuning": f"LoRA r {p.spec.lora.r:d}" if p.spec.lora else "full",
                       "updated": p.trains} for r, p in policies.items()],
         "program": {"problems_per_step": spec.train.problems_per_step, "problems_per_gpu": n,
                     "attempts": program.attempts, "feedback": program.feedback, "feedbacks": program.feedbacks,

@@ -48,7 +48,7 @@ def micro_batch_shapes(trained: list[Turn], roles: list[str], grad_accum: int,
     if not seqs:
         return []
     lengths = [int(math.ceil(p + n)) for p, n in seqs]
-    out = []
+    out: list[tuple[int, float, float]] = []
     for mb in micro_batches(lengths, mb_tokens, max_rows=-(-len(seqs) // grad_accum)):
         length = max(lengths[i] for i in mb)
         out.append((len(mb), length, length - min(seqs[i][0] for i in mb)))
@@ -86,8 +86,8 @@ def estimate_memory(spec: RunSpec, params: LossParams, policies: dict[str, Plann
     backend = backend_class(spec.backend.name)
     all_turns = turns + eval_turns
     for p in distinct:
-        roles = {p.role} | {q.role for q in policies.values() if q.shared}
-        gen = [t for t in all_turns if t.role in roles]
+        generating = {p.role} | {q.role for q in policies.values() if q.shared}
+        gen = [t for t in all_turns if t.role in generating]
         if not gen:
             continue
         load = GenerationLoad(p.role, p.shape, p.bytes, sequences=max(t.count for t in gen),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from mlmt_bench.errors import UserError
 from mlmt_bench.plan.work import Work
@@ -89,11 +89,12 @@ def throughput(table: dict[str, Any], device: str, params: int, backend: str) ->
 
 
 def time_estimate(table, device, policies, step: Work, one_eval: Work, steps: int, n_eval: int, backend: str):
-    rates = {r: throughput(table, device.kind, p.shape.params, backend) for r, p in policies.items()}
-    if any(v is None for v in rates.values()):
+    found = {r: throughput(table, device.kind, p.shape.params, backend) for r, p in policies.items()}
+    if any(v is None for v in found.values()):
         return {"available": False,
                 "why": f"no measured throughput for device {device.kind!r} in {TABLE.name}; add a row "
                        f"(benchmarks/plan_throughput.py prints them)"}
+    rates = cast("dict[str, dict[str, Any]]", found)  # none is None (above)
 
     def seconds(w: Work) -> float:
         s = 0.0

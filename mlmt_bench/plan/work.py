@@ -70,6 +70,7 @@ class Turn:
     prompt: float
     new: int
     trained: bool = False
+    auxiliary: bool = False  # trained in an auxiliary term (SFT / DISTILL): no π_old or π_ref pass over it
 
 
 @dataclass
@@ -166,6 +167,7 @@ def prompt_lengths(spec: RunSpec) -> Lengths:
     if not problems:
         return Lengths(256, 256 + _TEMPLATE_TOKENS, 24 + _TEMPLATE_TOKENS, 24, n_eval,
                        f"guessed (benchmark data not on disk: {why.splitlines()[0][:120]})")
+    assert tpl is not None  # set with the problems
     tok = _offline_tokenizer(spec.policies.solver)
     if tok is not None:
         from mlmt_bench.rollout.chat import chat_ids, continuation_ids
@@ -200,6 +202,7 @@ def generated_turns(program: Any, n: int, lengths: Lengths, t_new: int, t_fb: in
     out = [Turn("attempt", "solver", n * g, lengths.attempt, t_new)]
     if program.feedback == "none":
         return out
+    fb: float
     if program.feedback == "critic":
         out.append(Turn("feedback", "critic", n * g * k, lengths.feedback_extra + t_new, t_fb))
         fb = t_fb
@@ -210,26 +213,35 @@ def generated_turns(program: Any, n: int, lengths: Lengths, t_new: int, t_fb: in
     return out
 
 
+#: How a kind of turn is trained (``Algorithm.trained_turns``).
+TRAINED_MODES = ("own", "as_attempt", "auxiliary")
+
+
 def trained_turns(turns: list[Turn], algorithm: Any, policies: dict[str, PlannedPolicy],
                   lengths: Lengths) -> list[Turn]:
     """The sequences each updated role trains on in a step (upper bound: every one has a gradient):
-    the turns the algorithm's ``trained_turns`` lists, with the context they are trained in."""
+    the turns the algorithm's ``trained_turns`` lists, with the context they are trained in and
+    whether they are an auxiliary term (``Algorithm.trained_turns``: own, as_attempt, auxiliary)."""
     how = algorithm.trained_turns
     out = []
     for t in turns:
         mode = how.get(t.kind)
+        if mode is not None and mode not in TRAINED_MODES:
+            raise ValueError(f"{type(algorithm).__name__}.trained_turns[{t.kind!r}] = {mode!r}: expected one of "
+                             f"{', '.join(TRAINED_MODES)}")
         if mode is None or not (t.role in policies and policies[t.role].trains):
             continue
-        prompt = lengths.attempt if mode == "as_attempt" else t.prompt
-        out.append(Turn(t.kind, t.role, t.count, prompt, t.new, trained=True))
+        prompt = t.prompt if mode == "own" else lengths.attempt
+        out.append(Turn(t.kind, t.role, t.count, prompt, t.new, trained=True, auxiliary=mode == "auxiliary"))
     return out
 
 
 def step_work(turns: list[Turn], trained: list[Turn], params: LossParams | None, value_contexts: float) -> Work:
     """Tokens of one step as the trainer counts them: prefill and generated per generated turn;
     trained sequences (prompt + completion) every epoch; extra forward passes over them once each
-    for π_ref (β > 0, or self_correct's β₂) and π_old (epochs > 1); ``value_contexts`` tokens for
-    the learned value's features (METHOD.md v2)."""
+    for π_ref (β > 0, or self_correct's β₂) and π_old (epochs > 1), except over auxiliary ones
+    (the update computes neither for SFT / DISTILL items); ``value_contexts`` tokens for the
+    learned value's features (METHOD.md v2)."""
     w = Work()
     for t in turns:
         w.add("prefill", t.role, t.count * t.prompt)
@@ -239,7 +251,8 @@ def step_work(turns: list[Turn], trained: list[Turn], params: LossParams | None,
     for t in trained:
         seq = t.count * (t.prompt + t.new)
         w.add("trained", t.role, seq * epochs)
-        w.add("forward", t.role, seq * (int(ref) + int(epochs > 1)))
+        if not t.auxiliary:
+            w.add("forward", t.role, seq * (int(ref) + int(epochs > 1)))
     if value_contexts:
         w.add("forward", "solver", value_contexts)
     return w

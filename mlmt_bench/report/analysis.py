@@ -92,6 +92,7 @@ def _per_seed_common(a_rows: Rows, b_rows: Rows) -> dict[Any, float]:
         b = b_by_seed.get(s) if s is not None else None
         common = sorted(set(a) & set(b)) if b is not None else []
         if common and s not in out:
+            assert b is not None  # else common is empty
             out[s] = float(np.mean([a[p] - b[p] for p in common]))
     return dict(sorted(out.items(), key=lambda kv: _seed_order(kv[0])))
 

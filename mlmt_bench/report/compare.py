@@ -315,8 +315,8 @@ def invalid_bases(loaded: dict[str, list[RunRecord]]) -> list[str]:
         for r in results:
             base = r.manifest.get("base") or {}
             if base.get("invalid_because"):
-                out[str(base.get("key"))] = (f"base `{base.get('key')}` ({base.get('preset')}, seed {base.get('seed')}): "
-                                             + "; ".join(base["invalid_because"]))
+                out[str(base.get("key"))] = (f"base `{base.get('key')}` ({base.get('preset')}, "
+                                             f"seed {base.get('seed')}): " + "; ".join(base["invalid_because"]))
     return list(out.values())
 
 

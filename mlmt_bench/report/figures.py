@@ -35,7 +35,7 @@ COST_AXES = (("gen_tokens", "generated tokens (training)"), ("flops", "FLOPs (tr
 TRANSITIONS = (("i->c", "i→c (fixed)"), ("c->i", "c→i (broken)"), ("i->i", "i→i (still wrong)"))
 
 
-def aggregate_curves(results: list["RunRecord"], x_key: str, y_key: str = "acc@t2") -> dict[str, np.ndarray]:
+def aggregate_curves(results: list[RunRecord], x_key: str, y_key: str = "acc@t2") -> dict[str, np.ndarray]:
     """Mean over seeds at matching eval points, with the spread over seeds.
 
     Intermediate evals match by step; every run's last eval counts as one shared "final" point,
@@ -53,6 +53,7 @@ def aggregate_curves(results: list["RunRecord"], x_key: str, y_key: str = "acc@t
         points = [(int(rec["step"]), *_point(rec, x_key, y_key)) for rec in r.curve if rec.get("step") is not None]
         points = [p for p in points if p[1] is not None]
         for i, (step, xs, ys) in enumerate(points):
+            assert xs is not None and ys is not None  # kept above: _point gives both or neither
             groups["final" if i == len(points) - 1 else step].append((xs, ys, step))
     pts = sorted((np.asarray(g, dtype=float) for g in groups.values()), key=lambda p: p[:, 0].mean())
     return {
@@ -91,7 +92,7 @@ def _png(fig: Any) -> bytes:
     return buf.getvalue()
 
 
-def _draw_curves(ax: "Axes", runs: dict[str, list["RunRecord"]], x_key: str, y_key: str, scale: float) -> int:
+def _draw_curves(ax: Axes, runs: dict[str, list[RunRecord]], x_key: str, y_key: str, scale: float) -> int:
     """One line per arm (mean over seeds, × ``scale``) with a ± seed-std band where ≥ 2 seeds
     recorded the point; returns how many arms had points."""
     drawn = 0
@@ -110,7 +111,7 @@ def _draw_curves(ax: "Axes", runs: dict[str, list["RunRecord"]], x_key: str, y_k
     return drawn
 
 
-def acc_vs_cost_png(runs: dict[str, list["RunRecord"]], *, target: float | None = None,
+def acc_vs_cost_png(runs: dict[str, list[RunRecord]], *, target: float | None = None,
                     baseline: str | None = None, title: str = "") -> bytes:
     """Two panels, eval acc@t2 vs generated tokens (training) and vs FLOPs, one line per arm
     (mean over seeds, band ± one std over seeds); a dashed line marks the baseline's final
@@ -135,7 +136,7 @@ def acc_vs_cost_png(runs: dict[str, list["RunRecord"]], *, target: float | None 
 
 
 def plot_acc_vs_tokens(
-    runs: dict[str, list["RunRecord"]],
+    runs: dict[str, list[RunRecord]],
     path: Path,
     *,
     target: float | None = None,
@@ -147,7 +148,7 @@ def plot_acc_vs_tokens(
     return Path(path)
 
 
-def metric_panels_svg(runs: dict[str, list["RunRecord"]], metrics: list[tuple[str, str, float]],
+def metric_panels_svg(runs: dict[str, list[RunRecord]], metrics: list[tuple[str, str, float]],
                       x_key: str = "gen_tokens") -> tuple[list[str], list[tuple[str, str]]]:
     """One inline-SVG line chart per metric of the eval records that some arm recorded, against
     ``x_key``: a line per arm that recorded it (mean over seeds, band ± one seed std).
@@ -170,7 +171,7 @@ def metric_panels_svg(runs: dict[str, list["RunRecord"]], metrics: list[tuple[st
     return panels, [(arm, drawn[arm]) for arm in runs if arm in drawn]
 
 
-def transitions_svg(runs: dict[str, list["RunRecord"]]) -> tuple[str, list[tuple[str, str]]] | None:
+def transitions_svg(runs: dict[str, list[RunRecord]]) -> tuple[str, list[tuple[str, str]]] | None:
     """Grouped bars (inline SVG): i→c, c→i, i→i of the final records per arm, in % of problems
     (mean over seeds, error bar ± one seed std); arms without a second turn (GRPO) are left out.
     returns: (the chart, (arm, colour) of its bars), or None when no arm recorded transitions."""

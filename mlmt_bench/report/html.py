@@ -22,6 +22,7 @@ from typing import Any
 
 from mlmt_bench.metrics.stats import mean_std
 from mlmt_bench.report import analysis, figures, svg
+from mlmt_bench.report.episodes import Disagreement, Examples, find_disagreements
 from mlmt_bench.report.formatting import (
     CI_METRICS,
     DASH,
@@ -38,7 +39,6 @@ from mlmt_bench.report.formatting import (
     interval_tag,
     mark,
 )
-from mlmt_bench.report.episodes import Disagreement, Examples, find_disagreements
 from mlmt_bench.report.runs import RunRecord, is_num
 from mlmt_bench.tracking import atomic_write_text
 
@@ -271,7 +271,8 @@ def render_html(summary: dict[str, Any], loaded: dict[str, list[RunRecord]], acc
            "not a measurement of the method:</p><ul>" + "".join(f"<li>{_md_inline(b)}</li>" for b in invalid)
            + "</ul>"] if invalid else []),
         f"<p class='lede'>Final evaluation of each run, refine-all protocol unless labelled otherwise "
-        f"({proto or 'protocol not recorded'}). Seeds per arm: {seeds}. {_md_inline(analysis.statistics_text(summary))} "
+        f"({proto or 'protocol not recorded'}). Seeds per arm: {seeds}. "
+        f"{_md_inline(analysis.statistics_text(summary))} "
         "A shaded cell marks the same (green: up, red: down). "
         "Numbers marked <span class='badge'>oracle-gated</span> consult the verifier at test time (optimistic).</p>",
         "<nav><a href='#metrics'>metrics</a><a href='#curves'>curves</a><a href='#transitions'>transitions</a>"

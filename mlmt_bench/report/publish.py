@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from mlmt_bench.errors import UserError
-from mlmt_bench.jsonl import is_gzip
+from mlmt_bench.jsonl import open_jsonl
 from mlmt_bench.report.episodes import episodes_used
 from mlmt_bench.report.runs import log_file
 from mlmt_bench.tracking import atomic_write_bytes, atomic_write_text
@@ -59,7 +59,7 @@ def _read(path: Path) -> bytes:
 
     bounded_input.check_regular_file(path)
     limit = bounded_input.MAX_JSONL_BYTES
-    with (gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")) as f:
+    with open_jsonl(path, limit) as f:  # not gzip.open: it skips NUL padding one byte per call (jsonl.py)
         data = f.read(limit + 1)
     if len(data) > limit:
         raise UserError(f"{path}: more than the limit of {bounded_input.human_bytes(limit)} of JSON Lines "
@@ -132,7 +132,7 @@ def publish_runs(grouped: dict[str, list[Path]], out_dir: Path, *, record: dict[
 
     out_dir = Path(out_dir)
     src_of: dict[str, Path] = {}
-    for arm, dirs in grouped.items():
+    for dirs in grouped.values():
         for d in dirs:
             name = Path(os.path.abspath(d)).name
             if name in src_of and os.path.abspath(src_of[name]) != os.path.abspath(d):

@@ -21,7 +21,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from mlmt_bench.bounded_input import read_json, read_yaml_file
 from mlmt_bench.errors import UserError
@@ -80,8 +80,31 @@ class RunRecord:
         return xs, ys
 
 
-def is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+def is_num(v: Any) -> TypeGuard[float]:  # float: an int too, to the type checker
+    """A finite int or float (not a bool, nor an integer too large for a float: 10**400)."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
+#: a ``step`` of a log record must be an integer in [0, MAX_STEP) (a float that is one, e.g. 3.0, too)
+MAX_STEP = 2 ** 53
+
+
+def record_step(rec: dict[str, Any], where: str) -> int | None:
+    """The ``step`` of a log record as an int (None when absent); a one-line UserError naming
+    ``where`` (``file:line``) when it is not a step count (a string, NaN, -1, 2.5, 10**30)."""
+    step = rec.get("step")
+    if step is None:
+        return None
+    if not is_num(step) or step != int(step) or not 0 <= step < MAX_STEP:
+        from mlmt_bench.bounded_input import echo
+
+        raise UserError(f"{where}: 'step' must be a whole number of steps, got {echo(step)}")
+    return int(step)
 
 
 def acc_t2(rec: dict[str, Any]) -> Any:
@@ -143,15 +166,15 @@ def load_run(path: Path | str, at_flops: float | None = None) -> RunRecord:
     by_step: dict[int, dict[str, Any]] = {}
     final: dict[str, Any] | None = None
     value_ev: dict[int, float] = {}
-    for _, rec in records:
+    for lineno, rec in records:
         kind = rec.get("kind")
+        step = record_step(rec, f"{metrics_path}:{lineno}") if kind in ("eval", "final", "train") else None
         if kind == "eval":
-            step = rec.get("step")
-            by_step[int(step) if is_num(step) else len(by_step)] = _with_derived(rec)  # last logged per step wins
+            by_step[step if step is not None else len(by_step)] = _with_derived(rec)  # last logged per step wins
         elif kind == "final":
             final = _with_derived(rec)
-        elif kind == "train" and is_num(rec.get(VALUE_EV)) and is_num(rec.get("step")):
-            value_ev[int(rec["step"])] = float(rec[VALUE_EV])
+        elif kind == "train" and is_num(rec.get(VALUE_EV)) and step is not None:
+            value_ev[step] = float(rec[VALUE_EV])
     if not by_step and final is None:
         raise UserError(f"{metrics_path}: no eval records (the run has not been evaluated yet)")
     curve = [by_step[s] for s in sorted(by_step)]
@@ -209,8 +232,8 @@ def _problems_by_step(path: Path) -> dict[int, dict[str, dict[str, Any]]]:
         return {}
     by_step: dict[int, dict[str, dict[str, Any]]] = defaultdict(dict)
     for lineno, row in _read_records(path):
-        step, pid = row.get("step"), row.get("problem_id")
-        if not is_num(step) or pid is None or "t1" not in row:
+        step, pid = record_step(row, f"{path}:{lineno}"), row.get("problem_id")
+        if step is None or pid is None or "t1" not in row:
             raise UserError(f"{path}:{lineno}: record lacks step / problem_id / t1")
         t1 = bool(row["t1"])
         t2 = bool(row["t2"]) if row.get("t2") is not None else t1

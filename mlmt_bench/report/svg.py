@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 #: matplotlib's tab10 cycle, C0..C9
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
@@ -148,13 +148,18 @@ def line_chart(series: list[Series], *, title: str, x_label: str, y_label: str =
     return f.svg(body, title)
 
 
+def _error_bars(s: Series) -> Sequence[float | None]:
+    """A bar series' error-bar half-lengths (``hi``), None for each bar without one."""
+    return s.hi or [None] * len(s.y)
+
+
 def bar_chart(categories: list[str], series: list[Series], *, y_label: str, title: str = "",
               height: int = 260) -> str:
     """Grouped bars: one group per category, one bar per series (``y`` per category, ``hi`` the
     error bar's half-length or None), each labelled with its value; a NaN value draws no bar."""
     vals = [v for s in series for v in _finite(s.y)]
     tops = [y + (e if e is not None and math.isfinite(e) else 0) for s in series
-            for y, e in zip(s.y, s.hi or [None] * len(s.y)) if math.isfinite(y)]
+            for y, e in zip(s.y, _error_bars(s)) if math.isfinite(y)]
     lo, hi = min([0.0] + vals), max([1.0] + tops)
     f = _Frame(max(420, 70 + len(categories) * (30 * len(series) + 36)), height, None,
                (lo - 0.1 * (hi - lo) if lo < 0 else 0.0, hi + 0.12 * (hi - lo)))  # room for the value labels
@@ -172,7 +177,7 @@ def bar_chart(categories: list[str], series: list[Series], *, y_label: str, titl
             top, base = f.py(max(y, 0.0)), f.py(min(y, 0.0))
             body.append(f'<rect x="{x:.1f}" y="{top:.1f}" width="{bar:.1f}" height="{max(base - top, 0.5):.1f}" '
                         f'fill="{s.color}"><title>{_esc(s.label)}: {y:.1f}</title></rect>')
-            err = (s.hi or [None] * len(s.y))[c]
+            err = _error_bars(s)[c]
             if err is not None and math.isfinite(err) and err > 0:
                 mid = x + bar / 2
                 body.append(f'<path d="M{mid:.1f},{f.py(y + err):.1f}V{f.py(y - err):.1f}'

@@ -53,7 +53,7 @@ def storage_url(storage: str) -> str:
     return url
 
 
-def load_study(storage: str, study: str | None) -> "optuna.Study":
+def load_study(storage: str, study: str | None) -> optuna.Study:
     """The study named ``study`` in ``storage``, or its only study."""
     import optuna
 
@@ -75,7 +75,7 @@ def load_study(storage: str, study: str | None) -> "optuna.Study":
         return optuna.load_study(study_name=study, storage=store)
 
 
-def history(study: "optuna.Study") -> list[dict[str, Any]]:
+def history(study: optuna.Study) -> list[dict[str, Any]]:
     """Each trial in order: number, state, value (a pruned trial's: its last reported one), best so far."""
     from optuna.trial import TrialState
 
@@ -93,7 +93,7 @@ def history(study: "optuna.Study") -> list[dict[str, Any]]:
     return rows
 
 
-def importances(study: "optuna.Study") -> tuple[dict[str, float], str | None]:
+def importances(study: optuna.Study) -> tuple[dict[str, float], str | None]:
     """(parameter -> PED-ANOVA importance, summing to 1), or ({}, why there are none)."""
     import optuna
     from optuna.trial import TrialState
@@ -115,7 +115,7 @@ def importances(study: "optuna.Study") -> tuple[dict[str, float], str | None]:
     return {k: float(v) for k, v in found.items()}, None
 
 
-def best_spec_yaml(study: "optuna.Study") -> str:
+def best_spec_yaml(study: optuna.Study) -> str:
     """The best trial's run spec as YAML (see the module docstring for where it comes from)."""
     from mlmt_bench.spec import dump_yaml, load_run_spec
     from mlmt_bench.sweep import best_spec, load_sweep
@@ -153,7 +153,8 @@ def plot_history(rows: list[dict[str, Any]], path: Path, *, metric: str, title: 
     for state, marker, color in (("complete", "o", "C0"), ("pruned", "x", "0.55")):
         pts = [(r["number"], r["value"]) for r in rows if r["state"] == state and r["value"] is not None]
         if pts:
-            ax.scatter(*zip(*pts), marker=marker, color=color, s=24, label=f"{state} ({len(pts)})", zorder=3)
+            numbers, values = zip(*pts)
+            ax.scatter(numbers, values, marker=marker, color=color, s=24, label=f"{state} ({len(pts)})", zorder=3)
     best = [(r["number"], r["best"]) for r in rows if r["best"] is not None]
     if best:
         ax.step(*zip(*best), where="post", color="C3", label="best so far")
@@ -173,7 +174,7 @@ def plot_history(rows: list[dict[str, Any]], path: Path, *, metric: str, title: 
     atomic_write_bytes(path, buf.getvalue())
 
 
-def render_markdown(study: "optuna.Study", rows: list[dict[str, Any]], found: dict[str, float],
+def render_markdown(study: optuna.Study, rows: list[dict[str, Any]], found: dict[str, float],
                     why_not: str | None, url: str) -> str:
     from mlmt_bench.report.compare import _md_table
     from mlmt_bench.sweep_display import fmt, short_names
@@ -191,8 +192,8 @@ def render_markdown(study: "optuna.Study", rows: list[dict[str, Any]], found: di
            + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + ".", "",
            "![optimisation history](sweep_history.png)", "", "## Optimisation history", "",
            "Pruned trials show their last reported value; the best so far counts complete trials only.", ""]
-    table = [[str(r["number"]), r["state"], fmt(r["value"]), fmt(r["best"])] + [fmt(r["params"].get(k), 4) for k in keys]
-             for r in rows]
+    table = [[str(r["number"]), r["state"], fmt(r["value"]), fmt(r["best"])]
+             + [fmt(r["params"].get(k), 4) for k in keys] for r in rows]
     out += [_md_table(["trial", "state", metric, "best so far"] + [names[k] for k in keys], table), ""]
     out += ["## Parameter importances", ""]
     if why_not:
@@ -224,7 +225,8 @@ def report_sweep(storage: str, out_dir: Path, study: str | None = None) -> dict[
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {"markdown": out_dir / "sweep.md", "history": out_dir / "sweep_history.png"}
     metric = st.user_attrs.get("metric", "value")
-    plot_history(rows, files["history"], metric=metric, title=f"{st.study_name}: {metric} ({st.direction.name.lower()})")
+    plot_history(rows, files["history"], metric=metric,
+                 title=f"{st.study_name}: {metric} ({st.direction.name.lower()})")
     if any(r["state"] == "complete" for r in rows):
         files["best_spec"] = out_dir / "sweep_best.yaml"
         atomic_write_text(files["best_spec"], best_spec_yaml(st))

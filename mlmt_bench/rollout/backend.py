@@ -153,7 +153,7 @@ def backend_class(name: str) -> type[Backend]:
     return declared(registry.backends.get(name))
 
 
-def known_options(backend_cls: type) -> list[str]:
+def known_options(backend_cls: type[Backend]) -> list[str]:
     """The ``backend.options`` a backend class takes: its constructor's named parameters."""
     import inspect
 
@@ -161,7 +161,7 @@ def known_options(backend_cls: type) -> list[str]:
     return [p.name for p in params if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
 
 
-def option_defaults(backend_cls: type) -> dict[str, Any]:
+def option_defaults(backend_cls: type[Backend]) -> dict[str, Any]:
     """The default of each ``backend.options`` entry a backend class takes (its constructor's)."""
     import inspect
 
@@ -169,12 +169,12 @@ def option_defaults(backend_cls: type) -> dict[str, Any]:
     return {n: params[n].default for n in known_options(backend_cls) if params[n].default is not params[n].empty}
 
 
-def with_defaults(backend_cls: type, options: dict[str, Any]) -> dict[str, Any]:
+def with_defaults(backend_cls: type[Backend], options: dict[str, Any]) -> dict[str, Any]:
     """``options`` over the backend class's defaults: the values an instance would use."""
     return {**option_defaults(backend_cls), **options}
 
 
-def reject_unknown_options(backend_cls: type, name: str, options: dict[str, Any]) -> None:
+def reject_unknown_options(backend_cls: type[Backend], name: str, options: dict[str, Any]) -> None:
     """A one-line error naming ``options`` the backend does not take (a typo is never ignored)."""
     from mlmt_bench.errors import UserError
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from mlmt_bench.rollout.chat import chat_ids, close_turn, continuation_ids
 from mlmt_bench.types import Problem, PromptTemplates, Verdict
@@ -51,6 +52,18 @@ class TurnSample:
     advantage: float = 0.0
     children: list[int] = field(default_factory=list)
 
+    @property
+    def scored_reward(self) -> float:
+        """``reward``, of a turn that has one (the rollout scores every attempt and refinement)."""
+        assert self.reward is not None, f"a {self.kind} turn without a reward"
+        return self.reward
+
+    @property
+    def scored_verdict(self) -> Verdict:
+        """``verdict``, of a scored turn (the rollout scores every attempt and refinement)."""
+        assert self.verdict is not None, f"a {self.kind} turn without a verdict"
+        return self.verdict
+
 
 @dataclass
 class Rollout:
@@ -65,6 +78,16 @@ class Rollout:
 
     def of_kind(self, kind: TurnKind) -> list[int]:
         return [i for i, t in enumerate(self.turns) if t.kind == kind]
+
+    def parent_index(self, i: int) -> int:
+        """The index of the turn ``turns[i]`` answers: a feedback's attempt, a refinement's feedback."""
+        parent = self.turns[i].parent
+        assert parent is not None, f"turn {i} ({self.turns[i].kind}) has no parent"
+        return parent
+
+    def parent_of(self, i: int) -> TurnSample:
+        """The turn ``turns[i]`` answers (:meth:`parent_index`)."""
+        return self.turns[self.parent_index(i)]
 
 
 @dataclass
@@ -193,6 +216,7 @@ def rollout(program: Program, actors: Actors, problems: Sequence[Problem], sampl
     # Turn 2: K feedbacks per attempt.
     fb_parent, fb_texts, fb_ids, fb_lp, fb_prompts, fb_finish = [], [], [], [], [], []
     if program.feedback == "critic":
+        assert critic is not None  # a critic program's actors have one (Actors)
         prompts = []
         for ai in attempts:
             t = turns[ai]
@@ -201,7 +225,10 @@ def rollout(program: Program, actors: Actors, problems: Sequence[Problem], sampl
         gens = _generate(critic, prompts, sampling, sampling.feedback_max_new_tokens, actors.backend,
                          sampling.critic_temperature)
         for p, g in zip(prompts, gens):
-            fb_prompts.append(p), fb_texts.append(g.text), fb_ids.append(g.ids), fb_lp.append(g.logprobs)
+            fb_prompts.append(p)
+            fb_texts.append(g.text)
+            fb_ids.append(g.ids)
+            fb_lp.append(g.logprobs)
             fb_finish.append(g.finish_reason)
             gen_tokens["critic"] += len(g.ids)
             prompt_tokens["critic"] += len(p)
@@ -209,9 +236,17 @@ def rollout(program: Program, actors: Actors, problems: Sequence[Problem], sampl
         for ai in attempts:
             t = turns[ai]
             for _ in range(program.feedbacks):
-                text = actors.oracle(problems[t.problem], t.text) if program.feedback == "oracle" else tpl.null_feedback
-                fb_parent.append(ai), fb_texts.append(text), fb_ids.append([]), fb_lp.append([])
-                fb_prompts.append([]), fb_finish.append("stop")
+                if program.feedback == "oracle":
+                    assert actors.oracle is not None  # an oracle program's actors have one (Actors)
+                    text = actors.oracle(problems[t.problem], t.text)
+                else:
+                    text = tpl.null_feedback
+                fb_parent.append(ai)
+                fb_texts.append(text)
+                fb_ids.append([])
+                fb_lp.append([])
+                fb_prompts.append([])
+                fb_finish.append("stop")
     feedbacks = []
     for ai, p, text, ids, lp, fin in zip(fb_parent, fb_prompts, fb_texts, fb_ids, fb_lp, fb_finish):
         policy = "critic" if program.feedback == "critic" else program.feedback
@@ -223,6 +258,7 @@ def rollout(program: Program, actors: Actors, problems: Sequence[Problem], sampl
     r_prompts, r_parent = [], []
     for fi in feedbacks:
         f = turns[fi]
+        assert f.parent is not None  # a feedback's attempt
         a = turns[f.parent]
         prob = problems[a.problem]
         ids = refine_prompt(solver.tokenizer, tpl, prob, a.prompt_ids, a.ids, a.text, f.text)

@@ -23,13 +23,21 @@ The vLLM backend stays the recommended engine for large models on GPUs.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from mlmt_bench.errors import UserError
-from mlmt_bench.rollout.backend import (Backend, BackendTraits, Generation, GenerationLoad, MemoryItem,
-                                        forward_memory, reject_unknown_options, with_defaults)
+from mlmt_bench.rollout.backend import (
+    Backend,
+    BackendTraits,
+    Generation,
+    GenerationLoad,
+    MemoryItem,
+    forward_memory,
+    reject_unknown_options,
+    with_defaults,
+)
 from mlmt_bench.rollout.stops import StopStrings
 
 DECODE_MODES = ("generate", "static")
@@ -87,8 +95,10 @@ class HFBackend(Backend):
                                    sampler=sampler)
         self.decoders: dict[int, Any] = {}  # id(model) -> StaticDecoder (which holds the model)
 
+    # The ignore[override] below: the base takes **options, but options reach check_values only after
+    # reject_unknown_options, so only this backend's own names (its constructor's) arrive
     @staticmethod
-    def check_values(*, decode: str = "generate", graphs: Any = "auto", buckets: Any = "auto",
+    def check_values(*, decode: str = "generate", graphs: Any = "auto", buckets: Any = "auto",  # type: ignore[override]
                      max_cache_mb: Any = "auto", sync_every: Any = "auto", sampler: str = "auto",
                      batch_size: Any = 256) -> None:
         """One-line errors for option values this backend cannot use (``mlmt-bench validate`` calls it)."""
@@ -230,7 +240,8 @@ def _records(new: torch.Tensor, step_logprobs: torch.Tensor, eos_id: int | None,
     return gens
 
 
-def _cut(row: list[int], eos_id: int | None, pad_id: int, stops: StopStrings | None) -> tuple[int, str]:
+def _cut(row: list[int], eos_id: int | None, pad_id: int,
+         stops: StopStrings | None) -> tuple[int, Literal["stop", "length"]]:
     """Length of the real continuation in a padded row, and why it ended."""
     if eos_id is not None and eos_id in row:
         return row.index(eos_id) + 1, "stop"

@@ -408,6 +408,7 @@ class StaticDecoder:
         st.penalty.fill_(_penalty(gen_cfg))
         st.min_new.fill_(int(min_new_tokens))
         if mode.penalty:
+            assert st.seen is not None  # allocated with a penalty mode
             st.seen.zero_()
             st.seen.scatter_(1, ids.clamp(max=self.arch.vocab - 1), True)
 
@@ -489,6 +490,7 @@ class StaticDecoder:
         """One decode step on the state's buffers; fixed shapes, no host synchronisation."""
         a = self.arch
         if mode.penalty:
+            assert st.seen is not None  # allocated with a penalty mode
             st.seen.scatter_(1, st.ids[:, None].clamp(max=a.vocab - 1), True)
         x = a.embed(st.ids[:, None])
         cos, sin = a.rotary(x, st.pos[:, None])
@@ -517,6 +519,7 @@ class StaticDecoder:
         (float32). Processors in generate's order: repetition penalty, EOS suppression before
         min_new_tokens, then (sampling) temperature and top-p."""
         if mode.penalty:
+            assert st.seen is not None  # allocated with a penalty mode
             pen = torch.where(logits < 0, logits * st.penalty, logits / st.penalty)
             logits = torch.where(st.seen, pen, logits)
         if eos_id is not None:

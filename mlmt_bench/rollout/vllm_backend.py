@@ -44,13 +44,21 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Literal
 
 from mlmt_bench.errors import UserError
-from mlmt_bench.rollout.backend import (Backend, BackendTraits, Generation, GenerationLoad, MemoryItem,
-                                        reject_unknown_options, with_defaults)
+from mlmt_bench.rollout.backend import (
+    Backend,
+    BackendTraits,
+    Generation,
+    GenerationLoad,
+    MemoryItem,
+    reject_unknown_options,
+    with_defaults,
+)
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +161,7 @@ class VLLMBackend(Backend):
         engine = self._engine(model, tokenizer)
         eos_id = tokenizer.eos_token_id
         greedy = temperature <= 0
-        base = dict(
+        base: dict[str, Any] = dict(
             n=1,
             temperature=0.0 if greedy else float(temperature),
             top_p=1.0 if greedy else float(top_p),
@@ -485,7 +493,7 @@ def _to_generation(out: Any, tokenizer: Any, eos_id: int | None, special: set[in
     c = out.outputs[0]
     ids = [int(t) for t in c.token_ids]
     logprobs = _sampled_logprobs(ids, c.logprobs)
-    reason = "length" if c.finish_reason == "length" else "stop"
+    reason: Literal["stop", "length"] = "length" if c.finish_reason == "length" else "stop"
     if eos_id is not None:
         if ids and ids[-1] == eos_id:
             reason = "stop"  # EOS on the last allowed token: the HF backend reports "stop" too

@@ -71,6 +71,10 @@ import struct
 import sys
 import time
 
+TYPE_CHECKING = False  # for the type checker only: this script imports no typing at run time
+if TYPE_CHECKING:
+    from typing import Any
+
 # ---------------------------------------------------------------------------------------------
 # constants
 
@@ -176,7 +180,7 @@ def write_frame(fd: int, obj) -> None:
 
 def read_exact(fd: int, n: int) -> bytes:
     """Blocking read of exactly n bytes (b'' on EOF before the first byte)."""
-    chunks = []
+    chunks: list[bytes] = []
     while n > 0:
         chunk = os.read(fd, min(n, 1 << 20))
         if not chunk:
@@ -339,10 +343,10 @@ def decode_value(x):
         if tag == "D":
             return dict(pairs)
         if tag == "CN":
-            c = collections.Counter()
+            counts: collections.Counter[Any] = collections.Counter()
             for k, val in pairs:
-                c[k] = val
-            return c
+                counts[k] = val
+            return counts
         if tag == "OD":
             return collections.OrderedDict(pairs)
         return collections.defaultdict(None, pairs)
@@ -994,7 +998,7 @@ class Judge:
             os.set_blocking(fd, False)
             self.poll.register(fd, select.POLLIN)
         try:
-            self.pidfd = os.pidfd_open(pid)
+            self.pidfd: int | None = os.pidfd_open(pid)
             self.poll.register(self.pidfd, select.POLLIN)
         except (AttributeError, OSError):
             self.pidfd = None
@@ -1178,7 +1182,8 @@ class Judge:
                 try:
                     return decode_value(frame.get("v"))
                 except (ValueError, TypeError, RecursionError, OverflowError, MemoryError) as exc:
-                    raise RemoteError("BadResult", f"unusable result: {type(exc).__name__}: {exc}"[:DETAIL_CHARS])
+                    raise RemoteError("BadResult",
+                                      f"unusable result: {type(exc).__name__}: {exc}"[:DETAIL_CHARS]) from exc
             raise RemoteError(str(frame.get("etype"))[:60], str(frame.get("error"))[:DETAIL_CHARS])
 
 
@@ -1289,6 +1294,7 @@ def judge_setup(setup: str) -> tuple[dict, set[str]]:
             try:
                 value = ast.literal_eval(node.value)
                 for t in node.targets:
+                    assert isinstance(t, ast.Name)  # every target is one (the elif above)
                     ns[t.id] = value
                 done = True
             except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
@@ -1422,8 +1428,8 @@ def evaluator_main(cfg: dict, fds: dict) -> None:
         finally:
             os._exit(70)
     os.write(fds["report_w"], b"R")  # J's deadline starts now
-    report = {"status": "starting", "passed": [False] * len(tests), "details": [""] * len(tests),
-              "mechanisms": [], "load_error": None, "load_etype": None}
+    report: dict[str, Any] = {"status": "starting", "passed": [False] * len(tests), "details": [""] * len(tests),
+                              "mechanisms": [], "load_error": None, "load_etype": None}
     judge = Judge(cfg, pid, fds["resp_r"], fds["out_r"], fds["err_r"], fds["req_w"])
     try:
         _judge_run(judge, cfg, tests, report)
@@ -1496,7 +1502,8 @@ def _checked_report(msg: dict | None, n_tests: int) -> dict:
     """J's fields from E's report, each checked for type and length (E runs the tests, which may
     be untrusted: what it says is data)."""
     msg = msg if isinstance(msg, dict) else {}
-    rep = msg.get("report") if isinstance(msg.get("report"), dict) else {}
+    rep = msg.get("report")
+    rep = rep if isinstance(rep, dict) else {}
     passed = rep.get("passed")
     details = rep.get("details")
     status = rep.get("status")
@@ -1752,7 +1759,7 @@ def _judge_run(judge: Judge, cfg: dict, tests: list, report: dict) -> None:
 # probe: which isolation mechanisms work on this machine
 
 
-def _probe_in_child(fn) -> tuple[bool, object]:
+def _probe_in_child(fn) -> tuple[bool, Any]:
     """Run ``fn()`` in a forked child: (True, its JSON-able result) or (False, why it failed)."""
     r, w = os.pipe()
     pid = os.fork()
@@ -1784,7 +1791,7 @@ def _probe_in_child(fn) -> tuple[bool, object]:
 
 
 def probe() -> dict:
-    res = {"root": os.geteuid() == 0, "errors": {}}
+    res: dict[str, Any] = {"root": os.geteuid() == 0, "errors": {}}
 
     def uid_drop():
         os.setgroups([])

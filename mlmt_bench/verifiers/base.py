@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Sequence
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 from mlmt_bench.metrics.feedback import LeakKind, is_leak
 from mlmt_bench.types import Problem, Verdict

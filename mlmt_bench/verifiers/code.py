@@ -39,8 +39,9 @@ import re
 import textwrap
 import threading
 import warnings
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Sequence
+from typing import Any
 
 from mlmt_bench.bounded_input import shorten
 from mlmt_bench.errors import UserError
@@ -187,7 +188,8 @@ class CodeVerifier(Verifier):
         if program is None:
             return Verdict(0.0, False, None, "no_answer", "no Python program found in the response")
         if len(program) > self.max_program_chars:
-            return Verdict(0.0, False, program[:1000], "crash", f"program longer than {self.max_program_chars} characters")
+            return Verdict(0.0, False, program[:1000], "crash",
+                           f"program longer than {self.max_program_chars} characters")
         err = _syntax_error(program)
         if err is not None:
             return Verdict(0.0, False, program, "crash", err)

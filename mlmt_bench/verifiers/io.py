@@ -113,7 +113,8 @@ def read_requests(in_path: Path) -> list[tuple[dict[str, Any], Problem, str]]:
             try:
                 problem = Problem.from_json(pj)
             except (TypeError, ValueError, KeyError) as exc:
-                raise UserError(f"{where}: bad 'problem' ({type(exc).__name__}: {shorten(unquoted(str(exc)))})") from None
+                raise UserError(f"{where}: bad 'problem' ({type(exc).__name__}: "
+                                f"{shorten(unquoted(str(exc)))})") from None
             _check_scored_size(problem.answer or "", "'problem.answer'", where)
         elif "benchmark" in obj and "id" in obj:
             if not isinstance(obj["benchmark"], str):
@@ -163,7 +164,8 @@ def verify_file(verifier_name: str, in_path: Path, out_path: Path, workers: int 
     responses = [r for _, _, r in requests]
     verdicts = _score_all(verifier, problems, responses, workers)
     if len(verdicts) != len(requests):
-        raise RuntimeError(f"verifier {verifier_name!r} returned {len(verdicts)} verdicts for {len(requests)} responses")
+        raise RuntimeError(f"verifier {verifier_name!r} returned {len(verdicts)} verdicts for "
+                           f"{len(requests)} responses")
 
     kinds = {k: 0 for k in VERDICT_KINDS}
     correct = 0

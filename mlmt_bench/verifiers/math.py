@@ -27,23 +27,25 @@ Verdict kinds: ``ok`` / ``wrong`` / ``no_answer`` (nothing extracted) / ``timeou
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Sequence
+from typing import Any
 
 from mlmt_bench.errors import UserError
 from mlmt_bench.types import Problem, Verdict
 from mlmt_bench.verifiers.base import Verifier
-from mlmt_bench.verifiers.math_text import (  # re-exported: the maths verifier's text rules
-    extract_boxed,
+from mlmt_bench.verifiers.math_text import (  # re-exported (`X as X`): the maths verifier's text rules
     extract_answer,
-    strip_unit_tails,
-    unwrap_commands,
+    extract_boxed as extract_boxed,
     normalize_answer,
+    strip_unit_tails as strip_unit_tails,
+    unwrap_commands as unwrap_commands,
 )
 from mlmt_bench.verifiers.timeout import (
     CallTimeout,
-    WorkerRaised,
     WorkerCrashed,
+    WorkerPool,
+    WorkerRaised,
     call_inline,
     shared_pool,
 )
@@ -191,7 +193,7 @@ class MathVerifier(Verifier):
         self.isolation = isolation
         self.workers = workers
         self.memory_limit_mb = memory_limit_mb
-        self._pool = None
+        self._pool: WorkerPool | None = None
 
     @property
     def pool(self) -> Any:

@@ -10,7 +10,7 @@ files. The extraction and normalisation rules are described in :mod:`mlmt_bench.
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 # ---------------------------------------------------------------------------------------
 # Extraction
@@ -46,13 +46,20 @@ def _closing_braces(text: str, opens: set[int]) -> dict[int, int]:
     return closes
 
 
+def _after_blanks(text: str, i: int) -> int:
+    """The index after the spaces and tabs at ``text[i:]`` (``[ \\t]*`` always matches)."""
+    m = _BLANKS.match(text, i)
+    assert m is not None
+    return m.end()
+
+
 def extract_boxed(text: str) -> str | None:
     """Content of the last complete, non-empty ``\\boxed{...}`` / ``\\fbox{...}``.
 
     Linear in the length of ``text`` (the braces of every ``\\boxed{`` are matched in one pass,
     and no content but the answer is copied), so a response of a million unclosed ``\\boxed{``
     is answered at once."""
-    starts = [_BLANKS.match(text, m.end()).end() for m in _BOX_RE.finditer(text)]
+    starts = [_after_blanks(text, m.end()) for m in _BOX_RE.finditer(text)]
     opens = {i for i in starts if text.startswith("{", i)}
     closes = _closing_braces(text, opens)
     found: tuple[int, int] | None = None  # the span of the last non-empty content

@@ -69,9 +69,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from mlmt_bench.bounded_input import short_repr
 from mlmt_bench.errors import UserError

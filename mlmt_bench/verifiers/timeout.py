@@ -44,8 +44,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
 class CallTimeout(Exception):
@@ -367,6 +368,7 @@ def call_inline(fn: Callable[..., Any], args: tuple[Any, ...], timeout: float | 
     def on_alarm(signum: int, frame: Any) -> None:
         raise CallTimeout(f"no answer within {timeout:g} s")
 
+    assert timeout is not None  # use_alarm
     start = time.monotonic()
     old_handler = signal.signal(signal.SIGALRM, on_alarm)
     old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, float(timeout))

@@ -24,4 +24,5 @@ class ExactVerifier(Verifier):
 
 def register(registries):
     registries["benchmark"].register("demo-echo", EchoBenchmark, "echo the number back (plugin demo)")
-    registries["verifier"].register("demo-exact", "mlmt_bench_demo_plugin:ExactVerifier", "exact string match (plugin demo)")
+    registries["verifier"].register("demo-exact", "mlmt_bench_demo_plugin:ExactVerifier",
+                                    "exact string match (plugin demo)")
