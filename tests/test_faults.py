@@ -22,6 +22,7 @@ from mlmt_bench.cli import app
 from mlmt_bench.errors import UserError
 from mlmt_bench.spec import load_run_spec
 from mlmt_bench.tracking import RunDir
+from support import one_line_error
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,17 +31,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 if "parity-test" not in registry.verifiers:  # rewards that vary, so that a training step changes the weights
     registry.verifiers.register("parity-test", "support:ParityVerifier", "parity of the response length (tests)",
                                 overwrite=True)
-
-
-def one_line_error(args: list[str], *fragments: str) -> str:
-    """Run the CLI in this process: exit 2, exactly one ``error:`` line holding ``fragments``."""
-    res = CliRunner().invoke(app, args)
-    assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
-    assert res.exit_code == 2, (res.exit_code, res.stderr[-800:])
-    assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1, res.stderr[-800:]
-    for f in fragments:
-        assert f in res.stderr, res.stderr
-    return res.stderr
 
 
 def resume_ok(run: Path) -> str:

@@ -34,19 +34,9 @@ from mlmt_bench.errors import UserError
 from mlmt_bench.report.runs import load_run
 from mlmt_bench.tracking import read_jsonl
 from mlmt_bench.verifiers.math import extract_answer, extract_boxed, normalize_answer, unwrap_commands
+from support import one_line_error
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def one_line_error(args: list[str], *fragments: str) -> str:
-    """Run the CLI in this process: exit 2, exactly one ``error:`` line holding ``fragments``."""
-    res = CliRunner().invoke(app, args)
-    assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
-    assert res.exit_code == 2, (res.exit_code, res.stderr[-800:])
-    assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1, res.stderr[-800:]
-    for f in fragments:
-        assert f in res.stderr, res.stderr
-    return res.stderr
 
 
 def cli_ok(args: list[str]) -> str:
