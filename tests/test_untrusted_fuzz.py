@@ -43,6 +43,7 @@ import stat
 import struct
 import subprocess
 import time
+import zlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -329,7 +330,7 @@ def _gunzips(data: bytes) -> bool:
     try:
         gzip.decompress(data)
         return True
-    except (OSError, EOFError, ValueError):
+    except (OSError, EOFError, ValueError, zlib.error):  # a mutated stream: not gzip any more
         return False
 
 
