@@ -155,6 +155,16 @@ def echo(value: Any) -> str:
     return f"a value of type {type(value).__name__} (not shown)"
 
 
+_PATH_LIKE = re.compile(r"[\w./~+\-@=, ]{1,200}\Z")
+
+
+def echo_path(value: Any) -> str:
+    """A path from a file for an error message: itself when it is made of the characters of
+    ordinary paths (letters, digits, ``/ . _ - ~ + @ = ,`` and spaces; at most 200), else
+    :func:`echo` (described, not shown)."""
+    return value if isinstance(value, str) and _PATH_LIKE.match(value) else echo(value)
+
+
 def human_bytes(n: int) -> str:
     """``n`` bytes as "16 MiB" when a whole number of MiB, else "1234 bytes"."""
     return f"{n >> 20} MiB" if n >= 1 << 20 and n % (1 << 20) == 0 else f"{n} bytes"

@@ -130,8 +130,24 @@ def check_state(directory: Path, state: Any) -> None:
     if not ok:
         raise UserError(f"{Path(directory) / STATE_FILE}: incomplete checkpoint state (it needs "
                         f"{', '.join(STATE_KEYS)} and the torch / python / numpy RNG states)")
+    import math
     import random
 
+    from mlmt_bench.bounded_input import is_name
+
+    def finite(v: Any) -> bool:
+        try:
+            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        except OverflowError:  # an int too large for a float
+            return False
+
+    counters = state["counters"]
+    bad = [k for k, v in counters.items() if not finite(v)]
+    step = counters.get("step", 0)
+    if bad or not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 2 ** 53:
+        names = ", ".join(k if is_name(k) else "(a key not shown)" for k in bad[:3]) or "step"
+        raise UserError(f"{Path(directory) / STATE_FILE}: malformed checkpoint state (counters: {names} must be "
+                        "finite numbers, the step a whole number)")
     rng = state["rng"]
     for name, load in (("torch", lambda s: torch.Generator().set_state(s)), ("python", random.Random().setstate),
                        ("numpy", np.random.RandomState().set_state)):

@@ -537,7 +537,7 @@ def _validate_run(data: dict[str, Any], source: str) -> RunSpec:
 
         problem = data_path_problem(spec.benchmark.path)
         if problem is not None:
-            raise UserError(f"{source}: benchmark.path: {bounded_input.shorten(spec.benchmark.path, 200)} {problem}")
+            raise UserError(f"{source}: benchmark.path: {bounded_input.echo_path(spec.benchmark.path)} {problem}")
     if spec.base is not None:
         from mlmt_bench.models.shared_base import BaseConfig
 

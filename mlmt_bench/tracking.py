@@ -197,8 +197,9 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """:func:`atomic_write_bytes` of ``text`` in UTF-8."""
-    atomic_write_bytes(path, text.encode("utf-8"))
+    """:func:`atomic_write_bytes` of ``text`` in UTF-8; a lone surrogate (from a ``\\ud800`` escape
+    in a JSON file read back: a copied run directory) is written as that escape, not an error."""
+    atomic_write_bytes(path, text.encode("utf-8", "backslashreplace"))
 
 
 def git_sha(cwd: Path | None = None) -> str | None:
@@ -517,11 +518,13 @@ class RunDir:
             kept = []
             for lineno, r in read_jsonl_lines(path):  # a copied run directory's logs: anything may be there
                 at = r.get("step", -1) if isinstance(r, dict) else None
-                if isinstance(at, bool) or not isinstance(at, (int, float)):
-                    raise UserError(f"{_shown(path)}:{lineno}: expected a JSON object with a numeric 'step'")
+                kind = name != "metrics.jsonl" or isinstance(r, dict) and isinstance(r.get("kind"), str)
+                if isinstance(at, bool) or not isinstance(at, (int, float)) or not kind:  # the trainer reads both
+                    raise UserError(f"{_shown(path)}:{lineno}: expected a JSON object with a numeric 'step'"
+                                    + (" and a 'kind'" if name == "metrics.jsonl" else ""))
                 if at <= step:
                     kept.append(r)
-            atomic_write_text(path, "".join(_json_line(r) for r in kept))
+            atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
 
     def close(self) -> None:
         error = self._close_logs()
@@ -601,17 +604,6 @@ def _remove_entry(path: Path) -> None:
         shutil.rmtree(path)
     elif os.path.lexists(path):
         os.unlink(path)
-
-
-def _json_line(record: Any) -> str:
-    """``record`` as one JSON line, UTF-8 as written; with a lone surrogate (a ``\\ud800`` escape in
-    a log that was read back) its strings keep their escapes (the text could not be encoded)."""
-    text = json.dumps(record, ensure_ascii=False)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = json.dumps(record)
-    return text + "\n"
 
 
 def _step_of(checkpoint: Path) -> int:

@@ -1,4 +1,5 @@
-"""The package's import graph has no cycle (each arrow of docs/architecture.md points one way)."""
+"""The package's import graph has no cycle (each arrow of docs/architecture.md points one way),
+and no test module imports another."""
 
 from __future__ import annotations
 
@@ -86,3 +87,28 @@ def test_the_check_finds_a_cycle_when_there_is_one(tmp_path, monkeypatch):
     graph = {m: _imports(p, modules) for m, p in modules.items()}
     assert graph["mlmt_bench.c"] == set()  # annotations only: not a dependency
     assert find_cycles(graph) == [["mlmt_bench.a", "mlmt_bench.b", "mlmt_bench.a"]]
+
+
+def _test_modules_imported(path: Path, test_modules: set[str]) -> list[str]:
+    """The test modules (``test_*``) that the file ``path`` imports, lazily or not."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append(node.module)
+    return sorted({m for m in found if m.split(".")[0] in test_modules})
+
+
+def test_no_test_module_imports_another(tmp_path):
+    """A test module is not a library: what several use lives in tests/support.py (helpers) and
+    tests/conftest.py (fixtures; a fixture imported from a test module is shadowed by the test
+    arguments that request it)."""
+    tests = Path(__file__).resolve().parent
+    test_modules = {f.stem for f in tests.glob("test_*.py")}
+    assert len(test_modules) > 40 and "test_architecture" in test_modules  # the scan sees the suite
+    offenders = {f.name: got for f in sorted(tests.rglob("*.py")) if (got := _test_modules_imported(f, test_modules))}
+    assert not offenders, offenders
+    bad = tmp_path / "test_x.py"
+    bad.write_text("def test():\n    from test_architecture import find_cycles\n")
+    assert _test_modules_imported(bad, test_modules) == ["test_architecture"]  # the check sees a lazy import

@@ -182,6 +182,16 @@ def _statistics_notes(summary: dict[str, Any]) -> list[str]:
     return notes
 
 
+def _shown_value(value: Any) -> str:
+    """A protocol value for a message: as JSON when plain (a name, a number), else described (a
+    run directory may be anyone's: its spec's values are not shown)."""
+    from mlmt_bench.bounded_input import echo, is_name, is_plain
+
+    if isinstance(value, dict) and len(value) <= 6 and all(is_name(k) and is_plain(v) for k, v in value.items()):
+        return json.dumps(value, sort_keys=True)  # benchmark options: {"difficulty": 2}
+    return json.dumps(value) if is_plain(value) else echo(value)
+
+
 def check_one_protocol(loaded: dict[str, list[RunRecord]]) -> dict[str, Any]:
     """The protocol all runs share; a UserError if they differ (never one table for two protocols)."""
     seen: dict[str, list[str]] = {}
@@ -191,7 +201,7 @@ def check_one_protocol(loaded: dict[str, list[RunRecord]]) -> dict[str, Any]:
     if len(seen) > 1:
         protocols = [json.loads(k) for k in seen]
         differ = sorted({k for p in protocols for k in p if len({json.dumps(q.get(k)) for q in protocols}) > 1})
-        examples = "; ".join(f"{k}: " + " vs ".join(sorted({json.dumps(q.get(k)) for q in protocols}))
+        examples = "; ".join(f"{k}: " + " vs ".join(sorted({_shown_value(q.get(k)) for q in protocols}))
                              for k in differ[:3])
         raise UserError(f"the runs differ in their protocol ({examples}); report them separately")
     return json.loads(next(iter(seen))) if seen else {}

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from mlmt_bench.bounded_input import read_json, read_yaml_file
+from mlmt_bench.bounded_input import echo, echo_path, is_name, read_json, read_yaml_file
 from mlmt_bench.errors import UserError
 from mlmt_bench.tracking import read_jsonl_lines
 
@@ -330,21 +330,26 @@ def _experiment_arms(exp_dir: Path) -> dict[str, list[Path]]:
         raise UserError(f"{path}: no 'arms' mapping of arm -> run directories")
     out: dict[str, list[Path]] = {}
     for arm, entries in arms.items():
+        key = arm if is_name(arm) else "(a key not shown)"
         if isinstance(entries, (str, dict)):
             entries = [entries]
         if not isinstance(entries, list):
-            raise UserError(f"{path}: arms.{arm} must be a list of run directories")
+            raise UserError(f"{path}: arms.{key} must be a list of run directories")
         dirs = []
         for e in entries:
             p = e.get("run_dir") or e.get("path") if isinstance(e, dict) else e
             if not isinstance(p, str):
-                raise UserError(f"{path}: arms.{arm}: cannot read a run directory from {e!r}")
+                raise UserError(f"{path}: arms.{key}: cannot read a run directory from {echo(e)}")
             run = Path(p)
-            if not run.is_absolute() and ((exp_dir / run).exists() or not run.exists()):
-                run = exp_dir / run  # relative to the experiment directory (else to the working directory)
-            if not run.is_dir():
-                raise UserError(f"{path}: arms.{arm}: run directory {p} not found (relative to {exp_dir} or to "
-                                "the working directory); a report copied without its runs cannot be re-rendered: "
+            try:
+                if not run.is_absolute() and ((exp_dir / run).exists() or not run.exists()):
+                    run = exp_dir / run  # relative to the experiment directory (else to the working directory)
+                found = run.is_dir()
+            except (OSError, ValueError):  # a name too long for the system, a NUL byte
+                found = False
+            if not found:
+                raise UserError(f"{path}: arms.{key}: run directory {echo_path(p)} not found (relative to {exp_dir} "
+                                "or to the working directory); a report copied without its runs cannot be re-rendered: "
                                 "publish it with `mlmt-bench report EXP_DIR --out DIR --raw`")
             dirs.append(run)
         out[str(arm)] = dirs

@@ -45,7 +45,7 @@ from typing import Any
 
 from mlmt_bench.bounded_input import shorten
 from mlmt_bench.errors import UserError
-from mlmt_bench.types import Problem, Verdict
+from mlmt_bench.types import Problem, Verdict, VerdictKind
 from mlmt_bench.verifiers.base import Verifier
 from mlmt_bench.verifiers.sandbox import Limits, RunResult, capabilities, check_disable, check_environment, run_tests
 
@@ -123,8 +123,8 @@ def verdict_from_run(run: RunResult, program: str) -> Verdict:
                        if not p), "")
     summary = f"{n}/{total} tests passed" + (f"; {first_fail}" if first_fail else "")
 
-    def v(reward: float, kind: str, detail: str) -> Verdict:
-        return Verdict(reward=float(reward), correct=kind == "ok", extracted=program, kind=kind,  # type: ignore[arg-type]
+    def v(reward: float, kind: VerdictKind, detail: str) -> Verdict:
+        return Verdict(reward=float(reward), correct=kind == "ok", extracted=program, kind=kind,
                        detail=detail[:500])
 
     if run.status == "sandbox_error":

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from mlmt_bench.bounded_input import check_regular_file, echo, jsonl_bounds, shorten, unquoted
+from mlmt_bench.bounded_input import check_regular_file, echo, jsonl_bounds, resolved, shorten, unquoted
 from mlmt_bench.errors import UserError
 from mlmt_bench.jsonl import iter_jsonl
 from mlmt_bench.tracking import atomic_open, check_output_file
@@ -155,7 +155,7 @@ def verify_file(verifier_name: str, in_path: Path, out_path: Path, workers: int 
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise UserError(f"workers must be a positive integer, got {workers!r}")
     check_output_file(out_path, "--out")  # a regular file or a new path: never a device, FIFO or /proc
-    if in_path.resolve() == out_path.resolve():
+    if resolved(in_path) == resolved(out_path):  # a symlink loop: one line, not a RuntimeError
         raise UserError(f"{out_path}: output must differ from the input file")
     verifier = build_verifier(verifier_name, workers)
     requests = read_requests(in_path)
