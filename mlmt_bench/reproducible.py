@@ -8,7 +8,7 @@ libraries load, so :func:`apply` puts :data:`PIN` into the environment before ``
 (the console entry point calls it first), re-executing the process when torch is already
 loaded; spawned workers (``--workers``, sweeps, accelerate) inherit the environment.
 
-The levels (measured by ``benchmarks/cpu_pin_cost.py``):
+The levels (measured by ``perf/cpu_pin_cost.py``):
 
 - ``ATEN_CPU_CAPABILITY=avx2``: every x86-64 CPU of the last decade has AVX2 (Intel since
   Haswell, 2013; AMD since Excavator, 2015); AVX-512 CPUs then run the same AVX2 kernels.
@@ -75,8 +75,9 @@ def apply() -> None:
         os.environ.update(PIN)
         return
     if reexeced:
-        sys.stderr.write("warning: the CPU pin could not be applied (torch was loaded before it); this process "
-                         "is recorded as unpinned\n")
+        from mlmt_bench.notes import warn
+
+        warn("the CPU pin could not be applied (torch was loaded before it); this process is recorded as unpinned")
         return
     sys.stdout.flush()
     sys.stderr.flush()

@@ -76,7 +76,7 @@ def fast_sweeps(monkeypatch):
     event.listen(Engine, "connect", no_sync)
     monkeypatch.setattr(tracking, "git_sha", lambda cwd=None: None)
     monkeypatch.setattr(tracking, "package_versions", lambda: {})
-    monkeypatch.setattr("mlmt_bench.sweep._free_memory", lambda: None)  # gc.collect: ~0.3 s per trial here
+    monkeypatch.setattr("mlmt_bench.sweep.study._free_memory", lambda: None)  # gc.collect: ~0.3 s per trial here
     yield
     event.remove(Engine, "connect", no_sync)
 

@@ -1,5 +1,6 @@
 """The package's import graph has no cycle (each arrow of docs/architecture.md points one way),
-and no test module imports another."""
+its folders stand on the floors of docs/architecture.md (a folder imports only from floors below
+it, and from its own floor only along the arrows listed here), and no test module imports another."""
 
 from __future__ import annotations
 
@@ -72,6 +73,71 @@ def test_import_graph_has_no_cycle():
     assert len(graph) > 40 and "mlmt_bench.evaluate" in graph["mlmt_bench.trainer"]  # the scan sees the package
     cycles = find_cycles(graph)
     assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+# The floors of the house, lowest first: a unit (a sub-package or a module of the package root)
+# imports from lower floors, and from its own floor only along SAME_FLOOR's arrows (the
+# foundation's small modules may import each other; the cycle test keeps that one-way).
+FLOORS: list[tuple[str, set[str]]] = [
+    ("foundation", {"errors", "types", "bounded_input", "jsonl", "tensor_ops", "registry", "progress", "memory",
+                    "dist", "reproducible", "tracking", "checkpoint_state", "notes", "trackers", "cluster"}),
+    ("components", {"verifiers", "rollout", "models", "metrics", "benchmarks", "fsdp"}),
+    ("algorithms", {"algorithms"}),
+    ("training", {"evaluate", "trainer", "warmstart"}),
+    ("composition", {"spec", "runner", "plan"}),
+    ("experiments", {"sweep", "experiment", "report", "external_eval"}),
+    ("interface", {"cli"}),
+]
+SAME_FLOOR: set[tuple[str, str]] = {
+    ("metrics", "verifiers"),  # leakage rates use the verifiers' leak checks
+    ("benchmarks", "models"), ("benchmarks", "rollout"),  # prompts are rendered with a tokenizer's chat template
+    ("fsdp", "rollout"),
+    ("rollout", "models"), ("fsdp", "models"),  # a policy's model may be an adapter of a shared base (adapters.py)
+    ("trainer", "evaluate"), ("warmstart", "evaluate"),
+    ("runner", "spec"), ("plan", "spec"), ("plan", "runner"),  # plan builds what a run would build
+    ("experiment", "report"), ("report", "sweep"),
+}
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def floor_violations(graph: dict[str, set[str]]) -> list[str]:
+    """The arrows between units that break FLOORS / SAME_FLOOR, and units on no floor."""
+    floor = {unit: i for i, (_, units) in enumerate(FLOORS) for unit in units}
+    out = []
+    for module, deps in sorted(graph.items()):
+        a = _unit(module)
+        if a != "mlmt_bench" and a not in floor:
+            out.append(f"{a} ({module}) stands on no floor: add it to FLOORS")
+            continue
+        for dep in sorted(deps):
+            b = _unit(dep)
+            if a == b or a == "mlmt_bench" or b not in floor:
+                continue
+            if floor[b] > floor[a] or (floor[b] == floor[a] and floor[a] > 0 and (a, b) not in SAME_FLOOR):
+                out.append(f"{module} -> {dep} ({FLOORS[floor[a]][0]} -> {FLOORS[floor[b]][0]})")
+    return out
+
+
+def test_folders_import_only_downwards():
+    modules = _modules()
+    graph = {m: _imports(p, modules) for m, p in modules.items()}
+    assert not floor_violations(graph), "\n".join(floor_violations(graph))
+    used = {(_unit(m), _unit(d)) for m, ds in graph.items() for d in ds}
+    assert not SAME_FLOOR - used, f"arrows listed but gone: {SAME_FLOOR - used}"  # the table stays true
+
+
+def test_the_floor_check_finds_an_upward_import():
+    graph = {"mlmt_bench.models.policy": {"mlmt_bench.trainer"}, "mlmt_bench.trainer": {"mlmt_bench.models.policy"},
+             "mlmt_bench.metrics.cost": {"mlmt_bench.rollout.backend"}, "mlmt_bench.attic.x": set()}
+    assert floor_violations(graph) == [
+        "attic (mlmt_bench.attic.x) stands on no floor: add it to FLOORS",
+        "mlmt_bench.metrics.cost -> mlmt_bench.rollout.backend (components -> components)",
+        "mlmt_bench.models.policy -> mlmt_bench.trainer (components -> training)",
+    ]
 
 
 def test_the_check_finds_a_cycle_when_there_is_one(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_step_time.py end to end at toy size on the CPU (``--smoke``): every part runs and
+"""perf/gpu_step_time.py end to end at toy size on the CPU (``--smoke``): every part runs and
 the JSON holds what a GPU run would report. Slow (several subprocesses that import torch and TRL)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def test_gpu_benchmark_smoke_run_writes_one_complete_json(tmp_path):
     pytest.importorskip("trl", reason="the bench extra (TRL) is not installed")
     out = tmp_path / "smoke.json"
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_step_time.py"), "--smoke", "--threads", "1",
+    proc = subprocess.run([sys.executable, str(ROOT / "perf" / "gpu_step_time.py"), "--smoke", "--threads", "1",
                            "--out", str(out)], cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads(out.read_text())
@@ -39,3 +39,5 @@ def test_gpu_benchmark_smoke_run_writes_one_complete_json(tmp_path):
     # per step: attempts 2 x 2, feedbacks x 2, refinements x 2, 8 tokens each
     assert mc["gen_tokens_per_step"] == [2 * 2 * 8 + 2 * 2 * 2 * 8 + 2 * 2 * 2 * 8]
     assert mc["plan_estimate_mb"]["peak"] > 0 and mc["critic_lora"]["r"] == 16
+    one = res["memory_case_share_base"]  # the same case, both roles adapters on one base
+    assert one["share_base"] and not mc["share_base"] and one["gen_tokens_per_step"] == mc["gen_tokens_per_step"]

@@ -12,11 +12,10 @@ from mlmt_bench.metrics.feedback import (
     feedback_length_stats,
     feedback_sensitivity,
     flops_estimate,
-    is_leak,
     leakage_rate,
-    normalize_math_answer,
 )
 from mlmt_bench.metrics.turns import oracle_gated_accuracy, turn_metrics
+from mlmt_bench.verifiers.leaks import is_leak, normalize_math_answer
 
 # --------------------------------------------------------------------------- turns
 

@@ -196,7 +196,7 @@ def test_resume_refuses_a_cached_base_with_other_weights_before_any_run(tmp_path
     before any run starts."""
     from mlmt_bench import runner
     from mlmt_bench.experiment import run_experiment
-    from mlmt_bench.models.shared_base import ensure_base
+    from mlmt_bench.warmstart.shared_base import ensure_base
 
     monkeypatch.setenv("MLMT_BENCH_CACHE", str(tmp_path / "cache"))
     exp, arms = _experiment(tmp_path, write_spec)

@@ -2,7 +2,7 @@
 or a copied run directory controls is checked against a named limit before it is allocated, and
 a violation is one ``error:`` line with exit code 2, never a MemoryError, a traceback or a hang.
 
-- a sweep grid's size is its product, computed, never built (:data:`mlmt_bench.sweep.MAX_GRID_SIZE`);
+- a sweep grid's size is its product, computed, never built (:data:`mlmt_bench.sweep.space.MAX_GRID_SIZE`);
 - the counts that size a run (``group_size``, ``max_new_tokens``, ``problems_per_step``, their
   product per step) and ``seed`` have upper limits, and every float of a spec is finite;
 - ``report`` and ``run --resume`` read a run directory through bounded readers (manifest.json,
@@ -28,10 +28,11 @@ import yaml
 from typer.testing import CliRunner
 
 from conftest import minimal_spec
-from mlmt_bench import bounded_input, spec as specs, sweep as sweeps
+from mlmt_bench import bounded_input, spec as specs
 from mlmt_bench.cli import app
 from mlmt_bench.errors import UserError
 from mlmt_bench.report.runs import load_run
+from mlmt_bench.sweep import load_sweep, space as sweeps
 from mlmt_bench.tracking import read_jsonl
 from mlmt_bench.verifiers.math import extract_answer, extract_boxed, normalize_answer, unwrap_commands
 from support import one_line_error
@@ -85,7 +86,7 @@ def test_grid_size_limit_is_exact(tmp_path):
     assert json.loads(cli_ok(["--json", "validate", str(at_limit)]))["grid_points"] == sweeps.MAX_GRID_SIZE
     over = grid_sweep(tmp_path, [11, 9091])  # 100,001 points
     with pytest.raises(UserError, match="more than 100,000 points"):
-        sweeps.load_sweep(over)
+        load_sweep(over)
 
 
 def test_grid_count_is_computed_not_listed():
@@ -171,12 +172,10 @@ def test_every_float_field_of_the_models_refuses_inf():
     ``inf`` whatever its bounds (pydantic's allow_inf_nan=False, inherited)."""
     from pydantic import ValidationError
 
-    from mlmt_bench.algorithms.params import PARAMS
     from mlmt_bench.registry import algorithms
 
     models = {specs.LoraSpec, specs.PolicySpec, specs.BackendSpec, specs.TrainSpec, specs.EvalSpec,
-              sweeps.FloatDist, *PARAMS.values()}
-    models |= {algorithms.get(n).Params for n in algorithms.names() if getattr(algorithms.get(n), "Params", None)}
+              sweeps.FloatDist, *(algorithms.get(n).Params for n in algorithms.names())}
     checked = 0
     for model in models:
         for name, f in model.model_fields.items():

@@ -20,8 +20,8 @@ import pytest
 
 from mlmt_bench.errors import UserError
 from mlmt_bench.verifiers import sandbox
-from mlmt_bench.verifiers._sandbox_child import Opaque, decode_value, encode_value
 from mlmt_bench.verifiers.code import verdict_from_run
+from mlmt_bench.verifiers.sandbox.judge import Opaque, decode_value, encode_value
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox needs Linux")
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-import mlmt_bench.models.shared_base as shared_base
+import mlmt_bench.warmstart.shared_base as shared_base
 from mlmt_bench.benchmarks.synthetic_curriculum import KINDS, Curriculum, Misconceptions, decision_chars
-from mlmt_bench.models.shared_base import BaseConfig, ensure_base
+from mlmt_bench.warmstart.shared_base import BaseConfig, ensure_base
 from support import TINY  # a few steps of everything, on a small benchmark: seconds, not minutes
 
 REPO = Path(__file__).resolve().parents[1]

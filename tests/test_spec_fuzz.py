@@ -21,11 +21,10 @@ import yaml
 from pydantic import BaseModel
 
 from conftest import minimal_spec
-from mlmt_bench import cli
-from mlmt_bench.algorithms.params import PARAMS
-from mlmt_bench.models.shared_base import BaseConfig
+from mlmt_bench import cli, registry
 from mlmt_bench.spec import RunSpec
 from mlmt_bench.sweep import set_path  # exactly what --set does to a mapping
+from mlmt_bench.warmstart.shared_base import BaseConfig
 
 hypothesis = pytest.importorskip("hypothesis")  # the `dev` extra
 from hypothesis import (  # noqa: E402
@@ -57,7 +56,8 @@ def field_paths(model, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
 # real fields, so that values land where validation looks (algorithm parameters and the shared
 # base's knobs included), and a few paths that name nothing
 PATHS = sorted(set(field_paths(RunSpec))
-               | {("algorithm", "params", *p) for m in PARAMS.values() for p in field_paths(m)}
+               | {("algorithm", "params", *p) for n in registry.algorithms.names()
+                  for p in field_paths(registry.algorithms.get(n).Params)}
                | {("base", *p) for p in field_paths(BaseConfig)}
                | {("extends",), ("arms",), ("base",), ("seeds",), ("benchmark", "options", "x"), ("x",)})
 KEYS = sorted({part for path in PATHS for part in path})

@@ -1,4 +1,4 @@
-"""mlmt_bench.sweep_display: the trials table at terminal widths, and per-trial progress."""
+"""mlmt_bench.sweep.display: the trials table at terminal widths, and per-trial progress."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import re
 import pytest
 from rich.console import Console
 
-from mlmt_bench import sweep_display
-from mlmt_bench.sweep_display import SweepDisplay, fmt, print_summary, short_names
+from mlmt_bench.sweep import display as sweep_display
+from mlmt_bench.sweep.display import SweepDisplay, fmt, print_summary, short_names
 
 PARAMS = ["algorithm.params.lam", "algorithm.params.eta", "policies.solver.lr", "policies.critic.lr",
           "algorithm.params.value"]

@@ -194,7 +194,7 @@ def test_registry_benchmark_yaml_files_are_consistent():
 
     import yaml
 
-    from mlmt_bench.models.shared_base import BaseConfig
+    from mlmt_bench.warmstart.shared_base import BaseConfig
 
     files = sorted((Path(__file__).resolve().parents[1] / "registry" / "benchmarks").glob("synthetic-*.yaml"))
     assert len(files) >= 3

@@ -9,12 +9,12 @@ import random
 
 import pytest
 
-import mlmt_bench.models.shared_base as shared_base
+import mlmt_bench.warmstart.shared_base as shared_base
 from mlmt_bench.benchmarks.synthetic import parse_attempt, parse_problem, solve
 from mlmt_bench.benchmarks.synthetic_curriculum import Curriculum, Misconceptions
 from mlmt_bench.errors import UserError
 from mlmt_bench.metrics.critic import critic_diagnostics, shortcut_gap
-from mlmt_bench.models.shared_base import Base, BaseConfig, validity_failures
+from mlmt_bench.warmstart.shared_base import Base, BaseConfig, validity_failures
 
 
 def _curriculum(**over):

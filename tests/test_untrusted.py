@@ -336,7 +336,7 @@ def test_a_forged_frame_of_tiny_items_does_not_blow_up_the_judge():
     """A frame just under MAX_FRAME of ``0,0,0,...`` (8 million values) once made the judge build
     two 8-million-item lists (236 MB for 16 MiB; 399 MB and 16 s for 32 MiB): it is now refused
     from a count of its separators, before anything is built."""
-    from mlmt_bench.verifiers._sandbox_child import MAX_FRAME
+    from mlmt_bench.verifiers.sandbox.judge import MAX_FRAME
 
     n = MAX_FRAME // 2 - 64
     program = _FORGE + (f"def f(x):\n    _send(b'{{\"t\":\"result\",\"id\":1,\"ok\":true,\"v\":[\"L\"' "
@@ -367,7 +367,7 @@ def test_a_forged_set_of_colliding_hashes_does_not_hold_the_judge():
 def test_a_test_stuck_on_colliding_values_is_cut_at_the_deadline():
     """An honest list of colliding integers that the test itself turns into a set: the evaluator is
     stuck in C code no deadline check reaches; the judge kills it EVAL_GRACE_S after its deadline."""
-    from mlmt_bench.verifiers._sandbox_child import EVAL_GRACE_S
+    from mlmt_bench.verifiers.sandbox.judge import EVAL_GRACE_S
 
     program = "def f(x):\n    P = (1 << 61) - 1\n    return [k * P for k in range(1, 200_000)]\n"
     r = _run_in_fresh_process(program, ["assert len(set(f(1))) == 3"], timeout_s=4)
@@ -389,7 +389,7 @@ def test_the_sandbox_command_line_shows_no_host_path():
     run = sandbox.run_tests(program, ["assert f(1) == 1"])
     assert run.passed == [True], run
     seen = run.stdout.split("SEEN ", 1)[1]
-    for host in (str(REPO), "mlmt_bench", "_sandbox_child", ".venv", sys.prefix if sys.prefix != sys.base_prefix
-                 else str(REPO)):
+    venv = sys.prefix if sys.prefix != sys.base_prefix else str(REPO)
+    for host in (str(REPO), "mlmt_bench", "sandbox/judge", "judge.py", ".venv", venv):
         assert host not in seen, (host, seen)
     assert "/dev/fd/" in seen  # the judge's script, passed as a descriptor

@@ -191,7 +191,7 @@ def test_score_batch_matches_score_and_runs_in_parallel():
 
 
 def _load_bench():
-    spec = importlib.util.spec_from_file_location("verify_mbpp", REPO / "benchmarks" / "verify_mbpp.py")
+    spec = importlib.util.spec_from_file_location("verify_mbpp", REPO / "perf" / "verify_mbpp.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)  # type: ignore[union-attr]
     return mod

@@ -19,13 +19,16 @@ a float mask of 0/1 is accepted wherever a mask is.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Literal, TypedDict, Unpack
 
 import torch
 from torch import Tensor
 
 from mlmt_bench.algorithms import losses
+from mlmt_bench.tensor_ops import entropy_from_logits, token_logprobs
+
+__all__ = ["entropy_from_logits", "token_logprobs"]  # re-exported: the losses' callers read logits here too
 
 AggMode = Literal["token_mean", "seq_mean_token_mean", "constant_norm"]
 AGG_MODES: tuple[str, ...] = ("token_mean", "seq_mean_token_mean", "constant_norm")
@@ -187,9 +190,9 @@ def policy_loss_terms(
     *,
     ratio: str = "token",
     loss: str = "clip",
-    cispo_max: float = 5.0,
+    cispo_max: float = losses.CISPO_MAX,
     row_mode: Tensor | None = None,
-    shaping_gamma: float = 0.1,
+    shaping_gamma: float = losses.SHAPING_GAMMA,
     loss_options: Mapping[str, float] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Per-token policy loss of each row, by its mode (METHOD.md "Shared pieces", v2 loss variants).
@@ -389,52 +392,6 @@ def distill_kl(student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
     log_s = torch.log_softmax(student_logits.float(), dim=-1)
     log_t = torch.log_softmax(teacher_logits.detach().float(), dim=-1)
     return (log_t.exp() * (log_t - log_s)).sum(dim=-1)
-
-
-# --------------------------------------------------------------------------- logits
-
-
-def _rows_in_float(logits: Tensor) -> Iterator[Tensor]:
-    """Yield one sequence [T, V] at a time, upcast to float32 when stored in half precision."""
-    for row in logits:
-        yield row.float() if row.dtype in (torch.float16, torch.bfloat16) else row
-
-
-def token_logprobs(logits: Tensor, ids: Tensor) -> Tensor:
-    """log softmax(logits)[ids] per position.
-
-    logits:  [B, T, V] next-token logits aligned with ids (logits[:, t] scores ids[:, t]).
-    ids:     [B, T] long token ids.
-    returns: [B, T] log-probs (nats), float32 for half-precision logits, else logits' dtype.
-
-    Memory: processes one sequence at a time, so the float [T, V] log-softmax is the
-    largest temporary (never a second [B, T, V]).
-    """
-    if logits.dim() != 3 or ids.shape != logits.shape[:2]:
-        raise ValueError(
-            f"need logits [B,T,V] and ids [B,T]; got {tuple(logits.shape)}, {tuple(ids.shape)}"
-        )
-    out = [
-        torch.log_softmax(row, dim=-1).gather(-1, row_ids.unsqueeze(-1)).squeeze(-1)
-        for row, row_ids in zip(_rows_in_float(logits), ids)
-    ]
-    return torch.stack(out) if out else logits.new_zeros(ids.shape, dtype=torch.float32)
-
-
-def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Entropy of the next-token distribution, H = -sum_v p_v log p_v, per position.
-
-    logits:  [B, T, V].
-    returns: [B, T] entropy (nats), float32 for half-precision logits. One sequence at a
-             time, like `token_logprobs`.
-    """
-    if logits.dim() != 3:
-        raise ValueError(f"need logits [B,T,V]; got {tuple(logits.shape)}")
-    out = []
-    for row in _rows_in_float(logits):
-        logp = torch.log_softmax(row, dim=-1)
-        out.append(-(logp.exp() * logp).sum(dim=-1))
-    return torch.stack(out) if out else logits.new_zeros(logits.shape[:2], dtype=torch.float32)
 
 
 # --------------------------------------------------------------------------- MLMT rewards

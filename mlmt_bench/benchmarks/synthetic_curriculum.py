@@ -140,7 +140,7 @@ def decision_chars(feedback: str) -> list[tuple[int, int]]:
 class Curriculum:
     """Conversations for the base's SFT as :data:`Example` s, drawn from a caller's seeded RNG.
 
-    ``cfg`` is a :class:`mlmt_bench.models.shared_base.BaseConfig` (its data fields are read
+    ``cfg`` is a :class:`mlmt_bench.warmstart.shared_base.BaseConfig` (its data fields are read
     here), ``bench`` a synthetic benchmark with an oracle critic, ``tokenizer`` the tiny one.
     """
 

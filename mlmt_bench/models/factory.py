@@ -3,7 +3,7 @@
 A factory builds a role's :class:`~mlmt_bench.models.policy.Policy` from its ``PolicySpec``
 (``factory(role, spec, base_dir, device)``), and says what it needs before anything is built:
 
-- ``starts_from_base(spec)``: whether the policy is the shared base (models/shared_base.py) when
+- ``starts_from_base(spec)``: whether the policy is the shared base (:mod:`mlmt_bench.warmstart.shared_base`) when
   the spec gives it no ``path``: the run then builds (or reuses) the base and passes its
   directory as ``base_dir``;
 - ``shape(role, spec, base)``: its architecture for ``mlmt-bench plan``, read offline
@@ -52,7 +52,8 @@ class ModelFactory:
     def starts_from_base(self, spec: PolicySpec) -> bool:
         return False
 
-    def shape(self, role: str, spec: PolicySpec, base: dict[str, Any] | None) -> ModelShape:
+    def shape(self, role: str, spec: PolicySpec, base_preset: str | None) -> ModelShape:
+        """The model's shape; ``base_preset`` is the shared base's preset (None: the spec has no base)."""
         if spec.path:
             from mlmt_bench.models.configs import shape_of_path
 
@@ -80,15 +81,14 @@ class TinyFactory(ModelFactory):
     def starts_from_base(self, spec: PolicySpec) -> bool:
         return not spec.path
 
-    def shape(self, role: str, spec: PolicySpec, base: dict[str, Any] | None) -> ModelShape:
+    def shape(self, role: str, spec: PolicySpec, base_preset: str | None) -> ModelShape:
         if spec.path:
-            return super().shape(role, spec, base)
-        if base is None:
+            return super().shape(role, spec, base_preset)
+        if base_preset is None:
             raise UserError(f"policies.{role}: model 'tiny' needs `path` or a `base:` section in the spec")
         from mlmt_bench.models.configs import shape_of_preset
-        from mlmt_bench.models.shared_base import BaseConfig
 
-        return shape_of_preset(BaseConfig.model_validate(base).preset)
+        return shape_of_preset(base_preset)
 
     def offline_tokenizer(self, spec: PolicySpec) -> Any:
         if not spec.path:

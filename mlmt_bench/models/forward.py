@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar, cast
 
 import torch
 
-from mlmt_bench.algorithms import core
+from mlmt_bench.tensor_ops import entropy_from_logits, token_logprobs
 
 
 class Tokens(Protocol):
@@ -119,11 +119,11 @@ def sequence_logprobs(model: Any, items: Sequence[Tokens], pad_id: int, *, with_
         inputs["logits_to_keep"] = keep
     logits = reference(**inputs) if reference is not None else model(**inputs).logits
     logits = logits[:, -keep:-1]  # [B, keep-1]: predictions of tokens start+1 .. L-1
-    logp = core.token_logprobs(logits, inputs["input_ids"][:, start + 1:])
+    logp = token_logprobs(logits, inputs["input_ids"][:, start + 1:])
     entropy = None
     if with_entropy:
         with torch.no_grad():
-            entropy = core.entropy_from_logits(logits.detach())
+            entropy = entropy_from_logits(logits.detach())
     return logp, mask[:, start:].to(device), entropy
 
 

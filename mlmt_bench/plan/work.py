@@ -35,6 +35,7 @@ class PlannedPolicy:
     lora_params: int
     trains: bool  # updated at some step
     shared: bool = False  # the critic is the solver's model
+    base_of: str | None = None  # policies.share_base: the role whose model's frozen weights this adapter sits on
 
     @property
     def bytes(self) -> int:
@@ -103,10 +104,12 @@ def planned_policies(spec: RunSpec, algorithm: Any) -> dict[str, PlannedPolicy]:
     """The policies the algorithm builds (its roles: trained, frozen, shared with the solver), with
     whether each is updated at some step of the run."""
     from mlmt_bench.models.factory import model_factory
+    from mlmt_bench.warmstart.shared_base import BaseConfig
 
     roles = algorithm.roles()
     updated = set().union(*(algorithm.updates(s) for s in range(min(max(1, spec.train.steps), 1000))))
     out: dict[str, PlannedPolicy] = {}
+    base_preset = None if spec.base is None else BaseConfig.model_validate(spec.base).preset
     for role in ("solver", "critic"):
         mode = roles.mode(role)
         if mode == "absent":
@@ -119,9 +122,13 @@ def planned_policies(spec: RunSpec, algorithm: Any) -> dict[str, PlannedPolicy]:
         pspec = getattr(spec.policies, role)
         if pspec is None:
             raise UserError(f"policies.{role}: required by algorithm {spec.algorithm.name}")
-        shape = model_factory(pspec.model).shape(role, pspec, spec.base)
+        shape = model_factory(pspec.model).shape(role, pspec, base_preset)
         out[role] = PlannedPolicy(role, pspec, shape, shape.lora_params(pspec.lora),
                            mode == "trained" and pspec.trainable and role in updated)
+    if spec.policies.share_base:  # one frozen base: every other built role's adapter sits on the first one's
+        first, *rest = [r for r, p in out.items() if not p.shared]
+        for role in rest:
+            out[role].base_of = first
     return out
 
 

@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mlmt_bench.models.shared_base import MAX_FALSE_ALARM, MAX_SHORTCUT_GAP
 from mlmt_bench.report.formatting import DASH
 from mlmt_bench.tracking import atomic_write_text
+from mlmt_bench.warmstart.shared_base import MAX_FALSE_ALARM, MAX_SHORTCUT_GAP
 
 COLUMNS = ("seed", "preset", "key", "T", "acc@t1", "acc@t2 own feedback", "acc@t2 after g∅", "acc@t2 oracle feedback",
            "false alarms on gold", "misconception ops / others (gap)", "one slip: miss / exact",

@@ -177,7 +177,7 @@ def plot_history(rows: list[dict[str, Any]], path: Path, *, metric: str, title: 
 def render_markdown(study: optuna.Study, rows: list[dict[str, Any]], found: dict[str, float],
                     why_not: str | None, url: str) -> str:
     from mlmt_bench.report.compare import _md_table
-    from mlmt_bench.sweep_display import fmt, short_names
+    from mlmt_bench.sweep.display import fmt, short_names
 
     metric = study.user_attrs.get("metric", "value")
     counts: dict[str, int] = {}

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from mlmt_bench.metrics.feedback import LeakKind, is_leak
 from mlmt_bench.types import Problem, Verdict
+from mlmt_bench.verifiers.leaks import LeakKind, is_leak
 
 
 class Verifier:
@@ -14,7 +14,7 @@ class Verifier:
 
     Its declared contract: ``score`` (and ``score_batch``), and ``leaks``, which
     ``leakage_rate`` (METHOD.md) uses on every feedback. ``leaks`` applies the rule named by
-    ``leak_kind`` (:func:`mlmt_bench.metrics.feedback.is_leak`: ``math``, ``code``, ``choice``
+    ``leak_kind`` (:func:`mlmt_bench.verifiers.leaks.is_leak`: ``math``, ``code``, ``choice``
     or ``exact``); a verifier whose answers none of them fits overrides ``leaks`` itself.
     """
 

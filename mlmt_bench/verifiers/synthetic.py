@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 from typing import ClassVar
 
-from mlmt_bench.metrics.feedback import LeakKind
 from mlmt_bench.types import Problem, Verdict
 from mlmt_bench.verifiers.base import Verifier
+from mlmt_bench.verifiers.leaks import LeakKind
 
 _ANSWER_RE = re.compile(r"#\s*(-?\d+)")
 

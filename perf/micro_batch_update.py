@@ -14,8 +14,8 @@ RSS before it (peak during the update − before; CPU, MiB).
 
 Usage (from the repository root)::
 
-    .venv/bin/python benchmarks/micro_batch_update.py                          # tiny-2m, 8 × 8 × 32
-    .venv/bin/python benchmarks/micro_batch_update.py --context 200 --ragged    # mlmt-like refinement contexts
+    .venv/bin/python perf/micro_batch_update.py                          # tiny-2m, 8 × 8 × 32
+    .venv/bin/python perf/micro_batch_update.py --context 200 --ragged    # mlmt-like refinement contexts
 """
 
 from __future__ import annotations

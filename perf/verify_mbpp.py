@@ -7,7 +7,7 @@ parallel pool, and prints passes/total per set, the failing task ids with the re
 times and the serial/parallel ratio. Reads the data files directly (json), not through the
 benchmark loader.
 
-    python benchmarks/verify_mbpp.py [--workers 2] [--limit N] [--sets full,sanitized]
+    python perf/verify_mbpp.py [--workers 2] [--limit N] [--sets full,sanitized]
                                      [--timeout 10] [--no-serial] [--json out.json]
 
 Exit status 1 if a reference solution outside ``KNOWN_BROKEN_MBPP`` fails, or if a listed one

@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from mlmt_bench.benchmarks.base import OracleBenchmark
 from mlmt_bench.errors import UserError
 from mlmt_bench.models.hf_quiet import quiet_transformers
+from mlmt_bench.notes import tell
 
 #: Bumped whenever a change here would change the weights a config produces (part of the key).
 #: 4: built under the CPU pin (mlmt_bench.reproducible), which changes the weights on every machine.
@@ -238,9 +239,13 @@ def _ensure_built(cfg: BaseConfig, cache_dir: Path | None, progress: bool) -> Ba
     cache_dir.mkdir(parents=True, exist_ok=True)
     _remove_abandoned(cache_dir)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-{os.getpid()}-", dir=cache_dir))
+    t0 = time.perf_counter()
     try:
         report = _build(cfg, bench, tmp, progress)
         report["key"] = key
+        if progress:
+            tell(f"checking base {key} on {cfg.check_problems} validation problems (greedy and at T="
+                 f"{cfg.check_temperature:g}) ...")
         with torch_threads(cfg.threads):
             report["check"] = check_base(Base(tmp, report), bench, cfg.check_problems,
                                          temperature=cfg.check_temperature)
@@ -256,7 +261,25 @@ def _ensure_built(cfg: BaseConfig, cache_dir: Path | None, progress: bool) -> Ba
         raise
     result = _load(final)
     assert result is not None
+    if progress:
+        from mlmt_bench.progress import duration
+
+        why = result.invalid_because()
+        tell(f"shared base {key} built in {duration(time.perf_counter() - t0)}, cached at {final} (later runs reuse "
+             f"it): {check_line(result.report.get('check') or {})}; "
+             + ("INVALID testbed: " + "; ".join(why) if why else "valid testbed"))
     return result
+
+
+def check_line(check: dict[str, Any]) -> str:
+    """A base's check (:func:`check_base`) in one line: validation accuracy of the first attempt and
+    after each feedback, as percentages."""
+    def pct(key: str) -> str:
+        v = check.get(key)
+        return "–" if v is None else f"{100 * v:.1f}%"
+
+    return (f"validation acc@t1 {pct('acc@t1')}, acc@t2 after its own feedback {pct('acc@t2_critic')}, after g∅ "
+            f"{pct('acc@t2_null')}, after the oracle's {pct('acc@t2_oracle')}")
 
 
 def _load(directory: Path) -> Base | None:
@@ -307,10 +330,10 @@ def _build(cfg: BaseConfig, bench: Any, out: Path, progress: bool) -> dict[str, 
     from mlmt_bench import reproducible
     from mlmt_bench.benchmarks.synthetic_curriculum import KINDS, Curriculum
     from mlmt_bench.metrics.cost import training_flops
-    from mlmt_bench.models.sft import sft
     from mlmt_bench.models.tiny import build_tiny_model, num_parameters, save_checkpoint
     from mlmt_bench.models.tokenizer import build_char_tokenizer
     from mlmt_bench.progress import stage_progress
+    from mlmt_bench.warmstart.sft import sft
 
     assert cfg.seed is not None
     tok = build_char_tokenizer()
@@ -320,7 +343,8 @@ def _build(cfg: BaseConfig, bench: Any, out: Path, progress: bool) -> dict[str, 
     plan = [kinds_rng.choices(KINDS, weights=weights)[0] for _ in range(cfg.steps)]
     with torch_threads(cfg.threads), quiet_transformers(), stage_progress(progress, _rich_bar) as bar:
         model = build_tiny_model(cfg.preset, tok, seed=cfg.seed)
-        task = bar.add_task(f"base {cfg.preset} seed {cfg.seed}", total=cfg.steps, loss=float("nan")) if bar else None
+        what = f"building shared base {cfg.preset} seed {cfg.seed} (first run only: cached for every later run)"
+        task = bar.add_task(what, total=cfg.steps, loss=float("nan")) if bar else None
 
         def on_step(step: int, loss: float) -> None:
             if bar is not None:

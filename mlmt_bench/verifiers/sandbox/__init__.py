@@ -2,14 +2,14 @@
 
 Public API: :class:`Limits`, :class:`RunResult`, :func:`run_tests`, :func:`capabilities`.
 
-Each :func:`run_tests` call starts a throwaway *judge* process (``_sandbox_child.py``, a new
+Each :func:`run_tests` call starts a throwaway *judge* process (``judge.py``, a new
 session, run with ``python -I -S -B`` and a scrubbed environment; the script is passed as a
 memfd and the interpreter by its real path, so the command line shows no host path). The judge
 forks the *candidate* process, which isolates itself and runs the program, and the *evaluator*,
 isolated the same way under a uid of its own, which evaluates the tests and asks the candidate
 only for the values of candidate-dependent sub-expressions: results cannot be forged from
 inside the candidate, and tests that came with the input (untrusted too) never run as root on
-the host (see the module docstring of ``_sandbox_child``).
+the host (see the module docstring of :mod:`mlmt_bench.verifiers.sandbox.judge`).
 
 Isolation used, depending on what :func:`capabilities` finds (all of it when running as root
 on Linux with namespaces allowed, as on this project's machines):
@@ -25,7 +25,7 @@ on Linux with namespaces allowed, as on this project's machines):
                     count of the whole run, however many processes it forks.
 ``jail``            new mount/IPC/UTS namespaces; chroot into a private tmpfs that shows only
                     what the interpreter needs to start and import its standard library
-                    (``_sandbox_child.jail_plan``, worked out by the probe), read-only: the
+                    (``judge.jail_plan``, worked out by the probe), read-only: the
                     interpreter binary, its dynamic loader and /etc/ld.so.cache (the only file
                     of /etc), the shared libraries it and the stdlib's extension modules map
                     (libpython, libc, libm, libssl, libcrypto, libffi, libz, libbz2, liblzma,
@@ -79,7 +79,7 @@ from mlmt_bench.errors import UserError
 
 log = logging.getLogger(__name__)
 
-CHILD_SCRIPT = Path(__file__).with_name("_sandbox_child.py")
+CHILD_SCRIPT = Path(__file__).with_name("judge.py")
 MECHANISMS = ("uid_drop", "pidns", "netns", "jail", "cgroup")
 # Once read to turn mechanisms off; now refused when set (anyone who can set a variable for a
 # worker could silently switch isolation off): see check_environment.
@@ -290,7 +290,7 @@ def run_tests(program: str, tests: Sequence[str], setup: str = "", limits: Limit
     token = secrets.token_hex(16)
     nonce = secrets.token_hex(16)
     uid = _alloc_uid() if caps["uid_drop"] else None
-    eval_uid = _alloc_uid() if caps["uid_drop"] else None  # the test evaluator's (see _sandbox_child)
+    eval_uid = _alloc_uid() if caps["uid_drop"] else None  # the test evaluator's (see sandbox.judge)
     workdir = None
     if not caps["jail"]:
         workdir = tempfile.mkdtemp(prefix="mlmt-sbx-")
@@ -391,7 +391,7 @@ def _cleanup(caps: dict[str, Any], uid: int | None, token: str, workdir: str | N
     except Exception as exc:  # noqa: BLE001
         log.warning("sandbox cleanup (processes) failed: %s", exc)
     if caps.get("cgroup"):  # normally removed by the judge; not if the judge itself was killed
-        from mlmt_bench.verifiers._sandbox_child import _cgroup_base, remove_cgroups
+        from mlmt_bench.verifiers.sandbox.judge import _cgroup_base, remove_cgroups
 
         dirs = [f"{b}/mlmt-{token}" for b in (_cgroup_base("memory"), _cgroup_base("pids")) if b]
         dirs = [d for d in dirs if os.path.isdir(d)]

@@ -4,7 +4,7 @@
 A benchmark, not a test. For each preset it measures, on ``--device``:
 
 - generated tokens/s of the hf backend's plain ``generate`` and of its ``decode: static`` path
-  (``benchmarks/static_decode_speed.py``'s measurement: ``--prompts`` synthetic-arith prompts ×
+  (``perf/static_decode_speed.py``'s measurement: ``--prompts`` synthetic-arith prompts ×
   ``--max-new-tokens`` forced new tokens, median of ``--repeats`` calls after a warm-up);
 - trained sequence tokens/s (prompt + completion, forward + backward + AdamW step) of
   :func:`mlmt_bench.algorithms.update.update_policy`, the trainer's own update, on the same
@@ -17,8 +17,8 @@ GPU rows use).
 
 Usage (from the repository root)::
 
-    .venv/bin/python benchmarks/plan_throughput.py --presets tiny-2m,tiny-8m,tiny-20m
-    .venv/bin/python benchmarks/plan_throughput.py --presets llama-308m --device cuda --dtype bfloat16 \\
+    .venv/bin/python perf/plan_throughput.py --presets tiny-2m,tiny-8m,tiny-20m
+    .venv/bin/python perf/plan_throughput.py --presets llama-308m --device cuda --dtype bfloat16 \\
         --prompts 256 --max-new-tokens 128 --device-kind h200
 """
 
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-for p in (ROOT, ROOT / "benchmarks"):
+for p in (ROOT, ROOT / "perf"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     from static_decode_speed import measure
 
     torch.set_num_threads(args.threads)
-    cmd = "python benchmarks/plan_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    cmd = "python perf/plan_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:])
     stamp = time.strftime("%Y-%m-%d")
     print(f"# {cmd}\n# torch {torch.__version__}, {os.cpu_count()} cpus, threads {args.threads}, "
           f"load average {os.getloadavg()}")

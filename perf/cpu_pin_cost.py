@@ -1,9 +1,9 @@
 """What the CPU pin (``mlmt_bench.reproducible.PIN``) costs: SFT step time under each candidate setting.
 
 A benchmark, not a test. The workload is the shared base's: ``--steps`` optimiser steps of
-:func:`mlmt_bench.models.sft.sft` (batch ``--batch``, one torch thread) on a fresh
+:func:`mlmt_bench.warmstart.sft.sft` (batch ``--batch``, one torch thread) on a fresh
 ``build_tiny_model(--preset)`` with the ``synthetic-arith`` curriculum of the default
-:class:`~mlmt_bench.models.shared_base.BaseConfig` (seed 0), after ``--warmup`` untimed steps.
+:class:`~mlmt_bench.warmstart.shared_base.BaseConfig` (seed 0), after ``--warmup`` untimed steps.
 ``ATEN_CPU_CAPABILITY`` and ``MKL_CBWR`` are read when torch loads, so every measurement is a
 fresh process (``--worker``) with the candidate's environment; the candidates run interleaved,
 round-robin over ``--rounds`` rounds with the order rotated each round, so that the machine's
@@ -14,7 +14,7 @@ candidates agree shows what each variable changes on this machine).
 
 Usage (from the repository root)::
 
-    .venv/bin/python benchmarks/cpu_pin_cost.py --out benchmarks/results/cpu_pin_cost.json
+    .venv/bin/python perf/cpu_pin_cost.py --out perf/results/cpu_pin_cost.json
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from mlmt_bench.benchmarks.synthetic_curriculum import KINDS, Curriculum
-    from mlmt_bench.models.sft import sft
-    from mlmt_bench.models.shared_base import BaseConfig, synthetic_benchmark
+    from mlmt_bench.warmstart.sft import sft
+    from mlmt_bench.warmstart.shared_base import BaseConfig, synthetic_benchmark
     from mlmt_bench.models.tiny import build_tiny_model
     from mlmt_bench.models.tokenizer import build_char_tokenizer
     from mlmt_bench.reproducible import record, tensors_sha256

@@ -13,7 +13,7 @@ epoch, clip 0.2, token-mean loss (TRL ``loss_type="dapo"``), AdamW (``adamw_torc
 grad-norm clip 1.0, constant learning rate, no gradient checkpointing, float32 on CPU (``--dtype``;
 both sides use the GPU when there is one), the same torch thread count. ``--decode static`` runs
 mlmt-bench's generation through the hf backend's static-cache path (TRL always uses ``generate``);
-``benchmarks/gpu_step_time.py`` drives this script on a GPU. A step is everything between two
+``perf/gpu_step_time.py`` drives this script on a GPU. A step is everything between two
 consecutive steps of each trainer's own loop: rollout + reward + advantages + loss + backward +
 optimiser step + logging.
 
@@ -27,8 +27,8 @@ optimiser step + logging.
 
 Usage (from the repository root)::
 
-    .venv/bin/python benchmarks/grpo_step_time.py                      # 3 warm-up + 10 measured steps each
-    .venv/bin/python benchmarks/grpo_step_time.py --repeats 2 --profile # interleaved twice, then cProfile mlmt
+    .venv/bin/python perf/grpo_step_time.py                      # 3 warm-up + 10 measured steps each
+    .venv/bin/python perf/grpo_step_time.py --repeats 2 --profile # interleaved twice, then cProfile mlmt
 
 ``--profile`` adds one more mlmt run under cProfile (measured steps only; not used for timing)
 and prints / saves the top functions. Results go to ``--out`` (JSON; the profile next to it).
@@ -514,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--order", choices=["mlmt-first", "trl-first"], default="mlmt-first")
     p.add_argument("--profile", action="store_true", help="one more mlmt run per reward under cProfile")
     p.add_argument("--profile-top", type=int, default=30)
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "grpo_step_time.json"))
+    p.add_argument("--out", default=str(ROOT / "perf" / "results" / "grpo_step_time.json"))
     p.add_argument("--verbose", action="store_true", help="show the children's output")
     p.add_argument("--keep-tmp", action="store_true", help="keep the model and run directories under $TMPDIR")
     p.add_argument("--only", choices=["mlmt", "trl"], help=argparse.SUPPRESS)

@@ -1,5 +1,5 @@
 """One worker process of ``mlmt-bench sweep --workers N`` (started by
-:func:`mlmt_bench.sweep_workers.supervise` as ``python -m mlmt_bench.sweep_worker ARGS``): it runs
+:func:`mlmt_bench.sweep.workers.supervise` as ``python -m mlmt_bench.sweep.worker ARGS``): it runs
 :func:`mlmt_bench.sweep.work` on the stored study and sends its events to the parent as JSON lines
 on its stdout. Kept apart from the parent's module so that neither imports the other's side
 (the parent never imports :mod:`mlmt_bench.sweep`'s trial machinery through here).
@@ -16,22 +16,15 @@ from collections.abc import Callable
 from typing import Any
 
 from mlmt_bench.errors import UserError
-from mlmt_bench.sweep_workers import WorkerArgs, interrupt
+from mlmt_bench.sweep.workers import WorkerArgs, interrupt
 
 
 def run_worker(args: WorkerArgs, worker: int, emit: Callable[[dict[str, Any]], None],
                keep_going: Callable[[], bool]) -> str | None:
-    """Worker ``worker``'s share of the study: :func:`mlmt_bench.sweep.work` on the stored study."""
-    import optuna
+    """Worker ``worker``'s share of the study: :func:`mlmt_bench.sweep.study.work_stored`."""
+    from mlmt_bench.sweep.study import work_stored
 
-    from mlmt_bench import sweep as sw
-
-    sweep = sw.load_sweep(args.sweep, args.overrides, args.study)
-    with sw.quiet_optuna("WARNING"):  # failed trials' tracebacks go to the worker's log
-        store = sw.open_storage(args.storage, args.heartbeat_s, sw.RetryDeadTrial(sweep))
-        study = optuna.load_study(study_name=args.study, storage=store, pruner=sw.make_pruner(sweep.spec.pruner))
-        return sw.work(study, sweep, args.target, emit, seed=args.seed, worker=worker, heartbeat_s=args.heartbeat_s,
-                       keep_going=keep_going)
+    return work_stored(args, worker, emit, keep_going)
 
 
 def main(argv: list[str] | None = None) -> int:

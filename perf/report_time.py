@@ -7,7 +7,7 @@ whole :func:`build_comparison`, then ``--repeats`` times :func:`write_html` alon
 summary. Prints the median wall and CPU seconds of each, the rest (Markdown + PNG + statistics
 + loading), and the share of the HTML page; ``--json`` writes them.
 
-    python benchmarks/report_time.py RUN_OR_EXPERIMENT_DIR... [--repeats 3] [--json out.json]
+    python perf/report_time.py RUN_OR_EXPERIMENT_DIR... [--repeats 3] [--json out.json]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``mlmt-bench sweep --workers N``: N worker processes on this machine sharing one study.
 
 The parent (:func:`supervise`, this module) starts each worker as ``python -m
-mlmt_bench.sweep_worker ARGS`` in a session of its own. A worker (:mod:`mlmt_bench.sweep_worker`)
+mlmt_bench.sweep.worker ARGS`` in a session of its own. A worker (:mod:`mlmt_bench.sweep.worker`)
 loads the sweep and its study and runs
 :func:`mlmt_bench.sweep.work`; its events (see "Running" in :mod:`mlmt_bench.sweep`) go to the
 parent as JSON lines on its stdout, anything else it prints to ``<sweep dir>/logs/<study>-w<K>.log``,
@@ -106,7 +106,7 @@ def _how_it_ended(rc: int) -> str:
 def supervise(args: WorkerArgs, n: int, display: Any, log_dir: Path) -> str | None:
     """Run ``n`` workers until the study has its trials; returns None, or why the sweep stopped.
 
-    ``display``: a :class:`mlmt_bench.sweep_display.SweepDisplay` (events, warnings).
+    ``display``: a :class:`mlmt_bench.sweep.display.SweepDisplay` (events, warnings).
     Raises :class:`UserError` when a worker met bad input.
     """
     from mlmt_bench.tracking import utc_now
@@ -122,7 +122,7 @@ def supervise(args: WorkerArgs, n: int, display: Any, log_dir: Path) -> str | No
             f.write(f"--- {utc_now()} worker {started} of study {args.study}\n")
             f.flush()
             proc = subprocess.Popen(
-                [sys.executable, "-m", "mlmt_bench.sweep_worker",
+                [sys.executable, "-m", "mlmt_bench.sweep.worker",
                  json.dumps({"args": asdict(args), "worker": started})],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=f, start_new_session=True)
         w = _Worker(started, proc, log)

@@ -1,6 +1,6 @@
 """Sandbox runner: the trusted "judge" process and the untrusted candidate process.
 
-This file is executed as a script (``python -I -S -B _sandbox_child.py``) by
+This file is executed as a script (``python -I -S -B judge.py``) by
 :mod:`mlmt_bench.verifiers.sandbox`; it uses the standard library only and imports nothing from
 ``mlmt_bench``. The host imports it only for :func:`encode_value` / :func:`decode_value` and the
 constants.

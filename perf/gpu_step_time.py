@@ -5,7 +5,7 @@ A benchmark, not a test. It builds the 308M Llama from its preset (``registry/mo
 the project's character tokenizer, no download), saves it, and runs each part in its own
 subprocess (fresh GPU memory statistics):
 
-1. **GRPO step time** (``benchmarks/grpo_step_time.py``'s two sides): 32 synthetic-arith problems ×
+1. **GRPO step time** (``perf/grpo_step_time.py``'s two sides): 32 synthetic-arith problems ×
    G = 8 × 128 forced new tokens, bf16, with the task (verifier) reward and with the dense reward
    that makes both sides train on every token; mlmt-bench generates with the hf backend's
    ``decode: static`` path (CUDA graphs), TRL with ``generate``. Seconds per step, generated
@@ -18,16 +18,19 @@ subprocess (fresh GPU memory statistics):
    all linear layers), 16 problems × G 8 × K 2, 128 forced tokens per turn, dense reward: seconds
    per step, peak GPU memory overall and per phase (the trainer's ``mem/peak_mb/<phase>``), and
    ``mlmt-bench plan``'s estimate for the same spec beside it.
+4. **The same case on one base** (part ``memory_share_base``): ``policies.share_base: true``, solver
+   and critic two LoRA adapters (r 16, all linear layers) on one frozen 308M model, the same
+   numbers beside the two-model case's (the solver there is fully fine-tuned, here an adapter).
 
 ``--smoke`` runs everything at toy size (tiny-0.5m, float32, 2 problems × G 2 × 8 tokens, one
 warm-up and one measured step) so that a CPU machine can check the script end to end
-(tests/test_gpu_benchmark.py). Needs TRL (the ``bench`` extra). See benchmarks/README.md for
+(tests/test_gpu_benchmark.py). Needs TRL (the ``bench`` extra). See perf/README.md for
 running it on a GPU machine.
 
 Usage::
 
-    python benchmarks/gpu_step_time.py          # on a GPU: writes benchmarks/results/gpu_step_time-<date>.json
-    python benchmarks/gpu_step_time.py --smoke --out /tmp/smoke.json
+    python perf/gpu_step_time.py          # on a GPU: writes perf/results/gpu_step_time-<date>.json
+    python perf/gpu_step_time.py --smoke --out /tmp/smoke.json
 """
 
 from __future__ import annotations
@@ -45,11 +48,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-for _p in (ROOT, ROOT / "benchmarks"):
+for _p in (ROOT, ROOT / "perf"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-import grpo_step_time as gst  # noqa: E402  (benchmarks/ is not a package)
+import grpo_step_time as gst  # noqa: E402  (perf/ is not a package)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -91,12 +94,15 @@ def memory_spec(args: argparse.Namespace, work: Path) -> Any:
     from mlmt_bench.spec import validate_run
 
     total = args.warmup + args.steps
-    policy = {"model": "tiny", "path": args.model_dir, "lr": 1e-5, "dtype": args.dtype}
+    policy: dict[str, Any] = {"model": "tiny", "path": args.model_dir, "lr": 1e-5, "dtype": args.dtype}
+    lora = {"r": 16, "alpha": 32, "target_modules": "all-linear"}
+    if args.share_base:  # both roles adapters on one base
+        policy["lora"] = lora
     data = {
         "name": "gpu-memory-case", "seed": args.seed, "output_dir": str(work / "runs"),
         "benchmark": {"name": "synthetic-arith", "train_limit": args.memory_problems, "eval_limit": 1},
-        "policies": {"solver": policy, "critic": {**policy, "lora": {"r": 16, "alpha": 32,
-                                                                      "target_modules": "all-linear"}}},
+        "policies": {"solver": policy, "critic": {**policy, "lora": lora}, **({"share_base": True}
+                                                                               if args.share_base else {})},
         "backend": {"name": "hf", "temperature": 1.0, "max_new_tokens": args.max_new_tokens,
                     "options": {"decode": args.decode}},
         "algorithm": {"name": "mlmt", "params": {"group_size": args.group_size, "feedbacks": args.memory_feedbacks}},
@@ -133,6 +139,7 @@ def run_memory(args: argparse.Namespace) -> dict[str, Any]:
     out = {
         "problems": args.memory_problems, "group_size": args.group_size, "feedbacks": args.memory_feedbacks,
         "max_new_tokens": args.max_new_tokens, "critic_lora": {"r": 16, "target_modules": "all-linear"},
+        "share_base": args.share_base,
         "reward": "dense", "step_s": step_s, "gen_tokens_per_step": [recs[i]["gen_tokens"] - recs[i - 1]["gen_tokens"]
                                                                       for i in range(args.warmup, total)],
         "peak_gpu_mb": gst._peak_gpu_mb(), "peak_rss_mb": gst._peak_rss_mb(),
@@ -197,7 +204,8 @@ def _own_child(args: argparse.Namespace, part: str, model_dir: str, out: Path) -
 
 
 def _passthrough(args: argparse.Namespace) -> list[str]:
-    return ["--preset", args.preset, "--dtype", args.dtype, "--decode", args.decode, "--seed", str(args.seed),
+    return [*(["--share-base"] if args.share_base else []),
+            "--preset", args.preset, "--dtype", args.dtype, "--decode", args.decode, "--seed", str(args.seed),
             "--warmup", str(args.warmup), "--steps", str(args.steps), "--prompts", str(args.prompts),
             "--group-size", str(args.group_size), "--max-new-tokens", str(args.max_new_tokens),
             "--threads", str(args.threads), "--memory-problems", str(args.memory_problems),
@@ -223,8 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory-feedbacks", type=int, default=2)
     p.add_argument("--threads", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--parts", default="grpo,generation,memory", help="comma-separated subset to run")
-    p.add_argument("--out", default=None, help="default benchmarks/results/gpu_step_time-<date>.json")
+    p.add_argument("--parts", default="grpo,generation,memory,memory_share_base",
+                   help="comma-separated subset to run")
+    p.add_argument("--share-base", action="store_true", help=argparse.SUPPRESS)  # the memory child on one base
+    p.add_argument("--out", default=None, help="default perf/results/gpu_step_time-<date>.json")
     p.add_argument("--verbose", action="store_true")
     p.add_argument("--only", choices=["generation", "memory"], help=argparse.SUPPRESS)
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -288,7 +298,14 @@ def main(argv: list[str] | None = None) -> int:
         mc = result["memory_case"]
         print(f"  {statistics.fmean(mc['step_s']):.3f} s/step, peak GPU {mc['peak_gpu_mb']} MiB "
               f"(plan's estimate {mc['plan_estimate_mb']['peak']:.0f} MiB)", flush=True)
-    out = Path(args.out or ROOT / "benchmarks" / "results" / f"gpu_step_time-{time.strftime('%Y-%m-%d')}.json")
+    if "memory_share_base" in parts:
+        print("[memory] mlmt, two adapters on one base ...", flush=True)
+        one = argparse.Namespace(**{**vars(args), "share_base": True})
+        result["memory_case_share_base"] = _own_child(one, "memory", str(model_dir), tmp / "memory-one-base.json")
+        mc = result["memory_case_share_base"]
+        print(f"  {statistics.fmean(mc['step_s']):.3f} s/step, peak GPU {mc['peak_gpu_mb']} MiB "
+              f"(plan's estimate {mc['plan_estimate_mb']['peak']:.0f} MiB)", flush=True)
+    out = Path(args.out or ROOT / "perf" / "results" / f"gpu_step_time-{time.strftime('%Y-%m-%d')}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2, default=str))
     print(f"wrote {out}")

@@ -13,8 +13,8 @@ the CPU), and writes a JSON file.
 
 Usage (from the repository root)::
 
-    .venv/bin/python benchmarks/static_decode_speed.py                       # tiny-2m and tiny-8m, 64 x 40
-    .venv/bin/python benchmarks/static_decode_speed.py --presets tiny-8m --prompts 256 --device cuda
+    .venv/bin/python perf/static_decode_speed.py                       # tiny-2m and tiny-8m, 64 x 40
+    .venv/bin/python perf/static_decode_speed.py --presets tiny-8m --prompts 256 --device cuda
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "static_decode_speed.json"))
+    p.add_argument("--out", default=str(ROOT / "perf" / "results" / "static_decode_speed.json"))
     args = p.parse_args(argv)
 
     import torch

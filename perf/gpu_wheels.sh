@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Wheels that benchmarks/gpu_step_time.py needs on the lent H200 machine beyond what its image has
+# Wheels that perf/gpu_step_time.py needs on the lent H200 machine beyond what its image has
 # (/work/.library/device/KINDS.md: torch, transformers, peft, accelerate, typer, rich, pandas,
 # pyarrow, psutil, pyyaml ... but not pydantic, datasets or trl). Python 3.12 there; versions as in
 # this project's venv. About 4.5 MB, into .whl/ (git-ignored through .git/info/exclude).
