@@ -65,7 +65,7 @@ import os
 import re
 import reprlib
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -153,6 +153,17 @@ def echo(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return f"a list of {len(value)} item{'s' * (len(value) != 1)} (not shown)"
     return f"a value of type {type(value).__name__} (not shown)"
+
+
+def did_you_mean(name: Any, known: Iterable[str], *, n: int = 1) -> str:
+    """``"; did you mean 'grpo'?"``: the hint for a ``name`` not among ``known``, naming the (at
+    most ``n``) entries closest to it (:func:`difflib.get_close_matches`, similarity ≥ 0.5), or ""
+    when none is close. Only a plain name (:func:`is_plain`) gets one: a hint is for a typo, and a
+    value that is not shown is not hinted at either. The one did-you-mean of the package."""
+    import difflib
+
+    close = difflib.get_close_matches(str(name), list(known), n=n, cutoff=0.5) if is_plain(name) else []
+    return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
 
 
 _PATH_LIKE = re.compile(r"[\w./~+\-@=, ]{1,200}\Z")

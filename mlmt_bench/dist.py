@@ -16,13 +16,17 @@ import torch
 
 
 class Dist:
-    """Collectives used by the trainer; ``world == 1`` makes them all no-ops."""
+    """Collectives used by the trainer; ``world == 1`` makes them all no-ops.
 
-    def __init__(self) -> None:
+    ``from_env``: join the processes ``accelerate launch`` started (``WORLD_SIZE`` > 1); False: one
+    process whatever the environment (what a caller that hands no Dist gets). A run builds one Dist
+    and hands it to everything that communicates (``runner.make_trainer``)."""
+
+    def __init__(self, *, from_env: bool = True) -> None:
         self.rank, self.world = 0, 1
         self._dist = None
         self.device = torch.device("cpu")
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        if from_env and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             from accelerate import PartialState
 
             state = PartialState(cpu=not torch.cuda.is_available())

@@ -18,12 +18,12 @@ harness's metric values per task, optionally written as JSON to ``out`` (atomica
 
 from __future__ import annotations
 
-import difflib
 import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mlmt_bench.bounded_input import did_you_mean
 from mlmt_bench.errors import UserError
 from mlmt_bench.tracking import atomic_write_text, check_output_dir, check_output_file
 
@@ -75,9 +75,7 @@ def _check_tasks(task_manager: Any, tasks: Sequence[str]) -> None:
     known = set(task_manager.all_tasks)
     for task in tasks:
         if task not in known:
-            close = difflib.get_close_matches(task, sorted(known), n=3)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise UserError(f"lm-eval: unknown task {task!r}{hint}")
+            raise UserError(f"lm-eval: unknown task {task!r}{did_you_mean(task, sorted(known), n=3)}")
 
 
 def _plain(value: Any) -> Any:

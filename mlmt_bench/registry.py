@@ -11,7 +11,6 @@ Plugins are loaded the first time a name is missing or a listing is asked for.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from mlmt_bench.errors import UserError
 T = TypeVar("T")
 
 PLUGIN_GROUP = "mlmt_bench.plugins"
+_PARAMS = "mlmt_bench.algorithms.params"  # the built-in algorithms' parameter models
 
 
 @dataclass
@@ -30,6 +30,10 @@ class Entry:
     target: Any  # the object, or "module:attribute"
     description: str
     source: str = "builtin"  # "builtin" or the plugin's distribution name
+    # "module:attribute" of the component's parameters model when it can be read without
+    # importing the component (an algorithm's Params, in a module free of torch: `validate`
+    # checks a spec without loading torch); None: the component's own ``Params``.
+    params: str | None = None
 
     @property
     def is_lazy(self) -> bool:
@@ -48,12 +52,12 @@ class Registry(Generic[T]):
         self._entries: dict[str, Entry] = {}
 
     def register(self, name: str, target: Any, description: str, *, source: str = "builtin",
-                 overwrite: bool = False) -> None:
+                 overwrite: bool = False, params: str | None = None) -> None:
         if not description or "\n" in description:
             raise ValueError(f"{self.kind} {name!r}: description must be one non-empty line")
         if name in self._entries and not overwrite:
             raise ValueError(f"{self.kind} {name!r} is already registered")
-        self._entries[name] = Entry(name, target, description, source)
+        self._entries[name] = Entry(name, target, description, source, params)
 
     def __contains__(self, name: str) -> bool:
         if name in self._entries:
@@ -90,6 +94,15 @@ class Registry(Generic[T]):
                 ) from exc
         return cast(T, entry.target)  # what was registered under the name (the registry's contract)
 
+    def declared_params(self, name: str) -> Any | None:
+        """The parameters model the entry ``name`` declares (imported from its ``params`` pointer,
+        not from the component), or None when it declares none."""
+        entry = self.entry(name)
+        if entry.params is None:
+            return None
+        module_name, _, attr = entry.params.partition(":")
+        return getattr(importlib.import_module(module_name), attr)
+
     def unknown_message(self, name: str) -> str:
         return unknown_message(self.kind, name, self.names())
 
@@ -97,12 +110,10 @@ class Registry(Generic[T]):
 def unknown_message(kind: str, name: Any, known: list[str]) -> str:
     """``unknown <kind> 'grop'; did you mean 'grpo'? (known: ...)``: the message for a name not in
     ``known`` (components here; also e.g. a report's arms), the name shown only if plain."""
-    from mlmt_bench.bounded_input import echo, is_plain
+    from mlmt_bench.bounded_input import did_you_mean, echo
 
     name = str(name)  # the user's (maybe a file's): shown only if plain, and only then worth a hint
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.5) if is_plain(name) else []
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"unknown {kind} {echo(name)}{hint} (known: {', '.join(known)})"
+    return f"unknown {kind} {echo(name)}{did_you_mean(name, known)} (known: {', '.join(known)})"
 
 
 benchmarks: Registry[Any] = Registry("benchmark")
@@ -110,6 +121,7 @@ verifiers: Registry[Any] = Registry("verifier")
 models: Registry[Any] = Registry("model")
 backends: Registry[Any] = Registry("backend")
 algorithms: Registry[Any] = Registry("algorithm")
+trackers: Registry[Any] = Registry("tracker")  # mlmt_bench/trackers: Tracker subclasses (tracking.report_to)
 
 REGISTRIES: dict[str, Registry[Any]] = {
     "benchmark": benchmarks,
@@ -117,6 +129,7 @@ REGISTRIES: dict[str, Registry[Any]] = {
     "model": models,
     "backend": backends,
     "algorithm": algorithms,
+    "tracker": trackers,
 }
 
 _plugins_loaded = False
@@ -185,14 +198,27 @@ def _builtin() -> None:
     k("vllm", "mlmt_bench.rollout.vllm_backend:VLLMBackend", "vLLM offline engine (GPU only; pip install .[gpu])")
     # Algorithms (mlmt_bench/algorithms/).
     a = algorithms.register
-    a("grpo", "mlmt_bench.algorithms.grpo:GRPO", "GRPO: one turn, group-relative advantages")
+    # params=: the class's Params, named so that `validate` reads it without importing torch
+    # (tests/test_contracts.py checks that each is the class's own Params).
+    a("grpo", "mlmt_bench.algorithms.grpo:GRPO", "GRPO: one turn, group-relative advantages",
+      params=f"{_PARAMS}:GRPOParams")
     a("self_correct", "mlmt_bench.algorithms.self_correct:SelfCorrect",
-      "single-level multi-turn self-correction (SCoRe-style two stages)")
-    a("mlmt", "mlmt_bench.algorithms.mlmt:MLMT", "MLMT-RL: bi-level feedback writer + refining solver")
+      "single-level multi-turn self-correction (SCoRe-style two stages)", params=f"{_PARAMS}:SelfCorrectParams")
+    a("mlmt", "mlmt_bench.algorithms.mlmt:MLMT", "MLMT-RL: bi-level feedback writer + refining solver",
+      params=f"{_PARAMS}:MLMTParams")
     a("critique_grpo", "mlmt_bench.algorithms.critique_grpo:CritiqueGRPO",
-      "Critique-GRPO: refinements after fixed feedback join the group as shaped off-policy responses")
+      "Critique-GRPO: refinements after fixed feedback join the group as shaped off-policy responses",
+      params=f"{_PARAMS}:CritiqueGRPOParams")
     a("self_distill", "mlmt_bench.algorithms.self_distill:SelfDistill",
-      "GRPO + δ · distillation of the feedback-conditioned solver into the unconditioned one (sft or kl)")
+      "GRPO + δ · distillation of the feedback-conditioned solver into the unconditioned one (sft or kl)",
+      params=f"{_PARAMS}:SelfDistillParams")
+    # Experiment trackers (mlmt_bench/trackers/): tracking.report_to; pip install 'mlmt-bench[trackers]'.
+    t = trackers.register
+    t("tensorboard", "mlmt_bench.trackers.tensorboard:TensorBoardTracker",
+      "TensorBoard event files (torch SummaryWriter) per axis: step, tokens, FLOPs")
+    t("mlflow", "mlmt_bench.trackers.mlflow:MLflowTracker",
+      "MLflow runs with the spec as params; local SQLite store by default, any tracking URI")
+    t("wandb", "mlmt_bench.trackers.wandb:WandbTracker", "Weights & Biases runs, offline unless configured")
 
 
 _builtin()

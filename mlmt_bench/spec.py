@@ -13,14 +13,13 @@ that could not run is refused when it is validated, before anything is allocated
 from __future__ import annotations
 
 import copy
-import difflib
 import math
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, cast
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
 
 from mlmt_bench import bounded_input
 from mlmt_bench.errors import UserError
@@ -110,6 +109,17 @@ class PolicySpec(_Spec):
 class PoliciesSpec(_Spec):
     solver: PolicySpec = Field(default_factory=PolicySpec)
     critic: PolicySpec | None = Field(None, description="the feedback writer; required when the algorithm builds one")
+    share_base: bool = Field(False, description="every role a named LoRA adapter (its own lora, lr, optimiser) on "
+                             "one frozen copy of the base model (mlmt_bench/models/adapters.py)")
+
+    @model_serializer(mode="wrap")
+    def _drop_default_share_base(self, handler: Any) -> dict[str, Any]:
+        """``share_base: false`` is left out of dumps, so that a resolved spec (and its hash) of a
+        run without it reads as before the field existed."""
+        out: dict[str, Any] = handler(self)
+        if not self.share_base:
+            out.pop("share_base", None)
+        return out
 
 
 class BackendSpec(_Spec):
@@ -172,6 +182,15 @@ class EvalSpec(_Spec):
                               "critic (the report's `<arm> + base critic` row)")
 
 
+class TrackingSpec(_Spec):
+    """Experiment trackers that receive every ``metrics.jsonl`` record (mlmt_bench/trackers/)."""
+
+    report_to: list[str] = Field(default_factory=list, description="tracker registry names: tensorboard, mlflow, "
+                                 "wandb (any subset; pip install 'mlmt-bench[trackers]')")
+    options: dict[str, dict[str, Any]] = Field(default_factory=dict, description="each tracker's options, by name "
+                                               "(its Options model: mlmt_bench/trackers/<name>.py)")
+
+
 class RunSpec(_Spec):
     name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")
     seed: Seed = 0
@@ -183,8 +202,19 @@ class RunSpec(_Spec):
     train: TrainSpec = Field(default_factory=TrainSpec)
     eval: EvalSpec = Field(default_factory=EvalSpec)
     base: dict[str, Any] | None = Field(None, description="the shared base every tiny policy starts from "
-                                                         "(models/shared_base.py BaseConfig); seed: the run's")
+                                                         "(warmstart/shared_base.py BaseConfig); seed: the run's")
     description: str = ""
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="experiment trackers (TensorBoard, "
+                                   "MLflow, W&B); they change nothing the run computes")
+
+    @model_serializer(mode="wrap")
+    def _drop_default_tracking(self, handler: Any) -> dict[str, Any]:
+        """No ``tracking:`` in dumps when no tracker is used, so that a resolved spec (and its
+        hash) of a run without trackers reads as before the field existed."""
+        out: dict[str, Any] = handler(self)
+        if not self.tracking.report_to and not self.tracking.options:
+            out.pop("tracking", None)
+        return out
 
 
 class ExperimentSpec(_Spec):
@@ -322,9 +352,7 @@ def _check_path(model: type[BaseModel], parts: list[str], text: str) -> None:
         if fields is None:
             return  # inside a free-form mapping (options, params): checked when validated
         if part not in fields:
-            short = len(part) <= bounded_input.MAX_ECHO_CHARS  # only a short name is worth a hint
-            close = difflib.get_close_matches(part, list(fields), n=1, cutoff=0.5) if short else []
-            hint = f"; did you mean {close[0]!r}?" if close else f" (fields: {', '.join(fields)})"
+            hint = bounded_input.did_you_mean(part, fields) or f" (fields: {', '.join(fields)})"
             where = bounded_input.shorten(".".join(parts[:i])) or "the spec"
             raise UserError(f"--set {bounded_input.shorten(text)}: {where} has no field "
                             f"{bounded_input.short_repr(part)}{hint}")
@@ -426,10 +454,8 @@ def _field_hint(model: type[BaseModel] | None, loc: list[Any]) -> str:
     fields = getattr(current, "model_fields", None)
     if not fields:
         return ""
-    if not bounded_input.is_name(loc[-1]):  # not shown, so no "did you mean" for it either
-        return f" (expected one of: {', '.join(fields)})"
-    close = difflib.get_close_matches(str(loc[-1]), list(fields), n=1, cutoff=0.5)
-    return f"; did you mean {close[0]!r}?" if close else f" (expected one of: {', '.join(fields)})"
+    hint = bounded_input.did_you_mean(loc[-1], fields) if bounded_input.is_name(loc[-1]) else ""  # only if shown
+    return hint or f" (expected one of: {', '.join(fields)})"
 
 
 def validate_run(data: dict[str, Any], source: str, overrides: list[str] | tuple[str, ...] = ()) -> RunSpec:
@@ -539,7 +565,7 @@ def _validate_run(data: dict[str, Any], source: str) -> RunSpec:
         if problem is not None:
             raise UserError(f"{source}: benchmark.path: {bounded_input.echo_path(spec.benchmark.path)} {problem}")
     if spec.base is not None:
-        from mlmt_bench.models.shared_base import BaseConfig
+        from mlmt_bench.warmstart.shared_base import BaseConfig
 
         try:
             base_cfg = BaseConfig.model_validate(spec.base)
@@ -554,20 +580,58 @@ def _validate_run(data: dict[str, Any], source: str) -> RunSpec:
         if getattr(spec.policies, role) is None:
             mode = roles.mode(role) if roles is not None else "trained"
             raise UserError(f"{source}: policies.{role}: required by algorithm {spec.algorithm.name} ({role} {mode})")
+    if spec.policies.share_base:
+        _check_share_base(spec, roles.built() if roles is not None else ["solver"], source)
+    if spec.tracking.report_to or spec.tracking.options:
+        from mlmt_bench.trackers import check_tracking
+
+        try:
+            check_tracking(spec.tracking.report_to, spec.tracking.options, Path(spec.output_dir))
+        except UserError as exc:
+            raise UserError(f"{source}: {exc}") from None
     return spec
 
 
-def algorithm_params_model(name: str) -> type[BaseModel]:
-    from mlmt_bench import registry
-    from mlmt_bench.algorithms.params import PARAMS
+#: what every role's spec must agree on when the roles share one base model
+_ONE_BASE_FIELDS = ("model", "path", "dtype", "gradient_checkpointing")
 
-    if name in PARAMS:
-        return PARAMS[name]
-    algo = registry.algorithms.get(name)  # a plugin: its class carries a Params model
-    params: type[BaseModel] | None = getattr(algo, "Params", None)  # the Algorithm contract: a pydantic model
-    if params is None:
-        raise UserError(f"algorithm {name!r} declares no Params model")
-    return params
+
+def _check_share_base(spec: RunSpec, built: list[str], source: str) -> None:
+    """One-line errors for ``policies.share_base`` settings that cannot work: a role without a
+    LoRA adapter (full fine-tuning would move the base the other role stands on), or roles whose
+    base differs (model, path, dtype, gradient checkpointing)."""
+    specs = {role: getattr(spec.policies, role) for role in built}
+    for role, p in specs.items():
+        if p.lora is None:
+            raise UserError(f"{source}: policies.{role}.lora: share_base trains each role as a LoRA adapter on one "
+                            "frozen base; full fine-tuning of a shared base cannot work (give the role a `lora:` "
+                            "section, or set policies.share_base: false)")
+    first, *rest = built
+    for role in rest:
+        for name in _ONE_BASE_FIELDS:
+            a, b = getattr(specs[first], name), getattr(specs[role], name)
+            if a != b:
+                raise UserError(f"{source}: policies.{role}.{name}: share_base puts every role on one base, but "
+                                f"{first} has {bounded_input.echo(a)} and {role} {bounded_input.echo(b)}")
+
+
+def algorithm_params_model(name: str) -> type[BaseModel]:
+    """The parameters model the algorithm registered as ``name`` declares (its class's ``Params``,
+    the one place an algorithm's parameters are written, built-in or plugin alike)."""
+    from mlmt_bench import registry
+
+    declared = registry.algorithms.declared_params(name)
+    if declared is not None:  # read without importing the algorithm (and torch)
+        return cast(type[BaseModel], declared)
+    from mlmt_bench.algorithms.base import Algorithm
+    from mlmt_bench.algorithms.params import LossParams
+
+    algo = registry.algorithms.get(name)
+    if not (isinstance(algo, type) and issubclass(algo, Algorithm) and isinstance(algo.Params, type)
+            and issubclass(algo.Params, LossParams)):
+        raise UserError(f"algorithm {name!r} must subclass mlmt_bench.algorithms.base.Algorithm, its Params a "
+                        "subclass of mlmt_bench.algorithms.params.LossParams")
+    return algo.Params
 
 
 def is_experiment(data: dict[str, Any]) -> bool:

@@ -101,7 +101,7 @@ def test_a_plugin_backend_that_declares_fsdp_is_accepted(fsdp_env):
 
 def test_builtin_backends_declare_their_traits_and_defaults_are_conservative():
     assert backend_class("hf").traits == BackendTraits(holds_weights=False, supports_fsdp=True)
-    assert backend_class("vllm").traits == BackendTraits(holds_weights=True, supports_fsdp=False)
+    assert backend_class("vllm").traits == BackendTraits(holds_weights=True, supports_fsdp=False, gpu_only=True)
     assert BackendTraits() == NoFSDPBackend.traits == BackendTraits(holds_weights=True, supports_fsdp=False)
     assert declared(BareBackend) is Backend and declared(FSDPBackend) is FSDPBackend
 
@@ -296,7 +296,7 @@ def test_an_oracle_is_declared_by_subclassing_not_by_method_names(tmp_path):
     from mlmt_bench import runner
     from mlmt_bench.benchmarks.base import Benchmark, OracleBenchmark
     from mlmt_bench.benchmarks.synthetic import SyntheticArith
-    from mlmt_bench.models.shared_base import synthetic_benchmark
+    from mlmt_bench.warmstart.shared_base import synthetic_benchmark
 
     class LooksLikeOne(Benchmark):
         name = "plugin-looks-like-oracle"
@@ -314,3 +314,30 @@ def test_an_oracle_is_declared_by_subclassing_not_by_method_names(tmp_path):
                                          algorithm={"name": "mlmt", "params": {"variant": "oracle_feedback"}}), "t")
         with pytest.raises(UserError, match="oracle feedback needs a benchmark with an oracle critic"):
             runner.build(spec, progress=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# algorithms: the parameters are the class's Params, declared once
+
+
+def test_an_algorithms_params_are_its_class_params_and_nothing_else_is_accepted():
+    from mlmt_bench.algorithms.base import Algorithm
+    from mlmt_bench.algorithms.params import LossParams
+    from mlmt_bench.spec import algorithm_params_model
+
+    for name in registry.algorithms.names():
+        assert algorithm_params_model(name) is registry.algorithms.get(name).Params
+    assert algorithm_params_model("grpo").model_fields["group_size"].default == 8
+
+    class Bare(Algorithm):  # declares no parameters of its own: the shared loss's
+        pass
+
+    class NotAnAlgorithm:
+        Params = LossParams
+
+    with registered(registry.algorithms, "plugin-bare-algo", Bare):
+        spec = validate_run(minimal_spec(algorithm={"name": "plugin-bare-algo", "params": {"clip_high": 0.28}}), "t")
+        assert spec.algorithm.params["clip_high"] == 0.28 and algorithm_params_model("plugin-bare-algo") is LossParams
+    with registered(registry.algorithms, "plugin-not-algo", NotAnAlgorithm):
+        with pytest.raises(UserError, match="algorithm 'plugin-not-algo' must subclass mlmt_bench.algorithms.base"):
+            validate_run(minimal_spec(algorithm={"name": "plugin-not-algo"}), "t")

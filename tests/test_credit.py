@@ -250,3 +250,46 @@ def test_verdict_matches_reads_each_feedback_against_its_attempt():
     ro.turns = [dataclasses.replace(t, text=next(texts)) if t.kind == "feedback" else t for t in ro.turns]
     judge = {"ok": True, "bad": False}.get
     assert verdict_matches(ro, judge).tolist() == [1.0, 1.0, 0.0, 0.0]
+
+
+def test_critic_credit_returns_the_critics_credit_and_merging_changes_neither():
+    """critic_credit is pure: it returns the critic role's credit; Credit.merged makes a new one."""
+    from mlmt_bench.algorithms.base import Credit
+    from mlmt_bench.algorithms.critic_credit import critic_credit, feedback_means
+    from mlmt_bench.algorithms.update import TrainItem
+
+    ro = tree([[(0, [1, 1]), (0, [0, 0]), (1, [1, 0])]])  # ū = [1, 0, 0.5]
+    algo = MLMT(MLMTParams(group_size=3, value="none"), 10)
+    r2 = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 0.0], dtype=torch.float64)
+    assert feedback_means(ro, r2).tolist() == [1.0, 0.0, 0.5]
+    critic = critic_credit(algo, ro, feedback_means(ro, r2), None, 0.0)
+    assert set(critic.items) == set(critic.sampled) == {"critic"} and critic.sampled["critic"] == 3
+    # ū standardised over the problem's three feedbacks: mean 0.5, sample std 0.5 -> [1, -1, 0]
+    assert adv(critic, ro, "feedback") == [1.0, -1.0, 0.0] and r_h(critic, ro) == [1.0, 0.0, 0.5]
+    assert [round(it.advantage, 4) for it in critic.items["critic"]] == [1.0, -1.0]  # the zero advantage dropped
+    solver = Credit({"solver": [TrainItem([1], [2], 0.5)]}, {"solver": 9}, {0: 0.5}, stats={"r1": 0.25})
+    before = copy.deepcopy(solver), copy.deepcopy(critic)
+    both = solver.merged(critic)
+    assert (solver, critic) == before  # neither input changed
+    assert both.items == {**solver.items, **critic.items} and both.sampled == {"solver": 9, "critic": 3}
+    assert both.advantages == {0: 0.5, **critic.advantages} and both.rewards == critic.rewards
+    assert both.stats == {"r1": 0.25, **critic.stats}
+
+
+def test_every_algorithm_logs_the_same_reward_statistics():
+    """r1 / r2 are the attempts' and refinements' mean rewards, reward_mean / reward_std those of
+    the rewards each algorithm's main advantage uses (GRPO: r1; self_correct, mlmt: r2)."""
+    from mlmt_bench.algorithms.base import reward_stats
+
+    assert reward_stats(torch.tensor([1.0, 0.0]), torch.tensor([1.0, 1.0, 1.0, 0.0]), torch.tensor([1.0, 0.0])) == {
+        "r1": 0.5, "r2": 0.75, "reward_mean": 0.5, "reward_std": pytest.approx(0.5 ** 0.5)}
+    assert reward_stats(torch.tensor([1.0]), None, torch.tensor([1.0])) == {"r1": 1.0, "reward_mean": 1.0,
+                                                                            "reward_std": 0.0}
+    assert reward_stats(torch.tensor([1.0]), torch.zeros(0), torch.tensor([1.0]))["r2"] == 0.0
+    ro = tree([[(1, [1]), (0, [1]), (0, [0]), (1, [1])]])  # r1 mean 0.5, r2 mean 0.75
+    grpo = GRPO(GRPOParams(group_size=4), 10).credit(tree([[(1, None), (0, None), (0, None), (0, None)]]), 0, DONE)
+    assert (grpo.stats["r1"], grpo.stats["reward_mean"]) == (0.25, 0.25) and "r2" not in grpo.stats
+    for c in (SelfCorrect(SelfCorrectParams(group_size=4), 10).credit(ro, 0, DONE),
+              MLMT(MLMTParams(group_size=4, value="none"), 10).credit(ro, 0, DONE)):
+        assert (c.stats["r1"], c.stats["r2"], c.stats["reward_mean"]) == (0.5, 0.75, 0.75)
+        assert c.stats["reward_std"] == pytest.approx(0.5)

@@ -124,3 +124,39 @@ def test_fsdp_on_two_cpu_processes_equals_ddp_and_resumes(tiny_ckpt, tmp_path):
     assert ckpt_r.name == ckpt_f.name and [r["step"] for r in train_res] == [1, 2, 3]
     assert train_res[-1]["reward_mean"] == train_fsdp[-1]["reward_mean"]
     assert max(float((w_res[k] - w_fsdp[k]).abs().max()) for k in w_fsdp) < 1e-6
+
+
+def test_importing_the_update_and_the_trainer_joins_no_processes():
+    """No Dist is built at import time: under a launcher's WORLD_SIZE, without its rendezvous, the
+    modules still import (a Dist built then would try to join the other processes)."""
+    env = {**os.environ, "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}
+    env.pop("MASTER_ADDR", None)
+    code = "import mlmt_bench.algorithms.update, mlmt_bench.trainer; print('imported')"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "imported", out.stderr[-2000:]
+
+
+def test_a_run_builds_one_dist_and_its_trainer_uses_it(tiny_ckpt, tmp_path, monkeypatch):
+    from mlmt_bench import dist as dist_module, runner
+    from mlmt_bench.spec import validate_run
+
+    built, trainers = [], []
+    init = dist_module.Dist.__init__
+
+    def counting_init(self, **kw):
+        built.append(self)
+        init(self, **kw)
+
+    def spy(*args, **kwargs):
+        trainers.append(make_trainer(*args, **kwargs))
+        return trainers[-1]
+
+    make_trainer = runner.make_trainer
+    monkeypatch.setattr(dist_module.Dist, "__init__", counting_init)
+    monkeypatch.setattr(runner, "make_trainer", spy)
+    d = minimal_spec(output_dir=str(tmp_path / "runs"), policies={"solver": {"model": "tiny", "path": str(tiny_ckpt)}},
+                     backend={"max_new_tokens": 2}, train={"steps": 0, "threads": 1},
+                     eval={"limit": 1, "feedback_metrics": False, "samples": 0})
+    runner.run(validate_run(d, "test"), progress=False)
+    assert len(built) == 1 and len(trainers) == 1
+    assert trainers[0].dist is built[0] and trainers[0].sharding.dist is built[0]

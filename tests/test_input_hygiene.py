@@ -317,3 +317,14 @@ def test_a_baseline_check_accepts_an_arm_and_its_base_critic_row():
     check_baseline("grpo + base critic", ["grpo", "mlmt"])
     with pytest.raises(UserError, match="unknown arm"):
         check_baseline("sc + base critic", ["grpo", "mlmt"])
+
+
+def test_notes_and_warnings_reach_the_current_stderr_escaped(capsys):
+    """The library's notes go through one place (mlmt_bench.notes), which escapes what a spec put in."""
+    from mlmt_bench import notes
+
+    notes.warn(f"sandbox weakened for {ESC_RED}x{RLO}")
+    notes.note("base cached")
+    notes.tell("warning: a line as it is")
+    assert capsys.readouterr().err == ("warning: sandbox weakened for \\x1b[31mx\\u202e\n"
+                                       "note: base cached\nwarning: a line as it is\n")

@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from conftest import minimal_spec
+from support import require
 
 REPO = Path(__file__).resolve().parents[1]
 LR = "policies.solver.lr"
@@ -140,10 +141,7 @@ def _free_port() -> int:
 @pytest.fixture
 def postgres_url():
     """A PostgreSQL server of its own: ``postgresql+psycopg2://optuna@127.0.0.1:PORT/postgres``."""
-    if POSTGRES is None or INITDB is None:
-        if os.environ.get("MLMT_BENCH_CI"):  # .ci/run installs the server: missing there is a failure
-            pytest.fail("the PostgreSQL server (postgres, initdb) is not installed, under CI (MLMT_BENCH_CI)")
-        pytest.skip("the PostgreSQL server (postgres, initdb) is not installed")
+    require(POSTGRES is not None and INITDB is not None, "the PostgreSQL server (postgres, initdb)")
     import psycopg2  # the `postgres` extra; its absence is a failure, not a skip
 
     root = Path(tempfile.mkdtemp(prefix="mlmt-pg-"))

@@ -63,11 +63,21 @@ class Credit:
     rewards: dict[int, float] = field(default_factory=dict)
     stats: dict[str, float] = field(default_factory=dict)
 
+    def merged(self, other: Credit) -> Credit:
+        """A new Credit holding this one's roles, turns and stats and ``other``'s (another role's
+        credit, e.g. :func:`mlmt_bench.algorithms.critic_credit.critic_credit`'s); neither is changed."""
+        return Credit({**self.items, **other.items}, {**self.sampled, **other.sampled},
+                      {**self.advantages, **other.advantages}, {**self.rewards, **other.rewards},
+                      {**self.stats, **other.stats})
+
 
 class Algorithm:
     """Base class: subclasses set ``Params`` and implement :meth:`program` and :meth:`credit`."""
 
-    Params: ClassVar[type[LossParams]]
+    #: The algorithm's parameters (``algorithm.params`` of a spec): declared here once, read by
+    #: validation (``spec.algorithm_params_model``), the trainer and ``plan``. Default: the shared
+    #: clipped loss's alone.
+    Params: ClassVar[type[LossParams]] = LossParams
     #: How each kind of generated turn is trained (``mlmt-bench plan`` sizes the update from it): on
     #: the context it was generated from ("own"), as a response to the problem alone in the policy
     #: loss ("as_attempt"), or as a response to the problem alone in an auxiliary term ("auxiliary":
@@ -170,6 +180,18 @@ class Algorithm:
 def rewards(rollout: Rollout, indices: Sequence[int]) -> torch.Tensor:
     """``[N]`` verifier rewards of the turns at ``indices`` (float64)."""
     return torch.tensor([float(rollout.turns[i].scored_reward) for i in indices], dtype=torch.float64)
+
+
+def reward_stats(r1: torch.Tensor, r2: torch.Tensor | None, reward: torch.Tensor) -> dict[str, float]:
+    """The reward statistics every algorithm logs: ``r1`` and ``r2``, the mean verifier rewards of the
+    attempts ``[N1]`` and of the refinements ``[N2]`` (no ``r2`` for a one-turn algorithm: None;
+    0.0 when there is none), and ``reward_mean`` / ``reward_std`` of ``reward``, the rewards the
+    algorithm's main group advantage is computed on (its r1 or its r2; std 0.0 for one value)."""
+    out = {"r1": float(r1.mean())}
+    if r2 is not None:
+        out["r2"] = float(r2.mean()) if len(r2) else 0.0
+    out.update(reward_mean=float(reward.mean()), reward_std=float(reward.std()) if len(reward) > 1 else 0.0)
+    return out
 
 
 def problem_of(rollout: Rollout, indices: Sequence[int]) -> list[int]:

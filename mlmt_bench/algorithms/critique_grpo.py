@@ -18,11 +18,7 @@ and the overlong shaping read (:class:`ResponseToX`, handed in through ``respons
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Literal
-
 import torch
-from pydantic import Field
 
 from mlmt_bench.algorithms import core
 from mlmt_bench.algorithms.base import (
@@ -33,24 +29,10 @@ from mlmt_bench.algorithms.base import (
     group_advantages,
     problem_of,
     response_to_x,
+    reward_stats,
 )
-from mlmt_bench.algorithms.params import DEFAULT_SHAPING_GAMMA, GRPOParams, LossTerms, Roles
+from mlmt_bench.algorithms.params import CritiqueGRPOParams
 from mlmt_bench.rollout.episodes import Program, Rollout
-
-
-class CritiqueGRPOParams(GRPOParams):
-    critique_source: Literal["critic", "oracle"] = Field(
-        "critic", description="the fixed feedback: the frozen base critic, or the oracle (an upper bound)")
-    refinements_in_group: Literal["correct", "all"] = Field(
-        "correct", description="refinements added to the group as responses to x: the correct ones, or all")
-    shaping_gamma: float = Field(DEFAULT_SHAPING_GAMMA, gt=0.0,
-                                 description="policy shaping of the off-policy tokens: π / (π + γ)")
-
-    def loss_terms(self) -> LossTerms:
-        return dataclasses.replace(super().loss_terms(), shaping_gamma=self.shaping_gamma)
-
-    def roles(self) -> Roles:
-        return Roles("trained", "frozen" if self.critique_source == "critic" else "absent", self.critique_source)
 
 
 class CritiqueGRPO(Algorithm):
@@ -71,8 +53,7 @@ class CritiqueGRPO(Algorithm):
         adv, zero = group_advantages(torch.cat([r1, r_joined]), problem_of(rollout, attempts + joined), p.scale)
         adv1, adv_off = adv[:len(attempts)], adv[len(attempts):]
         off = self.items(rollout, joined, adv_off, p.beta, core.SHAPED, to_x=True)  # full responses to x alone
-        stats = {"r1": float(r1.mean()), "r2": float(r2.mean()) if len(r2) else 0.0, "reward_mean": float(r1.mean()),
-                 "reward_std": float(r1.std()) if len(r1) > 1 else 0.0, "frac_zero_std": zero,
+        stats = {**reward_stats(r1, r2, r1), "frac_zero_std": zero,
                  "off_policy_share": len(joined) / max(1, len(attempts) + len(joined))}
         return Credit({"solver": self.items(rollout, attempts, adv1, p.beta) + off},
                       {"solver": len(attempts) + len(joined)},

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from mlmt_bench.algorithms.base import Algorithm, Credit, CreditInputs, by_turn, group_advantages, problem_of
+from mlmt_bench.algorithms.base import (
+    Algorithm,
+    Credit,
+    CreditInputs,
+    by_turn,
+    group_advantages,
+    problem_of,
+    reward_stats,
+)
 from mlmt_bench.algorithms.params import GRPOParams
 from mlmt_bench.rollout.episodes import Program, Rollout
 
@@ -19,7 +27,6 @@ class GRPO(Algorithm):
         attempts = rollout.of_kind("attempt")
         r = self.solver_rewards(rollout, attempts, inputs)
         adv, zero = group_advantages(r, problem_of(rollout, attempts), self.params.scale)
-        stats = {"frac_zero_std": zero, "reward_mean": float(r.mean()), "r1": float(r.mean()),
-                 "reward_std": float(r.std()) if len(r) > 1 else 0.0}
+        stats = {**reward_stats(r, None, r), "frac_zero_std": zero}
         return Credit({"solver": self.items(rollout, attempts, adv, self.params.beta)},
                       {"solver": len(attempts)}, by_turn(attempts, adv), stats=stats)

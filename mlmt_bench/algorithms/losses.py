@@ -31,10 +31,12 @@ pydantic only, can read the names.
 
 from __future__ import annotations
 
-import difflib
 import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
+
+from mlmt_bench.bounded_input import did_you_mean
+from mlmt_bench.registry import unknown_message
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -51,6 +53,11 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {}
 RATIOS: dict[str, Ratio] = {}
 #: options every variant may declare, set by the params' own fields rather than ``loss_options``
 SHARED_OPTIONS = ("clip_low", "clip_high", "cispo_max")
+#: CISPO's cap on the importance weight, ε_max (unitless): the default of ``cispo_max``, written here once
+CISPO_MAX = 5.0
+#: γ of policy shaping, π / (π + γ), of off-policy (SHAPED) rows (Critique-GRPO's; unitless): the
+#: default of ``shaping_gamma``, written here once
+SHAPING_GAMMA = 0.1
 
 _INPUTS = ("logp", "ratio", "advantages", "mask")
 
@@ -101,9 +108,7 @@ def options_of(name: str) -> tuple[str, ...]:
 
 def _lookup(table: dict[str, V], what: str, name: str) -> V:
     if name not in table:
-        close = difflib.get_close_matches(str(name), list(table), n=1, cutoff=0.5)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown {what} {name!r}{hint} (known: {', '.join(table)})")
+        raise ValueError(unknown_message(what, name, list(table)))
     return table[name]
 
 
@@ -126,11 +131,8 @@ def check_options(name: str, options: dict[str, float]) -> None:
         if key in SHARED_OPTIONS:
             raise ValueError(f"{key!r} is a parameter of its own: set {key}, not loss_options.{key}")
         if key not in own:
-            close = difflib.get_close_matches(key, [*own, *SHARED_OPTIONS], n=1, cutoff=0.5)
-            hint = ""
-            if close:
-                hint = f"; did you mean {close[0]!r}" + (" (a parameter of its own)?" if close[0] in SHARED_OPTIONS
-                                                         else "?")
+            shared = did_you_mean(key, SHARED_OPTIONS)
+            hint = did_you_mean(key, own) or (shared and shared[:-1] + " (a parameter of its own)?")
             raise ValueError(f"{key!r} is not an option of loss {name!r}{hint} "
                              f"(its options: {', '.join(own) or 'none'})")
 
@@ -166,7 +168,7 @@ def clip_loss(logp: Tensor, ratio: Tensor, advantages: Tensor, mask: Tensor, *, 
 
 @register_policy_loss("cispo")
 def cispo_loss(logp: Tensor, ratio: Tensor, advantages: Tensor, mask: Tensor, *,
-               cispo_max: float = 5.0) -> tuple[Tensor, Tensor]:
+               cispo_max: float = CISPO_MAX) -> tuple[Tensor, Tensor]:
     """CISPO: −sg[min(ρ, ε_max)]·A·log π_θ; the weight is capped and stop-gradiented, so no token
     leaves the gradient. Clipped: the weight capped with A > 0."""
     return -ratio.clamp(max=cispo_max).detach() * advantages * logp, (ratio > cispo_max) & (advantages > 0)

@@ -32,8 +32,10 @@ from mlmt_bench.algorithms.base import (
     by_turn,
     group_advantages,
     problem_of,
+    reward_stats,
     rewards,
 )
+from mlmt_bench.algorithms.critic_credit import critic_credit, feedback_means
 from mlmt_bench.algorithms.params import MLMTParams
 from mlmt_bench.algorithms.value import ValueModel
 from mlmt_bench.rollout.episodes import Program, Rollout
@@ -92,19 +94,16 @@ class MLMT(Algorithm):
         adv3, zero3 = group_advantages(r2, problem_of(rollout, refines), p.scale)
         items = {"solver": self.items(rollout, attempts, adv1, p.beta) + self.items(rollout, refines, adv3, p.beta)}
         sampled = {"solver": len(attempts) + len(refines)}
-        credit = Credit(items, sampled, {**by_turn(attempts, adv1), **by_turn(refines, adv3)})
-        stats = {"r1": float(r1.mean()), "r2": float(r2.mean()), "reward_mean": float(r2.mean()),
-                 "reward_std": float(r2.std()) if len(r2) > 1 else 0.0,
-                 "frac_zero_std_t1": zero1, "frac_zero_std": zero3}
+        stats = {**reward_stats(r1, r2, r2), "frac_zero_std_t1": zero1, "frac_zero_std": zero3}
+        credit = Credit(items, sampled, {**by_turn(attempts, adv1), **by_turn(refines, adv3)}, stats=stats)
 
         if self.roles().critic in ("trained", "shared"):
             if self._value is not None and inputs.values is None:
                 raise ValueError("value: learned needs the value model's predictions in CreditInputs.values")
             lam = p.lam if self._value is not None else 0.0
-            stats.update(critic_credit(self, rollout, u_bar, inputs.values, lam, credit,
-                                       verdict_match=inputs.verdict_match, reward_kind=p.critic_reward, nu=p.nu,
-                                       feedbacks_per_attempt=p.feedbacks))
-        credit.stats = stats
+            credit = credit.merged(critic_credit(self, rollout, u_bar, inputs.values, lam,
+                                                 verdict_match=inputs.verdict_match, reward_kind=p.critic_reward,
+                                                 nu=p.nu, feedbacks_per_attempt=p.feedbacks))
         return credit
 
     def state_dict(self) -> dict:
@@ -114,51 +113,3 @@ class MLMT(Algorithm):
         if self._value is not None:
             self._value.load_state_dict(state.get("value_model") or {})
 
-
-def feedback_means(rollout: Rollout, r2: torch.Tensor) -> torch.Tensor:
-    """ū(g): ``[F]`` mean reward of each feedback's refinements (``r2`` [R], in refinement order)."""
-    f_pos = {t: n for n, t in enumerate(rollout.of_kind("feedback"))}
-    parents = torch.tensor([f_pos[ancestor(rollout, i, 1)] for i in rollout.of_kind("refine")])
-    return core.mean_by_parent(r2, parents, len(f_pos))
-
-
-def critic_credit(algo: Algorithm, rollout: Rollout, u_bar: torch.Tensor, values: torch.Tensor | None, lam: float,
-                  credit: Credit, *, verdict_match: torch.Tensor | None = None, reward_kind: str = "helpfulness",
-                  nu: float = 0.0, feedbacks_per_attempt: int = 1) -> dict[str, float]:
-    """The higher level's credit, added to ``credit`` (METHOD.md "Higher level", v3): the critic's
-    reward R(g) = ū(g) (``critic_reward: helpfulness``) or ū(g) + ν·match(g)
-    (``helpfulness+verdict``) is standardised among the K feedbacks of an attempt when K > 1, else
-    among the feedbacks of the problem, and λ·sg[V_L(x, z, g)] centred in the same group is added
-    after it (:func:`core.critic_advantages`). The verdict term is a reward, standardised with ū:
-    within a group of equally helpful feedbacks, the one whose verdict is right ranks higher.
-    ``u_bar`` [F] is each feedback's mean r2, ``values`` [F] the value model's predictions (None
-    when λ = 0), ``verdict_match`` [F] 1.0 where the feedback's verdict on its attempt matches the
-    verifier (None: not read; required by ``helpfulness+verdict``). ``credit.rewards`` records
-    R(g) + λ·V. ``reward_kind`` (``critic_reward``), ``nu`` and ``feedbacks_per_attempt`` (K)
-    are the caller's parameters. Returns the logged stats; ``frac_zero_std_critic`` counts the
-    groups whose R is flat (the value does not make a group informative)."""
-    p = algo.params
-    feedbacks = rollout.of_kind("feedback")
-    value = values.to(u_bar) if values is not None else torch.zeros_like(u_bar)
-    reward = u_bar
-    if reward_kind == "helpfulness+verdict":
-        if verdict_match is None:
-            raise ValueError("critic_reward: helpfulness+verdict needs each feedback's verdict match in "
-                             "CreditInputs.verdict_match (the trainer reads it with Benchmark.feedback_verdict)")
-        reward = core.verdict_reward(u_bar, verdict_match, nu)
-    groups = ([rollout.parent_index(f) for f in feedbacks] if feedbacks_per_attempt > 1
-              else problem_of(rollout, feedbacks))
-    gid = torch.tensor(groups, dtype=torch.long)
-    adv_h = core.critic_advantages(reward, value, lam, gid, p.scale)
-    zero_h = core.frac_zero_std(reward, gid)
-    r_h = core.higher_level_reward(reward, value, lam)
-    credit.items["critic"] = algo.items(rollout, feedbacks, adv_h, p.beta)
-    credit.sampled["critic"] = len(feedbacks)
-    credit.advantages.update(by_turn(feedbacks, adv_h))
-    credit.rewards.update(by_turn(feedbacks, r_h))
-    stats = {"critic_reward": float(r_h.mean()), "frac_zero_std_critic": zero_h}
-    if values is not None:
-        stats["value_mean"] = float(value.mean())
-    if verdict_match is not None and len(verdict_match):
-        stats["critic_verdict_match"] = float(verdict_match.double().mean())
-    return stats

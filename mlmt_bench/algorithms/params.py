@@ -22,12 +22,14 @@ problems × G × K × M per step: :mod:`mlmt_bench.spec`):
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from mlmt_bench.algorithms import losses
+from mlmt_bench.registry import unknown_message
 from mlmt_bench.rollout.episodes import FeedbackSource
 
 #: What an algorithm does with a role's policy: ``trained`` (built and updated), ``frozen``
@@ -74,10 +76,6 @@ MLMT_VARIANTS: dict[str, Roles] = {
 }
 
 
-#: γ of policy shaping, π / (π + γ), for off-policy (SHAPED) rows (Critique-GRPO's default).
-DEFAULT_SHAPING_GAMMA = 0.1
-
-
 @dataclass(frozen=True)
 class LossTerms:
     """The policy loss an algorithm's parameters select, as the shared update reads it (with the
@@ -89,8 +87,8 @@ class LossTerms:
     epochs: int
     ratio: str = "token"
     loss: str = "clip"
-    cispo_max: float = 5.0
-    shaping_gamma: float = DEFAULT_SHAPING_GAMMA
+    cispo_max: float = losses.CISPO_MAX
+    shaping_gamma: float = losses.SHAPING_GAMMA
     loss_options: dict[str, float] = field(default_factory=dict)  # the loss's own options (losses.py)
 
 
@@ -132,7 +130,7 @@ class LossParams(AlgorithmParams):
     loss_options: dict[str, float] = Field(
         default_factory=dict, description="the chosen loss's own options (keyword arguments of its function in "
                                           "losses.py, beyond clip_low, clip_high and cispo_max)")
-    cispo_max: float = Field(5.0, gt=0.0, description="CISPO's cap on the importance weight (ε_max)")
+    cispo_max: float = Field(losses.CISPO_MAX, gt=0.0, description="CISPO's cap on the importance weight (ε_max)")
     overlong_buffer: int = Field(0, ge=0, description="DAPO overlong shaping: a penalty ramping from 0 to "
                                                       "-overlong_penalty over the last N tokens before the limit "
                                                       "(0: off)")
@@ -186,6 +184,38 @@ class GRPOParams(LossParams):
 
     def extra_rollout_rounds(self) -> int:
         return self.dynamic_sampling_rounds if self.dynamic_sampling else 0
+
+
+class CritiqueGRPOParams(GRPOParams):
+    critique_source: Literal["critic", "oracle"] = Field(
+        "critic", description="the fixed feedback: the frozen base critic, or the oracle (an upper bound)")
+    refinements_in_group: Literal["correct", "all"] = Field(
+        "correct", description="refinements added to the group as responses to x: the correct ones, or all")
+    shaping_gamma: float = Field(losses.SHAPING_GAMMA, gt=0.0,
+                                 description="policy shaping of the off-policy tokens: π / (π + γ)")
+
+    def loss_terms(self) -> LossTerms:
+        return dataclasses.replace(super().loss_terms(), shaping_gamma=self.shaping_gamma)
+
+    def roles(self) -> Roles:
+        return Roles("trained", "frozen" if self.critique_source == "critic" else "absent", self.critique_source)
+
+
+_SELF_DISTILL_CRITIC: dict[str, RoleMode] = {"critic": "frozen", "oracle": "absent", "mlmt": "trained"}
+
+
+class SelfDistillParams(GRPOParams):
+    critique_source: Literal["critic", "oracle", "mlmt"] = Field(
+        "critic", description="the feedback: the frozen base critic, the oracle (an upper bound), or a critic "
+                              "trained as MLMT-RL's higher level")
+    distill: Literal["sft", "kl"] = Field("sft", description="log-likelihood of refinements as responses to x, or a "
+                                                             "token-level KL toward the feedback-conditioned solver")
+    distill_on: Literal["correct", "all"] = Field("correct", description="which refinements are distilled")
+    delta: float = Field(0.1, ge=0.0, description="δ: weight of the distillation term")
+
+    def roles(self) -> Roles:
+        return Roles("trained", _SELF_DISTILL_CRITIC[self.critique_source],
+                     "oracle" if self.critique_source == "oracle" else "critic")
 
 
 class SelfCorrectParams(LossParams):
@@ -248,11 +278,7 @@ class MLMTParams(LossParams):
     @classmethod
     def _known_variant(cls, v: str) -> str:
         if v not in MLMT_VARIANTS:
-            import difflib
-
-            close = difflib.get_close_matches(v, list(MLMT_VARIANTS), n=1, cutoff=0.5)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"unknown variant {v!r}{hint} (known: {', '.join(MLMT_VARIANTS)})")
+            raise ValueError(unknown_message("variant", v, list(MLMT_VARIANTS)))
         return v
 
     def roles(self) -> Roles:
@@ -260,10 +286,3 @@ class MLMTParams(LossParams):
 
     def sample_factors(self) -> dict[str, int]:
         return {"group_size": self.group_size, "feedbacks": self.feedbacks, "refinements": self.refinements}
-
-
-PARAMS: dict[str, type[BaseModel]] = {
-    "grpo": GRPOParams,
-    "self_correct": SelfCorrectParams,
-    "mlmt": MLMTParams,
-}

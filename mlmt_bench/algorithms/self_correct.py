@@ -12,7 +12,16 @@ from __future__ import annotations
 import torch
 
 from mlmt_bench.algorithms import core
-from mlmt_bench.algorithms.base import Algorithm, Credit, CreditInputs, ancestor, by_turn, group_advantages, problem_of
+from mlmt_bench.algorithms.base import (
+    Algorithm,
+    Credit,
+    CreditInputs,
+    ancestor,
+    by_turn,
+    group_advantages,
+    problem_of,
+    reward_stats,
+)
 from mlmt_bench.algorithms.params import SelfCorrectParams
 from mlmt_bench.rollout.episodes import Program, Rollout
 
@@ -44,7 +53,6 @@ class SelfCorrect(Algorithm):
             adv1, _ = group_advantages(r1, problem_of(rollout, attempts), p.scale)
         adv2, zero = group_advantages(shaped2, problem_of(rollout, refines), p.scale)
         items = self.items(rollout, attempts, adv1, beta1) + self.items(rollout, refines, adv2, p.beta)
-        stats = {"r1": float(r1.mean()), "r2": float(r2.mean()), "stage": float(stage), "frac_zero_std": zero,
-                 "reward_mean": float(r2.mean()), "reward_std": float(r2.std()) if len(r2) > 1 else 0.0}
+        stats = {**reward_stats(r1, r2, r2), "stage": float(stage), "frac_zero_std": zero}
         return Credit({"solver": items}, {"solver": len(attempts) + len(refines)},
                       {**by_turn(attempts, adv1), **by_turn(refines, adv2)}, stats=stats)

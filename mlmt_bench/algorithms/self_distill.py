@@ -22,31 +22,19 @@ Evaluation: acc@t1 is the distilled one-turn skill, acc@t2 the refine protocol.
 
 from __future__ import annotations
 
-from typing import Literal
-
-from pydantic import Field
-
 from mlmt_bench.algorithms import core
-from mlmt_bench.algorithms.base import Algorithm, Credit, CreditInputs, by_turn, group_advantages, problem_of
-from mlmt_bench.algorithms.mlmt import critic_credit, feedback_means
-from mlmt_bench.algorithms.params import GRPOParams, RoleMode, Roles
+from mlmt_bench.algorithms.base import (
+    Algorithm,
+    Credit,
+    CreditInputs,
+    by_turn,
+    group_advantages,
+    problem_of,
+    reward_stats,
+)
+from mlmt_bench.algorithms.critic_credit import critic_credit, feedback_means
+from mlmt_bench.algorithms.params import SelfDistillParams
 from mlmt_bench.rollout.episodes import Program, Rollout
-
-_CRITIC_MODE: dict[str, RoleMode] = {"critic": "frozen", "oracle": "absent", "mlmt": "trained"}
-
-
-class SelfDistillParams(GRPOParams):
-    critique_source: Literal["critic", "oracle", "mlmt"] = Field(
-        "critic", description="the feedback: the frozen base critic, the oracle (an upper bound), or a critic "
-                              "trained as MLMT-RL's higher level")
-    distill: Literal["sft", "kl"] = Field("sft", description="log-likelihood of refinements as responses to x, or a "
-                                                             "token-level KL toward the feedback-conditioned solver")
-    distill_on: Literal["correct", "all"] = Field("correct", description="which refinements are distilled")
-    delta: float = Field(0.1, ge=0.0, description="δ: weight of the distillation term")
-
-    def roles(self) -> Roles:
-        return Roles("trained", _CRITIC_MODE[self.critique_source],
-                     "oracle" if self.critique_source == "oracle" else "critic")
 
 
 class SelfDistill(Algorithm):
@@ -68,11 +56,9 @@ class SelfDistill(Algorithm):
         distilled = [i for i, r in zip(refines, r2.tolist()) if p.distill_on == "all" or r == 1.0]
         mode = core.SFT if p.distill == "sft" else core.DISTILL
         aux = self.items(rollout, distilled, [p.delta] * len(distilled), 0.0, mode, to_x=True)
+        stats = {**reward_stats(r1, r2, r1), "frac_zero_std": zero, "distilled": float(len(distilled))}
         credit = Credit({"solver": self.items(rollout, attempts, adv, p.beta) + aux}, {"solver": len(attempts)},
-                        by_turn(attempts, adv))
-        credit.stats = {"r1": float(r1.mean()), "r2": float(r2.mean()), "reward_mean": float(r1.mean()),
-                        "reward_std": float(r1.std()) if len(r1) > 1 else 0.0, "frac_zero_std": zero,
-                        "distilled": float(len(distilled))}
-        if p.critique_source == "mlmt":
-            credit.stats.update(critic_credit(self, rollout, feedback_means(rollout, r2), None, 0.0, credit))
+                        by_turn(attempts, adv), stats=stats)
+        if p.critique_source == "mlmt":  # the critic trained as MLMT-RL's higher level on ū (λ = 0)
+            credit = credit.merged(critic_credit(self, rollout, feedback_means(rollout, r2), None, 0.0))
         return credit

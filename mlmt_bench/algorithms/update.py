@@ -12,15 +12,12 @@ from typing import Any
 import torch
 
 from mlmt_bench import memory
-from mlmt_bench.algorithms import core
+from mlmt_bench.algorithms import core, losses
 from mlmt_bench.dist import Dist
 from mlmt_bench.fsdp import gathered, is_sharded, scalar
 from mlmt_bench.models.forward import completion_logits, padded_batch, seq_len, sequence_logprobs, split
 
 __all__ = ["LossConfig", "TrainItem", "padded_batch", "sequence_logprobs", "update_policy"]
-
-
-_SINGLE = Dist()
 
 
 @dataclass
@@ -49,8 +46,8 @@ class LossConfig:
     micro_batch_tokens: int | None = None  # padded tokens per forward/backward; None: no limit
     ratio: str = "token"  # token | sequence (GSPO)
     loss: str = "clip"  # a policy loss of algorithms/losses.py: clip | cispo | ...
-    cispo_max: float = 5.0
-    shaping_gamma: float = 0.1  # policy shaping of off-policy (SHAPED) rows: pi / (pi + gamma)
+    cispo_max: float = losses.CISPO_MAX
+    shaping_gamma: float = losses.SHAPING_GAMMA  # policy shaping of off-policy (SHAPED) rows: pi / (pi + gamma)
     loss_options: dict[str, float] = field(default_factory=dict)  # the loss's own options
 
 
@@ -86,7 +83,7 @@ def update_policy(policy: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
     completion of every sequence trained on) and ``forward_tokens`` (tokens read by the extra
     forward passes: π_old's and π_ref's log-probs, the teachers' contexts).
     """
-    dist = dist or _SINGLE
+    dist = dist if dist is not None else Dist(from_env=False)  # no Dist handed in: one process
     plan = _plan_batches(policy.model, items, cfg, dist)
     if plan.total_items == 0 and plan.aux_tokens == 0:
         return {}

@@ -79,16 +79,13 @@ def load_preset(preset: str | os.PathLike[str]) -> dict[str, Any]:
             if cand.is_file():
                 path = cand
                 break
-    from mlmt_bench.bounded_input import MAX_ECHO_CHARS, load_yaml, read_text, short_repr, shorten
+    from mlmt_bench.bounded_input import did_you_mean, load_yaml, read_text, short_repr, shorten
 
     if path is None:
-        import difflib
-
         known = preset_names()
-        name = str(preset)  # the spec's: shown shortened, and only a short one is worth a hint
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.5) if len(name) <= MAX_ECHO_CHARS else []
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise UserError(f"unknown tiny model preset {short_repr(name)}{hint} (known: {', '.join(known) or 'none'}; "
+        name = str(preset)  # the spec's: shown shortened, and only a plain one is worth a hint
+        raise UserError(f"unknown tiny model preset {short_repr(name)}{did_you_mean(name, known)} "
+                        f"(known: {', '.join(known) or 'none'}; "
                         f"searched {', '.join(str(d) for d in registry_dirs())})")
     data = load_yaml(read_text(path), str(path))
     if not isinstance(data, dict) or not isinstance(data.get("config"), dict):

@@ -49,7 +49,6 @@ class TurnSample:
     finish_reason: str = "stop"
     reward: float | None = None
     verdict: Verdict | None = None
-    advantage: float = 0.0
     children: list[int] = field(default_factory=list)
 
     @property
