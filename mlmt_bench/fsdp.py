@@ -102,6 +102,12 @@ class Sharding:
         """Shard each policy's model in place (before its optimiser is built on the parameters)."""
         if not self.enabled:
             return
+        from mlmt_bench.models.adapters import AdapterView
+
+        policies = list(policies)
+        if any(isinstance(p.model, AdapterView) for p in policies):
+            raise UserError("FSDP (ACCELERATE_USE_FSDP) with policies.share_base is not supported yet: run "
+                            "without the fsdp config, or with policies.share_base: false")
         from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy, get_module_children_bottom_up
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard

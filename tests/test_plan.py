@@ -234,6 +234,44 @@ def test_unknown_device_and_hub_model_are_one_line_errors(write_spec):
     assert res.exit_code == 2 and "unknown device" in res.stderr
 
 
+def test_every_throughput_row_says_how_it_was_measured():
+    """A user reads each row's source under the time estimate: it says how the numbers were
+    measured, never a reference to the project's own issue tracker."""
+    from mlmt_bench.plan import load_table
+
+    for row in load_table()["rows"]:
+        assert "measured" in row["source"] or "perf/" in row["source"], row["model"]
+        assert "issue" not in row["source"].lower() and "not measured here" not in row["source"], row["model"]
+    res = runner.invoke(app, ["plan", str(ROOT / "registry" / "runs" / "paper-math500.yaml"), "--device", "h200"])
+    assert res.exit_code == 0, res.stderr
+    assert "source: measured on one H200" in res.stdout and "issue 14" not in res.stdout
+
+
+def test_a_known_device_without_throughput_says_so_plainly(write_spec, tiny_ckpt):
+    spec = write_spec({**minimal_spec(), "policies": {"solver": {"model": "tiny", "path": str(tiny_ckpt)}}})
+    res = runner.invoke(app, ["plan", str(spec), "--device", "a100-40gb"])
+    assert res.exit_code == 0, res.stderr
+    line = next(t for t in res.stdout.splitlines() if t.startswith("time"))
+    assert line.startswith("time: not estimated: no throughput has been measured on a100-40gb (measured on: cpu, h200)")
+    assert "time (estimate)" not in res.stdout
+
+
+@pytest.mark.parametrize("device", ["auto", "cpu"])
+def test_a_gpu_only_backend_is_not_planned_for_a_cpu(write_spec, tiny_ckpt, monkeypatch, device):
+    """`--device auto` on a machine without a GPU planned vLLM engines and thousands of hours
+    scaled from the tiny CPU rows; it is one line naming the GPUs to plan for instead."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    spec = write_spec({**minimal_spec(), "backend": {"name": "vllm"},
+                       "policies": {"solver": {"model": "tiny", "path": str(tiny_ckpt)}}})
+    res = runner.invoke(app, ["plan", str(spec), "--device", device])
+    assert res.exit_code == 2 and res.stdout == ""
+    err = res.stderr.strip()
+    assert err.startswith("error: ") and "\n" not in err
+    assert "backend vllm generates on a CUDA GPU only" in err and "--device h200" in err
+    assert ("found no CUDA GPU" in err) == (device == "auto")
+    assert runner.invoke(app, ["plan", str(spec), "--device", "h200"]).exit_code == 0
+
+
 def test_time_comes_from_the_nearest_measured_row_scaled_by_parameters(tiny_ckpt):
     from mlmt_bench.plan import load_table, plan_run, resolve_device
 
@@ -272,7 +310,7 @@ print(json.dumps(out, default=str))
 
 def test_paper_scale_specs_validate_and_plan_offline():
     """All of them in one subprocess with the hub unreachable: nothing may be downloaded."""
-    assert len(PAPER_SPECS) == 6
+    assert len(PAPER_SPECS) == 7  # paper-1b-adapters.yaml: two LoRA adapters on one base
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9",
            "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     p = subprocess.run([sys.executable, "-c", _PLAN_ALL, *map(str, PAPER_SPECS)], env=env, capture_output=True,
@@ -381,9 +419,9 @@ def test_a_steps_flops_are_what_the_trainer_counts(tiny_ckpt, tmp_path, algo, pa
 
 
 def test_throughput_rows_from_the_benchmark_feed_the_time_estimate(capsys, tiny_ckpt):
-    """benchmarks/plan_throughput.py prints table rows; plan reads them as it reads the committed ones."""
+    """perf/plan_throughput.py prints table rows; plan reads them as it reads the committed ones."""
     saved_path, threads = list(sys.path), torch.get_num_threads()
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "perf"))
     try:
         import plan_throughput
 

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,7 +18,7 @@ from mlmt_bench.rollout.backend import Generation
 from mlmt_bench.rollout.chat import chat_ids
 from mlmt_bench.rollout.episodes import Actors, Program, Sampling, rollout
 from mlmt_bench.spec import validate_run
-from support import build_trainer, make_spec
+from support import build_trainer, launch_cli_process, make_spec
 
 
 class ScriptedBackend:
@@ -204,14 +201,8 @@ def _spec_file(tmp_path, ckpt, out):
     return p
 
 
-TESTS = Path(__file__).resolve().parent
-
-
 def _launch(tmp_path, args):
-    # this checkout, not an installed copy
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)])}
-    return subprocess.Popen([sys.executable, str(TESTS / "launch_cli.py"), "-q", *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return launch_cli_process(args)
 
 
 def _final_state(run: Path):

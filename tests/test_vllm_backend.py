@@ -54,6 +54,13 @@ class FakeSamplingParams:
         self.kwargs = kwargs
 
 
+class FakeLoRARequest:
+    """vllm.lora.request.LoRARequest(lora_name, lora_int_id, lora_path), as it is called."""
+
+    def __init__(self, lora_name, lora_int_id, lora_path):
+        self.lora_name, self.lora_int_id, self.lora_path = lora_name, lora_int_id, lora_path
+
+
 class FakeVLLMModel(torch.nn.Module):
     """What vLLM's model runner holds: a module with ``load_weights(iterable of (name, tensor))``."""
 
@@ -87,6 +94,7 @@ class FakeLLM:
     def __init__(self, **kwargs):
         self.kwargs = kwargs
         self.calls: list[tuple[list, object]] = []
+        self.lora_calls: list[FakeLoRARequest | None] = []  # the LoRARequest of each generate call
         self.resets = 0
         self.shutdowns = 0
         self.rpc_calls = 0
@@ -109,8 +117,9 @@ class FakeLLM:
     def _shutdown(self):
         self.shutdowns += 1
 
-    def generate(self, prompts, sampling_params=None, *, use_tqdm=True, **_):
+    def generate(self, prompts, sampling_params=None, *, use_tqdm=True, lora_request=None, **_):
         self.calls.append((prompts, sampling_params))
+        self.lora_calls.append(lora_request)
         script = FakeLLM.script or (lambda ids: FakeCompletion([10, 11, 4], "stop"))
         return [FakeRequestOutput(p["prompt_token_ids"], script(p["prompt_token_ids"])) for p in prompts]
 
@@ -133,6 +142,10 @@ def fake_vllm(monkeypatch):
     mod.LLM = FakeLLM
     mod.SamplingParams = FakeSamplingParams
     monkeypatch.setitem(sys.modules, "vllm", mod)
+    lora, request = types.ModuleType("vllm.lora"), types.ModuleType("vllm.lora.request")
+    request.LoRARequest = FakeLoRARequest
+    monkeypatch.setitem(sys.modules, "vllm.lora", lora)
+    monkeypatch.setitem(sys.modules, "vllm.lora.request", request)
     monkeypatch.setattr(FakeLLM, "instances", [])
     monkeypatch.setattr(FakeLLM, "mode", "v0")
     monkeypatch.setattr(FakeLLM, "script", None)
@@ -393,3 +406,66 @@ def test_an_engine_in_another_process_allows_the_rpc_path(fake_vllm, tok, tmp_pa
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ  # vLLM's default: a separate process
     assert os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] == "1"
     b.close()
+
+
+# roles on one base (policies.share_base): one engine, a LoRA request per adapter and turn
+
+
+def _one_base_trainer(tmp_path, ckpt):
+    from mlmt_bench.spec import validate_run
+    from support import build_trainer, make_spec
+
+    raw = make_spec(tmp_path, ckpt, "mlmt", {"beta": 0.0}, train={"steps": 1, "problems_per_step": 2}).model_dump(
+        mode="json")
+    raw["policies"]["share_base"] = True
+    for role, r in (("solver", 4), ("critic", 12)):
+        raw["policies"][role]["lora"] = {"r": r, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    raw["backend"] = {"name": "vllm", "max_new_tokens": 4, "options": {"work_dir": str(tmp_path / "engines")}}
+    return build_trainer(validate_run(raw, "test"), tmp_path)
+
+
+def _saved_adapter(request):
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(request.lora_path) / "adapter_model.safetensors"))
+
+
+def test_one_base_is_one_engine_and_each_turn_runs_on_its_adapters_request(fake_vllm, tiny_ckpt, tmp_path):
+    from mlmt_bench.models.tiny import load_checkpoint
+    from mlmt_bench.rollout.episodes import rollout
+
+    FakeLLM.script = lambda ids: FakeCompletion([5, 6], "length")
+    trainer = _one_base_trainer(tmp_path, tiny_ckpt)
+    solver, critic = trainer.policies["solver"].model, trainer.policies["critic"].model
+    ro = rollout(trainer.algorithm.program(0), trainer.actors, trainer.batch(0), trainer.sampling)
+    (llm,) = FakeLLM.instances  # one engine for both roles
+    assert {k: llm.kwargs[k] for k in ("enable_lora", "max_loras", "max_lora_rank")} == {
+        "enable_lora": True, "max_loras": 2, "max_lora_rank": 16}  # vLLM's smallest rank ≥ 12
+    kinds = [k for k in ("attempt", "feedback", "refine") if ro.of_kind(k)]
+    assert kinds == ["attempt", "feedback", "refine"] and len(llm.lora_calls) == 3
+    served = [req.lora_name.split("-")[0] for req in llm.lora_calls]
+    assert served == ["solver", "critic", "solver"]  # which adapter served which turn
+    assert llm.lora_calls[0] is llm.lora_calls[2]  # no re-save between the solver's turns
+    for req, view in ((llm.lora_calls[0], solver), (llm.lora_calls[1], critic)):
+        want = view.adapter_state()
+        got = _saved_adapter(req)
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
+    from transformers import AutoModelForCausalLM
+
+    engine_base = AutoModelForCausalLM.from_pretrained(llm.kwargs["model"]).state_dict()
+    plain = load_checkpoint(tiny_ckpt)[0].state_dict()
+    assert engine_base.keys() == plain.keys() and all(torch.equal(engine_base[k], plain[k]) for k in plain)
+
+    with torch.no_grad():  # an update of the solver's adapter, then the sync the trainer does
+        next(p for n, p in solver.named_parameters() if "lora_B" in n).add_(0.5)
+    trainer.actors.backend.sync_weights(solver)
+    assert not Path(llm.lora_calls[0].lora_path).exists()  # the retired adapter's copy is gone
+    p = prompts_for(trainer.policies["solver"].tokenizer)
+    for view in (solver, critic):
+        trainer.actors.backend.generate(view, trainer.policies["solver"].tokenizer, p, max_new_tokens=2)
+    new_solver, same_critic = llm.lora_calls[-2:]
+    assert new_solver.lora_int_id not in {r.lora_int_id for r in llm.lora_calls[:3]}  # a new id: vLLM reloads it
+    assert same_critic is llm.lora_calls[1]
+    got, want = _saved_adapter(new_solver), solver.adapter_state()
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    assert llm.shutdowns == 0 and not llm.model.loads  # the base was never reloaded

@@ -1,7 +1,7 @@
 """Policies: a causal LM + its tokenizer, optionally wrapped with a LoRA adapter (peft).
 
 ``model: hf``   loads any HF causal LM by hub name or local directory (``policies.X.path``).
-``model: tiny`` loads the shared base (``mlmt-bench base``; models/shared_base.py), or ``path``.
+``model: tiny`` loads the shared base (``mlmt-bench base``; warmstart/shared_base.py), or ``path``.
 Both return the same :class:`Policy`; nothing downstream knows which one it got.
 """
 
@@ -72,7 +72,11 @@ class Policy:
         if self.is_lora:
             from peft import set_peft_model_state_dict
 
-            set_peft_model_state_dict(self.model, load_file(str(directory / "adapter_model.safetensors")))
+            from mlmt_bench.models.adapters import adapter_target
+
+            peft_model, adapter = adapter_target(self.model)  # a shared base's view: its own adapter
+            set_peft_model_state_dict(peft_model, load_file(str(directory / "adapter_model.safetensors")),
+                                      adapter_name=adapter)
             return
         state = {}
         for f in sorted(directory.glob("*.safetensors")):
@@ -143,12 +147,18 @@ def _enable_checkpointing(model: Any) -> None:
         raise UserError(f"gradient_checkpointing: {type(model).__name__} does not support it")
 
 
-def _wrap_lora(model: Any, lora: Any) -> Any:
-    from peft import LoraConfig, get_peft_model
+def _lora_config(lora: Any) -> Any:
+    """The peft ``LoraConfig`` of a spec's ``lora:`` section."""
+    from peft import LoraConfig
 
-    cfg = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                     target_modules=lora.target_modules, task_type="CAUSAL_LM")
-    return get_peft_model(model, cfg)
+    return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                      target_modules=lora.target_modules, task_type="CAUSAL_LM")
+
+
+def _wrap_lora(model: Any, lora: Any) -> Any:
+    from peft import get_peft_model
+
+    return get_peft_model(model, _lora_config(lora))
 
 
 def build_policy(role: str, spec: PolicySpec, path: str, device: str | None = None) -> Policy:
@@ -181,3 +191,16 @@ def load_tiny_policy(role: str, spec: PolicySpec, base_dir: Path | None = None, 
     if path is None:
         raise UserError(f"policies.{role}: model 'tiny' needs `path` or a `base:` section in the spec")
     return build_policy(role, spec, str(path), device)
+
+
+def adapters_on_one_base(base: Policy, specs: dict[str, PolicySpec]) -> dict[str, Policy]:
+    """``policies.share_base``: one policy per role of ``specs`` (in order), each a named LoRA
+    adapter (its spec's ``lora``, ``lr``, ``trainable``) on the frozen model of ``base`` (a policy
+    built without LoRA), see :mod:`mlmt_bench.models.adapters`. Every role counts the base's
+    ``n_params`` (what runs), and starts, as its π_ref does, from ``base``'s weights."""
+    from mlmt_bench.models.adapters import share_one_base
+
+    views = share_one_base(base.model, {role: (_lora_config(s.lora), s.trainable) for role, s in specs.items()})
+    return {role: Policy(role=role, model=views[role], tokenizer=base.tokenizer, trainable=s.trainable, lr=s.lr,
+                         n_params=base.n_params, init_path=base.init_path, dtype=base.dtype, is_lora=True)
+            for role, s in specs.items()}

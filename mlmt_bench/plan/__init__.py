@@ -15,8 +15,9 @@ Reported, per GPU (a process under data parallelism gets ``problems_per_step / g
   log-probs when epochs > 1, the learned value's features, self_distill's KL teacher);
 - the same for the whole run (``train.steps``, or fewer if the token budget ends it first at these
   lengths) and its evaluations;
-- estimated peak memory: weights, LoRA adapters, gradients and AdamW states (in the parameters'
-  dtype; LoRA adapters are float32, peft's default), the frozen reference copy (full fine-tuning
+- estimated peak memory: weights (once for roles that share one base, ``policies.share_base``),
+  LoRA adapters, gradients and AdamW states (in the parameters' dtype; LoRA adapters are float32,
+  peft's default), the frozen reference copy (full fine-tuning
   with β > 0), the generation engine (vLLM: ``gpu_memory_utilization`` × device memory per model;
   hf static decode: its KV-cache budget; hf generate: the KV cache of the largest call), and the
   larger of the generation phase (prefill activations, KV of plain generate) and the training
@@ -123,7 +124,8 @@ def plan_run(spec: RunSpec, device: Device, gpus: int = 1, table: dict[str, Any]
                       "params": p.shape.params, "trainable": p.trainable, "lora_params": p.lora_params,
                       "dtype": p.spec.dtype, "shared_with_solver": p.shared,
                       "fine_tuning": f"LoRA r {p.spec.lora.r:d}" if p.spec.lora else "full",
-                      "updated": p.trains} for r, p in policies.items()],
+                      "updated": p.trains, **({"adapter_on_base_of": p.base_of} if p.base_of else {})}
+                     for r, p in policies.items()],
         "program": {"problems_per_step": spec.train.problems_per_step, "problems_per_gpu": n,
                     "attempts": program.attempts, "feedback": program.feedback, "feedbacks": program.feedbacks,
                     "refinements": program.refinements, "max_new_tokens": t_new, "feedback_max_new_tokens": t_fb},
@@ -149,6 +151,8 @@ def plan_spec(path: Path, overrides: list[str], device: str = "auto", gpus: int 
     table = load_table()
     dev = resolve_device(device, table)
     loaded = specs.load_any(path, overrides)
+    for arm, s in (loaded[1].items() if isinstance(loaded, tuple) else [(None, loaded)]):
+        _check_device(s, dev, device, table, f"{path}: " + (f"arm {arm}: " if arm else ""))
     if isinstance(loaded, tuple):
         exp, arms = loaded
         plans = {arm: plan_run(s, dev, gpus, table) for arm, s in arms.items()}
@@ -156,6 +160,20 @@ def plan_spec(path: Path, overrides: list[str], device: str = "auto", gpus: int 
                 "fits": all(p["memory"]["fits"] for p in plans.values())}
     result = plan_run(loaded, dev, gpus, table)
     return {"kind": "run", "spec": str(path), **result, "fits": result["memory"]["fits"]}
+
+
+def _check_device(spec: RunSpec, device: Device, asked: str, table: dict[str, Any], where: str) -> None:
+    """A backend that generates on GPUs only (its ``gpu_only`` trait: vLLM) is not planned for a
+    CPU: its engine's memory and a time scaled from the tiny CPU rows would mean nothing."""
+    from mlmt_bench.rollout.backend import backend_class
+
+    if device.gpu or not backend_class(spec.backend.name).traits.gpu_only:
+        return
+    found = ("--device auto found no CUDA GPU on this machine" if asked == "auto"
+             else f"--device {asked} plans for a CPU")
+    gpus = ", ".join(k for k, d in table["devices"].items() if d.get("memory_gb"))
+    raise UserError(f"{where}backend {spec.backend.name} generates on a CUDA GPU only and {found}; plan it for "
+                    f"the GPU it will run on: --device {gpus.split(', ')[0]} (known GPUs: {gpus})")
 
 
 def refusal(result: dict[str, Any]) -> str | None:

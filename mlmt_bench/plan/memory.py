@@ -68,7 +68,10 @@ def estimate_memory(spec: RunSpec, params: LossParams, policies: dict[str, Plann
     distinct = [p for p in policies.values() if not p.shared]
     needs_ref = params.needs_reference()
     for p in distinct:
-        add("persistent", f"weights ({p.role})", p.shape.params * p.bytes)
+        on_it = [q.role for q in distinct if q.base_of == p.role]  # share_base: the adapters on p's base
+        if p.base_of is None:
+            add("persistent", f"weights ({', '.join([p.role, *on_it])}{', one frozen base' if on_it else ''})",
+                p.shape.params * p.bytes)
         trains = p.trains or any(q.trains for q in policies.values() if q.shared)
         if p.spec.lora is not None:
             add("persistent", f"LoRA adapter ({p.role}, float32)", p.lora_params * 4)
@@ -85,8 +88,11 @@ def estimate_memory(spec: RunSpec, params: LossParams, policies: dict[str, Plann
 
     backend = backend_class(spec.backend.name)
     all_turns = turns + eval_turns
+    one_engine = backend.traits.holds_weights  # an engine holds the weights: one per base, whatever its adapters
     for p in distinct:
-        generating = {p.role} | {q.role for q in policies.values() if q.shared}
+        if one_engine and p.base_of is not None:
+            continue  # share_base: the engine of its base serves it
+        generating = {p.role} | {q.role for q in policies.values() if q.shared or (one_engine and q.base_of == p.role)}
         gen = [t for t in all_turns if t.role in generating]
         if not gen:
             continue

@@ -38,12 +38,15 @@ class BackendTraits:
     supports_fsdp:  it can generate from a model sharded with FSDP (mlmt_bench/fsdp.py gathers the
                     parameters around generation); an engine holding its own copy would need the
                     gathered weights after every update, so a backend says so only when it can.
+    gpu_only:       it generates on CUDA GPUs only (vLLM's engine): ``mlmt-bench plan`` refuses to
+                    plan it for a CPU instead of pricing an engine that cannot start there.
 
     The defaults are the conservative ones a backend that declares nothing gets.
     """
 
     holds_weights: bool = True
     supports_fsdp: bool = False
+    gpu_only: bool = False
 
 
 @dataclass(frozen=True)

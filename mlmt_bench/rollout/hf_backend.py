@@ -23,9 +23,7 @@ The vLLM backend stays the recommended engine for large models on GPUs.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
-
-import torch
+from typing import TYPE_CHECKING, Any, Literal
 
 from mlmt_bench.errors import UserError
 from mlmt_bench.rollout.backend import (
@@ -39,6 +37,9 @@ from mlmt_bench.rollout.backend import (
     with_defaults,
 )
 from mlmt_bench.rollout.stops import StopStrings
+
+if TYPE_CHECKING:  # torch loads when generating, not when a spec naming this backend is validated
+    import torch
 
 DECODE_MODES = ("generate", "static")
 
@@ -151,7 +152,6 @@ class HFBackend(Backend):
         """Release the static decoders' KV caches and graphs (plain generate holds nothing)."""
         self.decoders.clear()
 
-    @torch.no_grad()
     def generate(
         self,
         model: Any,
@@ -164,28 +164,36 @@ class HFBackend(Backend):
         stop: list[str] | None = None,
         seed: int | None = None,
     ) -> list[Generation]:
-        if seed is not None:
-            torch.manual_seed(seed)
-        if not prompts:
-            return []
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        eos_id = tokenizer.eos_token_id
-        stops = StopStrings(tokenizer, stop) if stop else None
-        if self.decode == "static":
-            min_new = int(getattr(getattr(model, "generation_config", None), "min_new_tokens", None) or 0)
-            ids, logprobs = self.decoder(model).generate(
-                prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, eos_id=eos_id,
-                pad_id=pad_id, stops=stops, min_new_tokens=min_new)
-            return _records(ids, logprobs, eos_id, pad_id, tokenizer, stops)
-        out: list[Generation] = []
-        for start in range(0, len(prompts), self.batch_size):
-            ids, logprobs = self._generate_batch(model, tokenizer, prompts[start:start + self.batch_size],
-                                                 max_new_tokens, temperature, top_p, stop, pad_id, eos_id)
-            out.extend(_records(ids, logprobs, eos_id, pad_id, tokenizer, stops))
-        return out
+        import torch
+
+        from mlmt_bench.models.adapters import activate
+
+        with torch.no_grad():
+            if seed is not None:
+                torch.manual_seed(seed)
+            if not prompts:
+                return []
+            activate(model)  # a role of a shared base: its adapter is the one the decoder's modules apply
+            pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+            eos_id = tokenizer.eos_token_id
+            stops = StopStrings(tokenizer, stop) if stop else None
+            if self.decode == "static":
+                min_new = int(getattr(getattr(model, "generation_config", None), "min_new_tokens", None) or 0)
+                ids, logprobs = self.decoder(model).generate(
+                    prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, eos_id=eos_id,
+                    pad_id=pad_id, stops=stops, min_new_tokens=min_new)
+                return _records(ids, logprobs, eos_id, pad_id, tokenizer, stops)
+            out: list[Generation] = []
+            for start in range(0, len(prompts), self.batch_size):
+                ids, logprobs = self._generate_batch(model, tokenizer, prompts[start:start + self.batch_size],
+                                                     max_new_tokens, temperature, top_p, stop, pad_id, eos_id)
+                out.extend(_records(ids, logprobs, eos_id, pad_id, tokenizer, stops))
+            return out
 
     def _generate_batch(self, model, tokenizer, prompts, max_new_tokens, temperature, top_p, stop, pad_id, eos_id):
         """transformers ``generate`` on one left-padded batch: new ids ``[n, T]`` and their log-probs."""
+        import torch
+
         device = next(model.parameters()).device
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)

@@ -8,6 +8,14 @@ a shared policy is one object, hence one engine). An engine is started on the fi
 for its model, from a temporary HF directory holding the model's *current* weights (LoRA merged
 into the base weights, base-model parameter names) and its tokenizer.
 
+Roles on one base (``policies.share_base``: each role a LoRA adapter, a
+:class:`~mlmt_bench.models.adapters.AdapterView`): one engine for the base, started from the
+base's own weights (adapters off) with LoRA enabled (``max_loras``: the base's adapters,
+``max_lora_rank``: vLLM's smallest rank at least theirs); each ``generate`` call is sent with its
+adapter's ``LoRARequest``, saved as a peft adapter directory on first use. ``sync_weights`` of an
+adapter retires its request: the next call saves the current adapter under a new LoRA id (vLLM
+caches adapters by id), so the engine's base weights are never reloaded.
+
 Weight sync. ``sync_weights(model)`` pushes the model's current (merged) weights into its engine
 in place, without a restart, by the first path that works in the installed vLLM:
 
@@ -50,6 +58,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from mlmt_bench.errors import UserError
+from mlmt_bench.models.adapters import AdapterView
 from mlmt_bench.rollout.backend import (
     Backend,
     BackendTraits,
@@ -94,7 +103,7 @@ class VLLMBackend(Backend):
     """
 
     name = "vllm"
-    traits = BackendTraits(holds_weights=True, supports_fsdp=False)
+    traits = BackendTraits(holds_weights=True, supports_fsdp=False, gpu_only=True)
 
     @classmethod
     def throughput_key(cls, options: dict[str, Any]) -> str:
@@ -140,6 +149,8 @@ class VLLMBackend(Backend):
         self.engine_kwargs = dict(engine_kwargs or {})
         self.engines: dict[int, _Engine] = {}
         self.last_sync_path: str | None = None
+        self.lora_requests: dict[tuple[int, str], tuple[Any, Path]] = {}  # (id(base), adapter) -> (request, dir)
+        self._lora_ids = 0  # the last LoRA id handed out (ids are never reused: vLLM caches by id)
 
     # ------------------------------------------------------------------------------------------
     def generate(
@@ -179,12 +190,20 @@ class VLLMBackend(Backend):
             # GRPO group identical
             params = [vllm.SamplingParams(**base, seed=(int(seed) + i) % (2**31 - 1)) for i in range(len(prompts))]
         inputs = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts]  # token-in: ids unchanged
-        outputs = engine.llm.generate(inputs, params, use_tqdm=False)
+        lora = {"lora_request": self._lora_request(model)} if isinstance(model, AdapterView) else {}
+        outputs = engine.llm.generate(inputs, params, use_tqdm=False, **lora)
         special = set(getattr(tokenizer, "all_special_ids", []) or [])
         return [_to_generation(out, tokenizer, eos_id, special) for out in outputs]
 
     def sync_weights(self, model: Any) -> None:
-        """Push ``model``'s current weights (LoRA merged) into its engine; no-op without an engine."""
+        """Push ``model``'s current weights (LoRA merged) into its engine; no-op without an engine.
+        An adapter of a shared base: its next call sends its current weights as a new LoRA request."""
+        if isinstance(model, AdapterView):
+            old = self.lora_requests.pop((id(model.base), model.adapter), None)
+            if old is not None:
+                shutil.rmtree(old[1], ignore_errors=True)
+                self.last_sync_path = "lora"
+            return
         engine = self.engines.get(id(model))
         if engine is None:
             log.debug("vllm: no engine for this model yet; it will start from the current weights")
@@ -224,10 +243,22 @@ class VLLMBackend(Backend):
             engine = self.engines.pop(key)
             _shutdown(engine.llm)
             shutil.rmtree(engine.directory, ignore_errors=True)
+        for _, directory in self.lora_requests.values():
+            shutil.rmtree(directory, ignore_errors=True)
+        self.lora_requests.clear()
         gc.collect()
 
     # ------------------------------------------------------------------------------------------
     def _engine(self, model: Any, tokenizer: Any) -> _Engine:
+        if isinstance(model, AdapterView):  # one engine for the shared base, started from it alone
+            engine = self.engines.get(id(model.base))
+            if engine is None:
+                with model.disable_adapter():
+                    directory = self._save(model, tokenizer)
+                engine = _Engine(self._start(directory, model, lora=_lora_engine_kwargs(model)), directory,
+                                 model.base, tokenizer)
+                self.engines[id(model.base)] = engine
+            return engine
         engine = self.engines.get(id(model))
         if engine is None:
             directory = self._save(model, tokenizer)
@@ -235,11 +266,30 @@ class VLLMBackend(Backend):
             self.engines[id(model)] = engine
         return engine
 
-    def _save(self, model: Any, tokenizer: Any) -> Path:
+    def _lora_request(self, view: AdapterView) -> Any:
+        """The ``LoRARequest`` of ``view``'s adapter as it is now (saved on first use after a sync)."""
+        key = (id(view.base), view.adapter)
+        if key not in self.lora_requests:
+            from importlib import import_module
+
+            directory = self._directory()
+            view.save_pretrained(directory)
+            self._lora_ids += 1
+            request = import_module("vllm.lora.request").LoRARequest(
+                f"{view.adapter}-{self._lora_ids}", self._lora_ids, str(directory))
+            self.lora_requests[key] = (request, directory)
+        return self.lora_requests[key][0]
+
+    def _directory(self) -> Path:
+        """A new temporary directory, removed at exit at the latest (model copies never stay behind)."""
         if self.work_dir:
             Path(self.work_dir).mkdir(parents=True, exist_ok=True)
         directory = Path(tempfile.mkdtemp(prefix="mlmt-vllm-", dir=self.work_dir))
-        atexit.register(shutil.rmtree, directory, True)  # a full model copy: never leave it behind
+        atexit.register(shutil.rmtree, directory, True)
+        return directory
+
+    def _save(self, model: Any, tokenizer: Any) -> Path:
+        directory = self._directory()
         save_merged(model, tokenizer, directory)
         return directory
 
@@ -255,7 +305,8 @@ class VLLMBackend(Backend):
             # tensors to it
             os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 
-    def _start(self, directory: Path, model: Any) -> Any:
+    def _start(self, directory: Path, model: Any, lora: dict[str, Any] | None = None) -> Any:
+        """A ``vllm.LLM`` on ``directory``; ``lora``: the engine arguments that enable LoRA requests."""
         self._prepare_env()
         vllm = _import_vllm()
         distributed = _distributed_world() > 1
@@ -277,6 +328,7 @@ class VLLMBackend(Backend):
             seed = (seed or 0) + _distributed_rank()
         if seed is not None:
             kwargs["seed"] = int(seed)
+        kwargs.update(lora or {})
         kwargs.update(self.engine_kwargs)
         log.info("vllm: starting an engine for %s (%s)", directory,
                  ", ".join(f"{k}={v}" for k, v in sorted(kwargs.items()) if k not in ("model", "tokenizer")))
@@ -289,12 +341,23 @@ class VLLMBackend(Backend):
         _empty_cuda_cache()
         old = engine.directory
         engine.directory = self._save(model, engine.tokenizer)
-        engine.llm = self._start(engine.directory, model)
+        engine.llm = self._start(engine.directory, model)  # never an adapter view's (they sync as requests)
         shutil.rmtree(old, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------------------------
 # weights
+
+#: the ``max_lora_rank`` values vLLM accepts
+_VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def _lora_engine_kwargs(view: AdapterView) -> dict[str, Any]:
+    """Engine arguments for the adapters of ``view``'s base: LoRA on, a slot per adapter, the
+    smallest rank vLLM accepts that holds the largest of them."""
+    ranks = [int(c.r) for c in view.base.model.peft_config.values()]
+    rank = next((r for r in _VLLM_LORA_RANKS if r >= max(ranks)), max(ranks))
+    return {"enable_lora": True, "max_loras": len(ranks), "max_lora_rank": rank}
 
 
 def _is_peft(model: Any) -> bool:
