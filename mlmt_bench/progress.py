@@ -26,7 +26,7 @@ class LineProgress:
     def add_task(self, description: str, total: float | None = None, completed: float = 0, **fields: Any) -> int:
         tid = len(self.tasks)
         self.tasks[tid] = {"description": description, "total": total, "completed": completed, "fields": fields,
-                           "start": time.monotonic(), "last": 0.0, "decile": -1}
+                           "start": time.monotonic(), "last": 0.0, "decile": -1, "first": completed}
         return tid
 
     def update(self, task: int, *, advance: float = 0, completed: float | None = None, total: float | None = None,
@@ -45,13 +45,51 @@ class LineProgress:
             t["decile"], t["last"] = decile, now
             extra = " ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in t["fields"].items())
             count = f"{t['completed']:.0f}/{t['total']:.0f} " if t["total"] and t["total"] != 100 else ""
-            self.stream.write(f"{t['description']}: {count}{100 * frac:.0f}% {now - t['start']:.0f}s {extra}".rstrip()
-                              + "\n")
-            self.stream.flush()
+            elapsed = now - t["start"]
+            done = t["completed"] - t["first"]  # since this process started (a resumed run starts part way)
+            eta = f" ETA {duration(elapsed * (t['total'] - t['completed']) / done)}" if done > 0 and frac < 1 else ""
+            self.announce(f"{t['description']}: {count}{100 * frac:.0f}% {elapsed:.0f}s{eta} {extra}".rstrip())
+
+    def announce(self, text: str) -> None:
+        """One line, now (a phase that starts or ends)."""
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+def duration(seconds: float) -> str:
+    """``42 s``, ``6 min 30 s``, ``2 h 05 min``: a wall time or an ETA for a person to read."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+def announce(bar: Any, text: str) -> None:
+    """Print ``text`` as its own line beside a progress bar: above a rich bar, as a line of a
+    :class:`LineProgress` log; nothing without a bar, or with a stand-in that only counts steps
+    (a sweep's). Never wrapped mid-word into the next line of a log: rich's soft wrap keeps a path
+    whole."""
+    if bar is None:
+        return
+    if isinstance(bar, LineProgress):
+        bar.announce(text)
+    elif getattr(bar, "console", None) is not None:
+        bar.console.print(text, soft_wrap=True, markup=False, highlight=False)
+
+
+_PLAIN = {"lines": False}
+
+
+def plain_lines() -> None:
+    """From now on this process shows progress as plain lines even on a terminal (a worker
+    process beside others writing to the same terminal: a live bar would garble their lines)."""
+    _PLAIN["lines"] = True
 
 
 def _is_terminal() -> bool:
-    return bool(getattr(sys.stderr, "isatty", lambda: False)())
+    return not _PLAIN["lines"] and bool(getattr(sys.stderr, "isatty", lambda: False)())
 
 
 @contextlib.contextmanager
@@ -91,15 +129,33 @@ SUMMARY_KEYS = ("acc@t1", "acc@t2", "delta", "correction_rate", "regression_rate
 
 
 def print_summary(final: dict[str, Any], run_dir: Path) -> None:
+    rows = [[key, f"{final[key]:.4g}" if isinstance(final[key], float) else str(final[key])]
+            for key in SUMMARY_KEYS if final.get(key) is not None]
+    print_table("final evaluation", ["metric", "value"], rows, [f"run directory: {run_dir}"])
+
+
+def print_table(title: str, header: list[str], rows: list[list[str]], lines: list[str]) -> None:
+    """A small table on stderr (every column but the first right-aligned), then ``lines``.
+    A cell is never wrapped and a line (a path) is never wrapped mid-word, on a terminal or in a
+    log: a log is 80 columns wide to rich, and a run path is longer."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=f"final evaluation — {run_dir}")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for key in SUMMARY_KEYS:
-        if final.get(key) is None:
-            continue
-        v = final[key]
-        table.add_row(key, f"{v:.4g}" if isinstance(v, float) else str(v))
-    Console(stderr=True).print(table)
+    console = Console(stderr=True)
+    if not console.is_terminal:  # a log: as wide as the table, nothing cut
+        console = Console(stderr=True, width=max(console.width, table_width(header, rows)))
+    table = Table(title=title)
+    for i, name in enumerate(header):
+        table.add_column(name, justify="left" if i == 0 else "right", no_wrap=True)
+    for row in rows:
+        table.add_row(*(escape(c) for c in row))
+    console.print(table)
+    for line in lines:
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
+
+
+def table_width(header: list[str], rows: list[list[str]]) -> int:
+    """The width a rich table of these cells needs: the widest cell of each column, its padding
+    (2) and borders (1 per column, plus 1)."""
+    return sum(max(len(c) for c in col) + 3 for col in zip(header, *rows)) + 1

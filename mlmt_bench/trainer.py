@@ -27,6 +27,7 @@ from mlmt_bench.evaluate import evaluate
 from mlmt_bench.fsdp import Sharding
 from mlmt_bench.metrics.cost import forward_flops, generation_flops, training_flops
 from mlmt_bench.models.forward import last_hidden_states
+from mlmt_bench.progress import announce, duration
 from mlmt_bench.rollout.backend import backend_class
 from mlmt_bench.rollout.episodes import Actors, Program, Rollout, Sampling, merge_rollouts, rollout
 from mlmt_bench.tracking import RunDir
@@ -93,9 +94,20 @@ class Trainer:
             if progress:
                 progress.update(task, completed=100 * self.frac_done(), description=text)
 
+        def run_eval(final: bool) -> None:  # announced as it starts and when it is done (a gap of a minute else)
+            n, at = len(self.eval_problems), self.counters.step
+            what = f"evaluating {n} {self.spec.benchmark.eval_split} problems at step {at}"
+            say(what)
+            announce(progress, what + ("" if at else " (the starting point)") + " ...")
+            t0 = time.perf_counter()
+            rec = self.evaluate(started, final=final)
+            if rec is not None:
+                took = duration(time.perf_counter() - t0)
+                announce(progress, f"evaluated step {at}: {n}/{n} problems (100%) in {took}, acc@t1 "
+                                   f"{rec['acc@t1']:.1%}, acc@t2 {rec['acc@t2']:.1%}")
+
         if self.counters.step == 0:
-            say(f"evaluating {len(self.eval_problems)} {self.spec.benchmark.eval_split} problems at step 0")
-            self.evaluate(started, final=self.done())
+            run_eval(final=self.done())
         while not self.done():
             step = self.counters.step
             problems = self.batch(step)
@@ -134,9 +146,7 @@ class Trainer:
             say(f"train step {self.counters.step} r={stats.get('reward_mean', 0):.2f} tok={self.counters.gen_tokens}")
             last = self.done()
             if last or (self.spec.eval.every and self.counters.step % self.spec.eval.every == 0):
-                say(f"evaluating {len(self.eval_problems)} {self.spec.benchmark.eval_split} problems at step "
-                    f"{self.counters.step}")
-                self.evaluate(started, final=last)
+                run_eval(final=last)
             if last or (t.checkpoint_every and self.counters.step % t.checkpoint_every == 0):
                 self.save_checkpoint()
         final = self.run_dir.metrics()

@@ -333,6 +333,27 @@ def test_curves_pool_each_runs_last_eval_into_one_final_point(tmp_path):
     assert np.isnan(c["sd"]).all()  # one seed: no spread, no band
 
 
+def test_the_accuracy_figure_legend_covers_no_plot_area(tmp_path):
+    """Eight arms and the baseline's line: one legend for both panels, outside both plot areas
+    (inside, it covered the top of the curves), with every arm once."""
+    from mlmt_bench.report.figures import acc_vs_cost_figure
+
+    arms = [f"arm-with-a-long-name-{i}" for i in range(8)]
+    runs = {a: [load_run(make_run(tmp_path, f"{a}-20250101T000000Z", seed=0, arm=a, t1=[0] * 4, t2=[0] * 4,
+                                  curve=[(0, 0, 0.0, .25, .25), (10, 1000, 1e12, .1 * i, .1 * i)]))]
+            for i, a in enumerate(arms)}
+    fig = acc_vs_cost_figure(runs, target=.5, baseline=arms[0], title="t")
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    assert len(fig.legends) == 1 and all(ax.get_legend() is None for ax in fig.axes)
+    box = fig.legends[0].get_window_extent(renderer)
+    for ax in fig.axes:
+        assert not box.overlaps(ax.get_window_extent(renderer)), (box, ax.get_window_extent(renderer))
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels == [f"{a} (1 seed)" for a in arms] + [f"{arms[0]} final acc@t2"]
+    assert 0 <= box.x0 and box.x1 <= fig.bbox.x1 and 0 <= box.y0  # inside the image
+
+
 def test_reading_runs_at_a_flops_budget(tmp_path):
     """--at-flops B: each run's last evaluation with flops <= B stands in for its final one
     (metrics, per-problem outcomes, curve), and the report says where each run was read."""
@@ -357,3 +378,31 @@ def test_reading_runs_at_a_flops_budget(tmp_path):
     assert "has no final record" not in text
     with pytest.raises(UserError, match="no evaluation within"):
         load_run(a, at_flops=-1.0)
+
+
+def test_a_run_untrained_within_the_flops_budget_is_flagged_in_the_table(tmp_path):
+    """--at-flops B below an arm's first evaluation after step 0 reads it at step 0: its table
+    column is its starting point, said in the table ("UNTRAINED"), the notes and on stderr."""
+    from typer.testing import CliRunner
+
+    from mlmt_bench.cli import app
+
+    early = [(0, 0, 0.0, .1, .1), (5, 100, 1e9, .2, .25), (10, 200, 2e9, .5, .5)]
+    late = [(0, 0, 0.0, .1, .1), (5, 100, 3e9, .5, .5)]  # its first training evaluation is past 1.5e9
+    a = make_run(tmp_path, "a-20250101T000000Z", seed=0, arm="grpo", curve=early, t1=[1, 1, 0, 0], t2=[1, 1, 0, 0],
+                 feedback=False)
+    b = make_run(tmp_path, "b-20250101T000000Z", seed=0, arm="mlmt", curve=late, t1=[1, 1, 1, 0], t2=[1, 1, 1, 1])
+    summary = build_comparison({"grpo": [a], "mlmt": [b]}, tmp_path / "out", at_flops=1.5e9)
+    text = (tmp_path / "out" / "comparison.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| read at"))
+    assert row == ("| read at (last evaluation within 1.5e+09 FLOPs) | s0: step 5, 1.00e+09 FLOPs "
+                   "| s0: UNTRAINED (step 0) |")
+    assert summary["notes"][0].startswith("UNTRAINED within 1.5e+09 FLOPs: mlmt had no evaluation after step 0")
+    page = (tmp_path / "out" / "index.html").read_text()
+    assert "s0: UNTRAINED (step 0)" in page and "s0: step 5, 1.00e+09 FLOPs" in page
+    plain = build_comparison({"grpo": [a], "mlmt": [b]}, tmp_path / "out2", at_flops=5e9)
+    assert "UNTRAINED" not in (tmp_path / "out2" / "comparison.md").read_text()
+    assert not any(n.startswith("UNTRAINED") for n in plain["notes"])
+    res = CliRunner().invoke(app, ["report", str(a), str(b), "--at-flops", "1.5e9", "-o", str(tmp_path / "cli")])
+    assert res.exit_code == 0, res.stderr
+    assert "warning: mlmt: no evaluation after step 0 within 1.5e+09 FLOPs" in res.stderr

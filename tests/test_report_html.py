@@ -90,6 +90,37 @@ def test_index_html_content_and_escaping(experiment, tmp_path):
     assert "1 of them with logged episodes" in page
 
 
+def test_the_table_and_the_outcomes_download_as_csv_from_the_page(experiment, tmp_path):
+    """index.html embeds metrics.csv (the table's numbers, as fractions) and outcomes.csv.gz (each
+    run's final per-problem outcomes) as downloads; their values are the summary's and the runs'."""
+    import base64
+    import csv
+    import gzip
+    import io
+
+    out = tmp_path / "report"
+    summary = build_comparison(experiment, out, baseline="grpo", title="toy")
+    page = (out / "index.html").read_text(encoding="utf-8")
+    files = {m[0]: base64.b64decode(m[1]) for m in
+             re.findall(r'<a download="([^"]+)" href="data:[^;]+;base64,([A-Za-z0-9+/=]+)">', page)}
+    assert sorted(files) == ["metrics.csv", "outcomes.csv.gz"]
+    rows = {r["arm"]: r for r in csv.DictReader(io.StringIO(files["metrics.csv"].decode()))}
+    assert sorted(rows) == ["grpo", "mlmt"] and rows["mlmt"]["seeds"] == "0 1"
+    assert float(rows["mlmt"]["acc@t2_mean"]) == 1.0 and float(rows["grpo"]["acc@t2_mean"]) == 0.25
+    ci = summary["arms"]["mlmt"]["ci"]["acc@t2"]
+    assert float(rows["mlmt"]["acc@t2_ci_lo"]) == ci["lo"] and rows["mlmt"]["acc@t2_ci_interval"] == ci["interval"]
+    assert float(rows["mlmt"]["acc@t2_minus_grpo"]) == pytest.approx(0.75)
+    assert float(rows["mlmt"]["acc@t2_minus_grpo_p_holm"]) == summary["paired"]["mlmt"]["p_holm"]
+    assert rows["grpo"]["acc@t2_minus_grpo"] == ""  # the baseline against itself: empty, not 0
+    outcomes = list(csv.DictReader(io.StringIO(gzip.decompress(files["outcomes.csv.gz"]).decode())))
+    assert len(outcomes) == 2 * 2 * 8  # arms x seeds x problems
+    mlmt_s1 = {r["problem_id"]: (r["t1"], r["t2"]) for r in outcomes if r["arm"] == "mlmt" and r["seed"] == "1"}
+    assert mlmt_s1 == {f"p{i}": ("1" if i < 2 else "0", "1") for i in range(8)}
+    assert {r["run"] for r in outcomes if r["arm"] == "grpo"} == set(summary["arms"]["grpo"]["runs"])
+    build_comparison(experiment, tmp_path / "again", baseline="grpo", title="toy")  # the same bytes again (gzip
+    assert (tmp_path / "again" / "index.html").read_text(encoding="utf-8") == page   # without a timestamp)
+
+
 def test_the_page_says_when_samples_cover_no_disagreement(tmp_path):
     r = tmp_path / "runs"
     a = make_run(r, "grpo-20250101T000000Z", seed=0, arm="grpo", feedback=False, curve=[(0, 0, 0.0, .5, .5)],

@@ -91,9 +91,11 @@ def throughput(table: dict[str, Any], device: str, params: int, backend: str) ->
 def time_estimate(table, device, policies, step: Work, one_eval: Work, steps: int, n_eval: int, backend: str):
     found = {r: throughput(table, device.kind, p.shape.params, backend) for r, p in policies.items()}
     if any(v is None for v in found.values()):
+        measured = sorted({r["device"] for r in table["rows"]})
         return {"available": False,
-                "why": f"no measured throughput for device {device.kind!r} in {TABLE.name}; add a row "
-                       f"(benchmarks/plan_throughput.py prints them)"}
+                "why": f"not estimated: no throughput has been measured on {device.kind} (measured on: "
+                       f"{', '.join(measured) or 'none'}); perf/plan_throughput.py run on that device prints the row "
+                       f"to add to mlmt_bench/data/{TABLE.name}"}
     rates = cast("dict[str, dict[str, Any]]", found)  # none is None (above)
 
     def seconds(w: Work) -> float:

@@ -48,9 +48,11 @@ from mlmt_bench.report.formatting import (
     fmt_per_seed as _fmt_per_seed,
     fmt_pp_ci as _fmt_pp_ci,
     fmt_reach as _fmt_reach,
+    fmt_read_at,
     fmt_units as _fmt_units,
     interval_tag as _interval_tag,
     mark as _mark,
+    untrained_at_budget,
 )
 from mlmt_bench.report.runs import (
     VALUE_EXERCISED_EV,
@@ -118,7 +120,8 @@ def _summarise_arm(arm: str, results: list[RunRecord], out_dir: Path) -> dict[st
         if vals:
             start[key] = float(np.mean(vals))
     return {"runs": [shown_path(r.path, out_dir) for r in results], "seeds": [r.seed for r in results],
-            "metrics": metrics, "ci": cis, "start": start, "gain": analysis.gain(results)}
+            "metrics": metrics, "ci": cis, "start": start, "gain": analysis.gain(results),
+            "read_at": [r.read_at for r in results]}
 
 
 def _reach(results: list[RunRecord], target: float, x_key: str) -> dict[str, Any]:
@@ -276,6 +279,11 @@ def build_comparison(
                                "invalid_bases": invalid_bases(loaded), "statistics": analysis.description()}
     for arm, results in loaded.items():
         summary["arms"][arm] = _summarise_arm(arm, results, out_dir)
+    untrained = untrained_at_budget(summary) if at_flops is not None else []
+    if untrained:
+        notes.insert(0, f"UNTRAINED within {at_flops:.3g} FLOPs: {', '.join(untrained)} had no evaluation after "
+                        "step 0 within the budget, so their numbers are their starting point, not a trained arm's "
+                        "(row \"read at\"); compare at a larger budget.")
 
     target = None
     if baseline is not None:
@@ -377,6 +385,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
     if summary.get("at_flops") is not None:
         lines += [f"**Read at equal FLOPs ({summary['at_flops']:.3g})**: each run at its last evaluation within "
                   "that budget (see Notes).", ""]
+
     n_seeds = ", ".join(f"{a}: {len(summary['arms'][a]['runs'])}" for a in arms)
     proto = ", ".join(f"{k} = {json.dumps(v)}" for k, v in summary.get("protocol", {}).items())
     lines += [
@@ -402,6 +411,9 @@ def render_markdown(summary: dict[str, Any]) -> str:
             rows.append([f"{what} to reach {baseline}'s final acc@t2 ({_fmt(target, 'pct')}): median over seeds"] +
                         [_fmt_reach((summary["arms"][a]["reach"] or {}).get(x_key), kind) for a in arms])
     rows.append(["seeds × problems in the CIs"] + [_fmt_units(summary["arms"][a]) for a in arms])
+    if summary.get("at_flops") is not None:
+        rows.insert(0, [f"read at (last evaluation within {summary['at_flops']:.3g} FLOPs)"]
+                    + [fmt_read_at(summary["arms"][a]) for a in arms])
     lines += ["## Final metrics", "", _md_table(header, rows), ""]
 
     if baseline is not None:

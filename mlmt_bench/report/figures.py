@@ -116,8 +116,16 @@ def acc_vs_cost_png(runs: dict[str, list[RunRecord]], *, target: float | None = 
     """Two panels, eval acc@t2 vs generated tokens (training) and vs FLOPs, one line per arm
     (mean over seeds, band ± one std over seeds); a dashed line marks the baseline's final
     acc@t2 (``target``)."""
+    return _png(acc_vs_cost_figure(runs, target=target, baseline=baseline, title=title))
+
+
+def acc_vs_cost_figure(runs: dict[str, list[RunRecord]], *, target: float | None = None,
+                       baseline: str | None = None, title: str = "") -> Any:
+    """The matplotlib figure of :func:`acc_vs_cost_png`. Its one legend (the panels share their
+    arms) sits below both panels, outside the plot areas: inside, eight arms covered the curves."""
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
+    legend: dict[str, Any] = {}
     for ax, (x_key, xlabel) in zip(axes, COST_AXES):
         drawn = _draw_curves(ax, runs, x_key, "acc@t2", 100)
         if target is not None:
@@ -128,11 +136,14 @@ def acc_vs_cost_png(runs: dict[str, list[RunRecord]], *, target: float | None = 
         ax.set_xlabel(xlabel)
         ax.set_ylabel("eval acc@t2 (%)")
         ax.grid(alpha=0.3)
-        if drawn or target is not None:
-            ax.legend(fontsize=8)
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    if legend:
+        fig.legend(list(legend.values()), list(legend), loc="outside lower center", ncols=min(4, len(legend)),
+                   fontsize=8, frameon=False)
     if title:
         fig.suptitle(title)
-    return _png(fig)
+    return fig
 
 
 def plot_acc_vs_tokens(

@@ -154,6 +154,47 @@ def mark(p: float | None) -> str:
 
 
 
+def fmt_read_at(arm: dict[str, Any]) -> str:
+    """Where each of an arm's runs was read at a FLOPs budget (``report --at-flops``): its step and
+    FLOPs, and ``UNTRAINED`` for a run whose only evaluation within the budget is step 0 (its
+    numbers are the starting point's, not a trained arm's)."""
+    parts = []
+    for seed, at in zip(arm["seeds"], arm.get("read_at") or []):
+        if at is None:
+            continue
+        parts.append(f"s{seed}: UNTRAINED (step 0)" if not at.get("step")
+                     else f"s{seed}: step {at['step']}, {fmt(at['flops'], 'flops')} FLOPs")
+    return "; ".join(parts) or DASH
+
+
+def untrained_at_budget(summary: dict[str, Any]) -> list[str]:
+    """The arms with a run read at step 0 under ``report --at-flops`` (none trained within it)."""
+    return [a for a, s in summary["arms"].items() if any(at is not None and not at.get("step")
+                                                          for at in s.get("read_at") or [])]
+
+
+def closing_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The arms of a comparison (:func:`mlmt_bench.report.compare.build_comparison`'s summary) as
+    the few columns an experiment ends with: acc@t1, acc@t2 with its 95% interval, the gain over
+    the arm's own step 0 and, with a baseline, the difference from it (Holm-adjusted p)."""
+    baseline = summary.get("baseline")
+    header = ["arm", "acc@t1", "acc@t2 [95% CI]", "gain over step 0"]
+    if baseline is not None:
+        header.append(f"vs {baseline} (p Holm)")
+    rows = []
+    for arm, s in summary["arms"].items():
+        t1 = (s["metrics"].get("acc@t1") or {}).get("mean")
+        g = s.get("gain")
+        row = [arm, fmt(t1, "pct"), fmt_ci(s["ci"].get("acc@t2")),
+               f"{fmt_pp_ci(g, 'mean')}{mark(g.get('p_value'))}" if g else DASH]
+        if baseline is not None:
+            p = summary["paired"].get(arm)
+            row.append("baseline" if arm == baseline else DASH if not p or not p.get("n_problems")
+                       else f"{fmt_pp_ci(p)} (p {fmt_p(p.get('p_holm'))}){mark(p.get('p_holm'))}")
+        rows.append(row)
+    return header, rows
+
+
 def fmt_units(arm: dict[str, Any]) -> str:
     """Seeds × problems of an arm's acc@t2 interval."""
     ci = arm["ci"].get("acc@t2")

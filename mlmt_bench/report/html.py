@@ -8,7 +8,9 @@ from the baseline Holm-adjusted and with their MDE, marked when p < 0.05), the p
 against the baseline (per-seed differences, the v2 sign-flip test as a labelled secondary,
 McNemar per seed), accuracy against generated tokens and FLOPs, the turn transitions, the
 feedback metrics over training, cost per method, and example episodes on problems where the arms
-disagree. Every text that comes from a run (model outputs above all) is escaped.
+disagree; the table and every run's per-problem outcomes as CSV downloads (``data:`` links,
+:mod:`mlmt_bench.report.downloads`). Every text that comes from a run (model outputs above all) is
+escaped.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from mlmt_bench.metrics.stats import mean_std
-from mlmt_bench.report import analysis, figures, svg
+from mlmt_bench.report import analysis, downloads, figures, svg
 from mlmt_bench.report.episodes import Disagreement, Examples, find_disagreements
 from mlmt_bench.report.formatting import (
     CI_METRICS,
@@ -35,6 +37,7 @@ from mlmt_bench.report.formatting import (
     fmt_per_seed,
     fmt_pp_ci,
     fmt_reach,
+    fmt_read_at,
     fmt_units,
     interval_tag,
     mark,
@@ -144,6 +147,10 @@ def _metrics_table(summary: dict[str, Any]) -> str:
     arms, baseline = list(summary["arms"]), summary["baseline"]
     head = "<tr><th>metric</th>" + "".join(f"<th>{esc(a)}</th>" for a in arms) + "</tr>"
     rows = []
+    if summary.get("at_flops") is not None:
+        cells = [_td(t := fmt_read_at(summary["arms"][a]), sig="down" if "UNTRAINED" in t else "") for a in arms]
+        rows.append(f"<tr><th>read at (last evaluation within {summary['at_flops']:.3g} FLOPs)</th>"
+                    f"{''.join(cells)}</tr>")
     for key, label, kind in TABLE_METRICS:
         if not any(key in summary["arms"][a]["metrics"] for a in arms):
             continue
@@ -236,6 +243,22 @@ def _disagreement(d: Disagreement) -> str:
             f"<p class='sub'>final acc@t2 over seeds: {esc(acc)}</p><div class='episodes'>{''.join(cards)}</div>")
 
 
+def _download(name: str, mime: str, data: bytes, what: str) -> str:
+    href = f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
+    return f'<a download="{name}" href="{href}">{esc(what)}</a>'
+
+
+def _downloads(summary: dict[str, Any], loaded: dict[str, list[RunRecord]]) -> str:
+    """Links that save the table and every run's per-problem outcomes as CSV (:mod:`downloads`)."""
+    return ("<p class='sub'>Download: "
+            + _download("metrics.csv", "text/csv", downloads.metrics_csv(summary),
+                        "this table (metrics.csv: means, stds, intervals, p-values; fractions)")
+            + " · " + _download("outcomes.csv.gz", "application/gzip", downloads.outcomes_csv_gz(summary, loaded),
+                                "per-problem outcomes of every run (outcomes.csv.gz: arm, seed, run, problem, "
+                                "t1, t2, t2 after g∅)")
+            + "</p>")
+
+
 def _episodes(ex: Examples) -> str:
     if ex.n_disputed == 0:
         return "<p>The arms' final answers agree on every problem: no example of a disagreement.</p>"
@@ -278,7 +301,7 @@ def render_html(summary: dict[str, Any], loaded: dict[str, list[RunRecord]], acc
         "<nav><a href='#metrics'>metrics</a><a href='#curves'>curves</a><a href='#transitions'>transitions</a>"
         "<a href='#feedback'>feedback</a><a href='#cost'>cost</a><a href='#episodes'>episodes</a>"
         "<a href='#runs'>runs</a><a href='comparison.md'>comparison.md</a></nav>",
-        "<h2 id='metrics'>Final metrics</h2>", _metrics_table(summary),
+        "<h2 id='metrics'>Final metrics</h2>", _metrics_table(summary), _downloads(summary, loaded),
     ]
     if baseline is not None:
         sections += [f"<h2 id='baseline'>Against {esc(baseline)}</h2>",
