@@ -9,13 +9,14 @@ BIN := $(VENV)/bin
 
 install: $(VENV)/.installed
 
-# Re-installs only when pyproject.toml or this file changes. The `eval` extra (lm-eval) is
-# part of the dev install because its tests run in the suite. torch is pinned to 2.13.0, whose CPU wheel
+# Re-installs only when pyproject.toml or this file changes. The `eval` (lm-eval), `trackers`
+# (TensorBoard, MLflow, W&B) and `ray` extras are part of the dev install because their tests run
+# in the suite. torch is pinned to 2.13.0, whose CPU wheel
 # this project's machines carry locally (a plain `torch` would pull a multi-GB CUDA build).
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[dev,eval]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,eval,trackers,ray]"
 	touch $@
 
 # The quickstart's four arms run side by side, one process (and one torch thread) per core, at

@@ -87,7 +87,8 @@ def _root(
     state.quiet, state.json, state.debug = quiet, json_out, debug
 
 
-SetOption = typer.Option(None, "--set", "-s", help="Override a spec field: --set train.steps=5 (repeatable).")
+SetOption = typer.Option(None, "--set", "-s", metavar="FIELD=VALUE",
+                         help="Override a spec field: --set train.steps=5 (repeatable).")
 
 
 @app.command("list")
@@ -104,11 +105,7 @@ def list_components(
     if kind is not None:
         name = kind[:-1] if kind not in kinds and kind.endswith("s") and kind[:-1] in kinds else kind
         if name not in kinds:
-            import difflib
-
-            close = difflib.get_close_matches(kind, list(kinds), n=1, cutoff=0.5)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise UserError(f"unknown kind {kind!r}{hint} (known: {', '.join(kinds)})")
+            raise UserError(registry.unknown_message("kind", kind, list(kinds)))
         kinds = {name: kinds[name]}
     rows = [{"kind": k, "name": e.name, "description": e.description, "source": e.source}
             for k, reg in kinds.items() for e in reg.entries()]
@@ -166,7 +163,8 @@ def plan(
     spec: Path = typer.Argument(..., help="Run or experiment spec (YAML)."),
     overrides: list[str] | None = SetOption,
     device: str = typer.Option("auto", "--device", help="auto (this machine), cpu, h200, h100-80gb, a100-80gb, ..."),
-    gpus: int = typer.Option(1, "--gpus", min=1, help="Data-parallel processes (each gets its share of the problems)."),
+    gpus: int = typer.Option(1, "--gpus", min=1, metavar="N",
+                             help="Data-parallel processes (each gets its share of the problems)."),
     force: bool = typer.Option(False, "--force", help="Plan a spec even if it does not fit the device's memory."),
 ) -> None:
     """Parameters, tokens, FLOPs, peak memory and time of a run, estimated offline before it starts."""
@@ -179,14 +177,23 @@ def plan(
         raise UserError(why)
 
 
+RayOption = typer.Option(None, "--ray", metavar="ADDRESS", help="Run each run (sweeps: each trial) as a Ray task on "
+                         "the cluster at ADDRESS (auto, host:6379, ray://host:10001); `ray` extra.")
+RayGpusOption = typer.Option(0.0, "--ray-gpus", min=0.0, metavar="N", help="With --ray: GPUs each task takes "
+                             "(default 0).")
+
+
 @app.command()
 @_user_errors
 def run(
     spec: Path | None = typer.Argument(None, help="Run or experiment spec (YAML)."),
     overrides: list[str] | None = SetOption,
-    resume: Path | None = typer.Option(None, "--resume", help="Continue a killed run from its last checkpoint "
-                                          "(no SPEC), or, with an experiment SPEC, a killed experiment's directory."),
-    workers: int = typer.Option(1, "--workers", "-j", help="Experiments: runs at once, one process each."),
+    resume: Path | None = typer.Option(None, "--resume", metavar="DIR", help="Continue a killed run from its last "
+                                          "checkpoint (no SPEC), or, with an experiment SPEC, a killed experiment's "
+                                          "directory."),
+    workers: int = typer.Option(1, "--workers", "-j", metavar="N", help="Experiments: runs at once, one process each."),
+    ray: str | None = RayOption,
+    ray_gpus: float = RayGpusOption,
 ) -> None:
     """Train and evaluate a run spec (or every arm × seed of an experiment spec)."""
     from mlmt_bench import runner, spec as specs
@@ -195,7 +202,10 @@ def run(
     if isinstance(loaded, tuple):
         from mlmt_bench import experiment
 
-        result = experiment.run_experiment(*loaded, progress=not state.quiet, workers=workers, resume=resume)
+        result = experiment.run_experiment(*loaded, progress=not state.quiet, workers=workers, resume=resume,
+                                           ray=ray, ray_gpus=ray_gpus)
+    elif ray is not None:
+        raise UserError("--ray applies to experiment specs (arms × seeds) and sweeps; a single run runs here")
     elif workers != 1:
         raise UserError("--workers applies to experiment specs (arms × seeds); a single run uses train.threads")
     elif resume is not None:
@@ -207,7 +217,23 @@ def run(
         raise UserError("give a SPEC file or --resume RUN_DIR")
     else:
         result = runner.run(loaded, progress=not state.quiet)
-    _emit(result, lambda: _echo(f"run directory: {result['run_dir']}"))
+    _emit(result, (lambda: _experiment_summary(result)) if "comparison" in result
+          else (lambda: _echo(f"run directory: {result['run_dir']}")))
+
+
+def _experiment_summary(result: dict[str, Any]) -> None:
+    """An experiment's closing lines: its arms in one table and where the comparison was written."""
+    from mlmt_bench.bounded_input import printable
+    from mlmt_bench.progress import print_table
+    from mlmt_bench.report.formatting import closing_rows
+
+    summary = result["comparison"]
+    header, rows = closing_rows(summary)
+    files = summary["files"]
+    print_table(f"{summary.get('title') or 'experiment'}: final evaluation (* p < 0.05)", header,
+                [[printable(c) for c in row] for row in rows],
+                [printable(f"comparison: {files['comparison.md']}"), printable(f"page: {files['index.html']}")])
+    _echo(f"run directory: {result['run_dir']}")
 
 
 @app.command()
@@ -217,7 +243,7 @@ def verify(
     input_path: Path = typer.Argument(..., metavar="IN.jsonl",
                                       help="Lines with a problem (or benchmark + id) and a response."),
     out: Path = typer.Option(..., "--out", "-o", help="Output JSONL: each input line plus its verdict."),
-    workers: int | None = typer.Option(None, "--workers", "-j", help="Parallel workers (code verifier)."),
+    workers: int | None = typer.Option(None, "--workers", "-j", metavar="N", help="Parallel workers (code verifier)."),
 ) -> None:
     """Score responses with a verifier, one JSON line in, one line with its verdict out.
 
@@ -260,13 +286,12 @@ def base(
 
     def human() -> None:
         from mlmt_bench.report.bases import critic_line
+        from mlmt_bench.warmstart.shared_base import check_line
 
         for b in result:
             c = b.get("check") or {}
             typer.echo(f"base {b['key']} ({b['preset']}, seed {b['seed']}, {b['params']:,} parameters, "
-                       f"{b['tokens']:,} tokens): validation acc@t1 {c.get('acc@t1', 0):.1%}, acc@t2 after its own "
-                       f"feedback {c.get('acc@t2_critic', 0):.1%}, after g∅ {c.get('acc@t2_null', 0):.1%}, after the "
-                       f"oracle's {c.get('acc@t2_oracle', 0):.1%}  {b['path']}")
+                       f"{b['tokens']:,} tokens): {check_line(c)}  {b['path']}")
             for label, part in (("greedy", c), (f"T={(c.get('sampled') or {}).get('temperature')}", c.get("sampled"))):
                 line = critic_line(part or {})
                 if line:
@@ -281,19 +306,21 @@ def base(
 @app.command()
 @_user_errors
 def report(
-    runs: list[Path] | None = typer.Argument(None, help="Run directories or experiment directories "
+    runs: list[Path] | None = typer.Argument(None, metavar="DIR...", help="Run directories or experiment directories "
                                                         "(with experiment.json)."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Directory for comparison.md, acc_vs_tokens.png and "
                                        "index.html (default: re-render the one experiment or report directory given, "
                                        "in place)."),
     baseline: str | None = typer.Option(None, "--baseline", help="Arm the others are tested against (default: the "
                                            "one a published report recorded, else grpo)."),
-    arm: list[str] | None = typer.Option(None, "--arm", help="Name a run explicitly: NAME=RUN_DIR (repeatable)."),
+    arm: list[str] | None = typer.Option(None, "--arm", metavar="NAME=RUN_DIR",
+                                         help="Name a run explicitly: NAME=RUN_DIR (repeatable)."),
     sweep: str | None = typer.Option(None, "--sweep", metavar="STORAGE", help="Report on an Optuna sweep instead: "
                                         "its storage URL or SQLite .db file (history, importances, best spec)."),
     study: str | None = typer.Option(None, "--study", help="With --sweep: the study, if the storage holds several."),
-    at_flops: float | None = typer.Option(None, "--at-flops", min=0, help="Compare every run at its last evaluation "
-                                             "within this many FLOPs (equal FLOPs from runs with a token budget)."),
+    at_flops: float | None = typer.Option(None, "--at-flops", metavar="FLOPS", help="Compare every run at its last "
+                                             "evaluation within this many FLOPs, e.g. 3e11 (equal FLOPs from runs "
+                                             "with a token budget); a run that never got inside it is flagged."),
     raw: bool = typer.Option(False, "--raw", help="Publish: copy each run's manifest, resolved spec, metrics, "
                              "per-problem outcomes and the episodes the page shows (gzip) into OUT/runs/ with an "
                              "experiment.json relative to OUT, then report on the copies; `mlmt-bench report OUT` "
@@ -318,6 +345,8 @@ with --sweep, a sweep's history, importances and best spec)."""
         return
     if study is not None:
         raise UserError("--study goes with --sweep STORAGE")
+    if at_flops is not None and not 0 <= at_flops < float("inf"):
+        raise UserError(f"--at-flops must be a number of FLOPs ≥ 0 (e.g. 3e11), got {at_flops:g}")
     if not runs:
         raise UserError("give run directories (or --sweep STORAGE)")
     from mlmt_bench.report.compare import report_from_dirs
@@ -331,7 +360,14 @@ with --sweep, a sweep's history, importances and best spec)."""
     summary = report_from_dirs(list(runs), out, baseline, arms=named, at_flops=at_flops, raw=raw)
 
     def human() -> None:
+        from mlmt_bench.notes import warn
+        from mlmt_bench.report.formatting import untrained_at_budget
+
         typer.echo(f"wrote {', '.join(summary['files'].values())}")
+        untrained = untrained_at_budget(summary) if summary.get("at_flops") is not None else []
+        if untrained:
+            warn(f"{', '.join(untrained)}: no evaluation after step 0 within {summary['at_flops']:.3g} FLOPs, so the "
+                 "report shows them UNTRAINED (their starting point); compare at a larger --at-flops")
         size = summary.get("published")
         if size:
             typer.echo(f"published with the runs' raw data: {size['bytes'] / 1e6:.1f} MB in all"
@@ -351,7 +387,8 @@ def eval_(
                                                 "(local data: dataset_path: json)."),
     policy: str = typer.Option("solver", "--policy", help="Policy of a checkpoint step or run dir: solver or critic."),
     limit: float | None = typer.Option(None, "--limit", help="Examples per task (a fraction if < 1)."),
-    num_fewshot: int | None = typer.Option(None, "--num-fewshot", min=0, help="Few-shot examples (task default)."),
+    num_fewshot: int | None = typer.Option(None, "--num-fewshot", min=0, metavar="N",
+                                           help="Few-shot examples (task default)."),
     batch_size: str = typer.Option("8", "--batch-size", help="Batch size, or 'auto'."),
     device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)."),
     backend: str = typer.Option("hf", "--backend", help="Harness model: hf or vllm."),
@@ -387,17 +424,19 @@ def eval_(
 @_user_errors
 def sweep(
     spec: Path = typer.Argument(..., metavar="SWEEP.yaml", help="Sweep spec (YAML): a run spec and a search space."),
-    n_trials: int | None = typer.Option(None, "--n-trials", "-n", min=1,
+    n_trials: int | None = typer.Option(None, "--n-trials", "-n", min=1, metavar="N",
                                            help="Complete + pruned trials in total (default: the spec's n_trials)."),
     storage: str | None = typer.Option(None, "--storage", help="Optuna storage URL (default: SQLite in the sweep's "
                                           "output dir); postgresql+psycopg2://... to share a study between machines."),
     study: str | None = typer.Option(None, "--study", help="Study name (default: the sweep's name)."),
     seed: int | None = typer.Option(None, "--seed", help="Sampler seed (default: random)."),
-    workers: int = typer.Option(1, "--workers", "-j", min=1, help="Trial processes on this machine, all on the "
-                                "same study (SQLite: a few; PostgreSQL: also across machines)."),
-    heartbeat: int | None = typer.Option(None, "--heartbeat", min=1, help="Seconds between a running trial's "
-                                            "heartbeats (default: 60); a trial silent for 3 heartbeats (its process "
-                                            "died) is failed and retried once."),
+    workers: int = typer.Option(1, "--workers", "-j", min=1, metavar="N", help="Trial processes on this machine, "
+                                "all on the same study (SQLite: a few; PostgreSQL: also across machines)."),
+    ray: str | None = RayOption,
+    ray_gpus: float = RayGpusOption,
+    heartbeat: int | None = typer.Option(None, "--heartbeat", min=1, metavar="SECONDS", help="Seconds between a "
+                                            "running trial's heartbeats (default: 60); a trial silent for 3 "
+                                            "heartbeats (its process died) is failed and retried once."),
     overrides: list[str] | None = SetOption,
 ) -> None:
     """Tune a run spec with Optuna; running the same command again resumes the study.
@@ -407,10 +446,11 @@ trials/ with one run directory per trial, and <study>-best.yaml, the run spec wi
 --set applies to the run spec.
     """
     from mlmt_bench.sweep import run_sweep
-    from mlmt_bench.sweep_display import print_summary
+    from mlmt_bench.sweep.display import print_summary
 
     result = run_sweep(spec, n_trials=n_trials, storage=storage, study_name=study, seed=seed,
-                       overrides=overrides or [], progress=not state.quiet, workers=workers, heartbeat_s=heartbeat)
+                       overrides=overrides or [], progress=not state.quiet, workers=workers, heartbeat_s=heartbeat,
+                       ray=ray, ray_gpus=ray_gpus)
     _emit(result, lambda: print_summary(result))
     if result.get("stopped"):
         from mlmt_bench.bounded_input import printable

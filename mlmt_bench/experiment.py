@@ -7,11 +7,11 @@ and ``acc_vs_tokens.png``.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import multiprocessing
 import os
-import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from mlmt_bench.errors import UserError
+from mlmt_bench.notes import tell
 from mlmt_bench.spec import ExperimentSpec, RunSpec
+from mlmt_bench.trackers import close_group
 from mlmt_bench.tracking import atomic_write_text
 
 
@@ -41,7 +43,8 @@ def check_equal_budgets(exp: ExperimentSpec, arms: dict[str, RunSpec]) -> None:
 
 
 def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool = True, *,
-                   workers: int = 1, resume: Path | str | None = None) -> dict[str, Any]:
+                   workers: int = 1, resume: Path | str | None = None, ray: str | None = None,
+                   ray_gpus: float = 0.0) -> dict[str, Any]:
     """Run every arm × seed (seed-major), then compare them.
 
     ``workers`` > 1 runs that many runs at once, each in its own process with
@@ -49,17 +52,29 @@ def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool
     shared base is built once, by one process, before the runs that need it. ``resume`` names
     the directory of an earlier, interrupted run of the same experiment: its finished runs are
     kept (their specs must equal this spec's, the thread count aside), a run cut short is
-    continued from its last checkpoint, the rest are started."""
+    continued from its last checkpoint, the rest are started.
+
+    ``ray`` (a cluster address) runs every run and base build as a Ray task instead
+    (:class:`mlmt_bench.cluster.RayExecutor`), with ``train.threads`` CPUs (default 1) and
+    ``ray_gpus`` GPUs each, as many at once as the cluster holds; a task whose worker dies is
+    retried by Ray and continues the run directory it had begun (:func:`_run_job`)."""
     from mlmt_bench.report.compare import build_comparison
 
     check_equal_budgets(exp, arms)
     if workers < 1:
         raise UserError(f"--workers must be at least 1, got {workers}")
-    if workers > 1:
+    if ray is not None:
+        if workers != 1:
+            raise UserError("--workers and --ray exclude each other: with --ray the cluster's resources decide how "
+                            "many runs go at once")
+        arms = {a: _with_threads(s, 0) for a, s in arms.items()}
+    elif workers > 1:
         arms = {a: _with_threads(s, workers) for a, s in arms.items()}
     exp_dir, record = _open_experiment(exp, arms, resume)
     t_start = time.perf_counter()
     jobs, seed_of = _pending_jobs(exp, arms, exp_dir, record)
+    group = _tracking_group(exp, arms, exp_dir, record) if jobs else None
+    jobs = [dataclasses.replace(j, tracking_group=json.dumps(group.to_json())) for j in jobs] if group else jobs
     if resume is not None and not jobs:  # nothing to run: its comparison stays as it was written
         raise UserError(f"--resume {exp_dir}: every arm × seed of {exp.name!r} has finished; nothing to resume "
                         f"(to re-render its comparison: mlmt-bench report {exp_dir})")
@@ -77,15 +92,26 @@ def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool
         record["wall_s"][f"{job.arm}/s{job.seed}"] = round(wall_s, 1)
         atomic_write_text(exp_dir / "experiment.json", json.dumps(record, indent=2))
         if progress:
-            sys.stderr.write(f"[{n_done}/{total}] {job.arm} seed {job.seed} finished in {wall_s:.0f} s: {run_name}\n")
+            tell(f"[{n_done}/{total}] {job.arm} seed {job.seed} finished in {wall_s:.0f} s: {run_name}")
 
-    if workers == 1:
-        for job in jobs:
-            if progress:
-                sys.stderr.write(f"[{n_done + 1}/{total}] {job.arm} seed {job.seed}\n")
-            finished(job, *_run_job(job, exp.name, progress))
-    else:
-        _run_parallel(jobs, exp.name, workers, finished, progress)
+    try:
+        if ray is not None:
+            from mlmt_bench.cluster import RayExecutor
+
+            cpus = max(RunSpec.model_validate_json(j.spec_json).train.threads or 1 for j in jobs) if jobs else 1
+            with RayExecutor(ray, num_cpus=cpus, num_gpus=ray_gpus) as pool:
+                _run_parallel(jobs, exp.name, pool.slots(), finished, progress, pool)
+        elif workers == 1:
+            for job in jobs:
+                if progress:
+                    tell(f"[{n_done + 1}/{total}] {job.arm} seed {job.seed}")
+                finished(job, *_run_job(job, exp.name, progress))
+        else:
+            _run_parallel(jobs, exp.name, workers, finished, progress)
+    except BaseException:
+        close_group(arms.values(), group, "failed")
+        raise
+    close_group(arms.values(), group, "completed")
     record["wall_s"]["total"] = round(record["wall_s"].get("total", 0.0) + time.perf_counter() - t_start, 1)
     baseline = "grpo" if "grpo" in arms else None
     summary = build_comparison({a: [exp_dir / d for d in dirs] for a, dirs in record["arms"].items()}, exp_dir,
@@ -104,12 +130,15 @@ class _Job:
     seed: int
     spec_json: str
     resume_dir: str | None = None
+    tracking_group: str | None = None  # the experiment's tracker group (trackers.Group, as JSON)
 
 
 def _with_threads(spec: RunSpec, workers: int) -> RunSpec:
+    """``spec`` with ``train.threads`` = this machine's cores / ``workers`` (0: one thread, a Ray
+    task's CPU), unless it sets them."""
     if spec.train.threads is not None:
         return spec
-    threads = max(1, (os.cpu_count() or 1) // workers)
+    threads = max(1, (os.cpu_count() or 1) // workers) if workers else 1
     return spec.model_copy(update={"train": spec.train.model_copy(update={"threads": threads})}, deep=True)
 
 
@@ -144,7 +173,7 @@ def _open_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec],
 def _comparable(spec: RunSpec) -> dict[str, Any]:
     """A run spec's fields that decide what the run computes (not where it writes or its name)."""
     d = spec.model_dump(mode="json")
-    for key in ("name", "output_dir"):
+    for key in ("name", "output_dir", "tracking"):  # trackers change nothing a run computes
         d.pop(key, None)
     d.get("train", {}).pop("threads", None)
     return d
@@ -217,7 +246,7 @@ def _check_cached_bases(jobs: list[_Job], record: dict[str, Any], exp_dir: Path)
     """Before any run starts: a base this experiment already used that is in this machine's cache
     with other weights (built elsewhere or unpinned) refuses the runs that would start from it."""
     from mlmt_bench import runner
-    from mlmt_bench.models.shared_base import ensure_base, is_cached
+    from mlmt_bench.warmstart.shared_base import ensure_base, is_cached
 
     known = record.get("bases") or {}
     for job in jobs:
@@ -231,35 +260,82 @@ def _check_cached_bases(jobs: list[_Job], record: dict[str, Any], exp_dir: Path)
                       f"(not started) {spec.name}", f"--resume {exp_dir}")
 
 
-def _run_job(job: _Job, exp_name: str, progress: bool) -> tuple[str, float]:
-    """Runs one job in this process; returns the run directory's name and its wall time (s)."""
+def _run_job(job: _Job, exp_name: str, progress: bool, again: bool = False) -> tuple[str, float]:
+    """Runs one job in this process; returns the run directory's name and its wall time (s).
+
+    ``again``: the job may have been begun before (a Ray task retried after its worker died): a run
+    directory of this arm × seed left by an earlier attempt is continued (from its last
+    checkpoint, or from the start), and a finished one is returned as it is, so that no run is
+    done twice or left behind."""
     from mlmt_bench import runner
 
     t0 = time.perf_counter()
-    if job.resume_dir is not None:
-        result = runner.resume_run(job.resume_dir, progress=progress)
+    spec = RunSpec.model_validate_json(job.spec_json)
+    earlier = job.resume_dir or (_earlier_attempt(Path(spec.output_dir), exp_name, job) if again else None)
+    if earlier is not None and _status(Path(earlier)) == "completed":
+        return Path(earlier).name, time.perf_counter() - t0
+    if earlier is not None:
+        result = runner.resume_run(earlier, progress=progress)
     else:
-        spec = RunSpec.model_validate_json(job.spec_json)
-        result = runner.run(spec, progress=progress, extra_manifest={"arm": job.arm, "experiment": exp_name})
+        result = runner.run(spec, progress=progress, extra_manifest={"arm": job.arm, "experiment": exp_name},
+                            tracking_group=json.loads(job.tracking_group) if job.tracking_group else None)
     return Path(result["run_dir"]).name, time.perf_counter() - t0
 
 
-def _build_base(spec_json: str) -> str:
-    from mlmt_bench import runner
-    from mlmt_bench.models.shared_base import ensure_base
+def _status(run_dir: Path) -> str | None:
+    try:
+        return json.loads((run_dir / "manifest.json").read_text()).get("status")
+    except (OSError, ValueError):
+        return None
 
-    return ensure_base(runner.base_config(RunSpec.model_validate_json(spec_json)), progress=False).summary()["key"]
+
+def _earlier_attempt(exp_dir: Path, exp_name: str, job: _Job) -> str | None:
+    """The run directory an earlier attempt of ``job`` made in ``exp_dir`` (its manifest names the
+    experiment, arm and seed), if any; the newest when there are several."""
+    found = []
+    for manifest in exp_dir.glob("*/manifest.json"):
+        try:
+            m = json.loads(manifest.read_text())
+        except (OSError, ValueError):
+            continue
+        if (m.get("experiment"), m.get("arm"), m.get("seed")) == (exp_name, job.arm, job.seed):
+            found.append((m.get("start_time") or "", str(manifest.parent)))
+    return max(found)[1] if found else None
+
+
+def _tracking_group(exp: ExperimentSpec, arms: dict[str, RunSpec], exp_dir: Path, record: dict[str, Any]) -> Any:
+    """The experiment's tracker group (:func:`mlmt_bench.trackers.open_group`: an MLflow parent run
+    ...), opened once here and kept in ``experiment.json`` for a resume; None without trackers."""
+    from mlmt_bench.trackers import open_group
+
+    group = open_group(arms.values(), exp_dir.name, "experiment", exp.output_dir, record.get("tracking_group"))
+    if group is not None and "tracking_group" not in record:
+        record["tracking_group"] = group.to_json()
+        atomic_write_text(exp_dir / "experiment.json", json.dumps(record, indent=2))
+    return group
+
+
+def _build_base(spec_json: str, progress: bool) -> str:
+    """Builds a shared base in a worker process, its progress and check as plain lines on stderr."""
+    from mlmt_bench import runner
+    from mlmt_bench.progress import plain_lines
+    from mlmt_bench.warmstart.shared_base import ensure_base
+
+    plain_lines()
+    cfg = runner.base_config(RunSpec.model_validate_json(spec_json))
+    return ensure_base(cfg, progress=progress).summary()["key"]
 
 
 def _run_parallel(jobs: list[_Job], exp_name: str, workers: int,
-                  finished: Callable[[_Job, str, float], None], progress: bool) -> None:
+                  finished: Callable[[_Job, str, float], None], progress: bool, executor: Any = None) -> None:
     """Runs ``jobs`` in ``workers`` processes (spawned: no torch state is forked), keeping every
     process busy. Missing shared bases are built by up to half the processes (all, when no run can
     start), each by one process only; the others take the first job (in seed-major order) whose
     base is in the cache. On a failure the work under way finishes, nothing new starts, and the
-    first error is raised."""
+    first error is raised. ``executor``: where the work goes instead of local processes (a
+    :class:`mlmt_bench.cluster.RayExecutor`; ``workers``: its slots)."""
     from mlmt_bench import runner
-    from mlmt_bench.models.shared_base import is_cached
+    from mlmt_bench.warmstart.shared_base import is_cached
 
     base_of: dict[int, str | None] = {}
     configs: dict[str, Any] = {}
@@ -276,7 +352,7 @@ def _run_parallel(jobs: list[_Job], exp_name: str, workers: int,
     inflight: dict[Future, tuple[str, Any]] = {}
     error: BaseException | None = None
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+    with executor or ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
         while (queue and error is None) or inflight:
             while error is None and len(inflight) < workers:
                 for built in [k for k in missing if k not in building and is_cached(configs[k])]:
@@ -286,10 +362,10 @@ def _run_parallel(jobs: list[_Job], exp_name: str, workers: int,
                 # long base builds start early, on half the processes, so that no run waits at the end
                 if key is not None and (ready is None or len(building) < max(1, workers // 2)):
                     building.add(key)
-                    inflight[pool.submit(_build_base, missing[key])] = ("base", key)
+                    inflight[pool.submit(_build_base, missing[key], progress)] = ("base", key)
                 elif ready is not None:
                     queue.remove(ready)
-                    inflight[pool.submit(_run_job, jobs[ready], exp_name, False)] = ("run", ready)
+                    inflight[pool.submit(_run_job, jobs[ready], exp_name, False, executor is not None)] = ("run", ready)
                 else:
                     break
             done, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
@@ -303,13 +379,11 @@ def _run_parallel(jobs: list[_Job], exp_name: str, workers: int,
                         error = exc
                         if progress:
                             where = f"base {what}" if kind == "base" else f"{jobs[what].arm} seed {jobs[what].seed}"
-                            sys.stderr.write(f"{where} failed: {exc}; nothing new starts\n")
+                            tell(f"{where} failed: {exc}; nothing new starts")
                     continue
-                if kind == "base":
+                if kind == "base":  # the worker said it is ready, with its check
                     missing.pop(what)
                     building.discard(what)
-                    if progress:
-                        sys.stderr.write(f"shared base {what} ready\n")
                 else:
                     finished(jobs[what], *result)
     if error is not None:

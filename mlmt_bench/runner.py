@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 from mlmt_bench import registry
 from mlmt_bench.benchmarks.base import OracleBenchmark
 from mlmt_bench.errors import UserError
+from mlmt_bench.notes import note, tell, warn
 from mlmt_bench.spec import RunSpec, dump_yaml, load_any, load_run_spec
 from mlmt_bench.tracking import NO_SPACE, RunDir
 from mlmt_bench.types import PromptTemplates
@@ -27,12 +27,13 @@ from mlmt_bench.verifiers.io import build_verifier
 if TYPE_CHECKING:
     from mlmt_bench.algorithms.base import Algorithm
     from mlmt_bench.benchmarks.base import Benchmark
+    from mlmt_bench.dist import Dist
     from mlmt_bench.models.policy import Policy
-    from mlmt_bench.models.shared_base import Base, BaseConfig
     from mlmt_bench.rollout.backend import Backend
     from mlmt_bench.trainer import Trainer
     from mlmt_bench.types import Problem
     from mlmt_bench.verifiers.base import Verifier
+    from mlmt_bench.warmstart.shared_base import Base, BaseConfig
 
 
 @dataclass
@@ -67,7 +68,7 @@ def base_config(spec: RunSpec) -> BaseConfig:
     """The spec's ``base:`` section as a BaseConfig with the run's seed (unless it names one). Where
     the section names no benchmark, the base trains on the run's own benchmark and options if that
     benchmark has an oracle critic, so that it learns the kind of problem the run is evaluated on."""
-    from mlmt_bench.models.shared_base import BaseConfig
+    from mlmt_bench.warmstart.shared_base import BaseConfig
 
     raw = dict(spec.base or {})
     if "benchmark" not in raw:
@@ -91,7 +92,7 @@ def needs_base(spec: RunSpec, algorithm: Algorithm) -> bool:
 
 def ensure_run_base(spec: RunSpec, progress: bool = True) -> Base:
     """The shared base of ``spec`` (built and checked on first use, then reused from the cache)."""
-    from mlmt_bench.models.shared_base import ensure_base
+    from mlmt_bench.warmstart.shared_base import ensure_base
 
     if spec.base is None:
         raise UserError("policies: a tiny model without `path` starts from the shared base; the spec needs a "
@@ -122,23 +123,22 @@ def build(spec: RunSpec, progress: bool = True) -> Components:
         from mlmt_bench.models.factory import model_factory
 
         built = [getattr(spec.policies, r) for r in roles.built() if getattr(spec.policies, r) is not None]
-        for note in dict.fromkeys(model_factory(p.model).real_benchmark_note(b.name) for p in built):
-            if note:
-                sys.stderr.write(f"note: {note}\n")
+        for text in dict.fromkeys(model_factory(p.model).real_benchmark_note(b.name) for p in built):
+            if text:
+                note(text)
     base_dir = base.model_dir if base is not None else None
     device = _device()
+    role_specs = {}
+    for role in roles.built():
+        role_spec = getattr(spec.policies, role)
+        role_specs[role] = role_spec.model_copy(update={"trainable": False}) if roles.mode(role) == "frozen" \
+            else role_spec
+    made = one_base_policies(role_specs, base_dir, device) if spec.policies.share_base else {
+        role: registry.models.get(s.model)(role, s, base_dir, device) for role, s in role_specs.items()}
     policies: dict[str, Any] = {}
     for role in ("solver", "critic"):
         mode = roles.mode(role)
-        if mode == "shared":
-            policies[role] = policies["solver"]
-        elif mode == "absent":
-            policies[role] = None
-        else:
-            role_spec = getattr(spec.policies, role)
-            if mode == "frozen":
-                role_spec = role_spec.model_copy(update={"trainable": False})
-            policies[role] = registry.models.get(role_spec.model)(role, role_spec, base_dir, device)
+        policies[role] = policies["solver"] if mode == "shared" else None if mode == "absent" else made[role]
     if policies["solver"] is not None:  # refinements trained as responses to x: the benchmark's full responses
         from mlmt_bench.algorithms.base import ResponseToX
 
@@ -148,6 +148,17 @@ def build(spec: RunSpec, progress: bool = True) -> Components:
         base_critic = frozen_start(spec, base_dir, device)
     return Components(benchmark, templates_for(spec, benchmark), verifier, backend, policies,
                       algorithm, train, evals, base, base_critic)
+
+
+def one_base_policies(role_specs: dict[str, Any], base_dir: Path | None, device: str | None) -> dict[str, Policy]:
+    """``policies.share_base``: the roles' policies as LoRA adapters on one frozen base, loaded once
+    by the first role's model factory (``spec.validate_run`` checked that the roles agree on it)."""
+    from mlmt_bench.models.policy import adapters_on_one_base
+
+    first, first_spec = next(iter(role_specs.items()))
+    base_spec = first_spec.model_copy(update={"trainable": False, "lora": None})
+    base = registry.models.get(base_spec.model)(first, base_spec, base_dir, device)
+    return adapters_on_one_base(base, role_specs)
 
 
 def frozen_start(spec: RunSpec, base_dir: Path | None, device: str | None) -> Policy:
@@ -166,7 +177,10 @@ def _device() -> str | None:
     return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
 
 
-def make_trainer(spec: RunSpec, comp: Components, run_dir: RunDir) -> Trainer:
+def make_trainer(spec: RunSpec, comp: Components, run_dir: RunDir, dist: Dist | None = None) -> Trainer:
+    """The trainer of a built run, communicating through ``dist``, the run's one Dist (default: a
+    Dist of the processes ``accelerate launch`` started, if any)."""
+    from mlmt_bench.dist import Dist
     from mlmt_bench.rollout.episodes import Actors
     from mlmt_bench.trainer import Trainer
 
@@ -175,7 +189,7 @@ def make_trainer(spec: RunSpec, comp: Components, run_dir: RunDir) -> Trainer:
                     comp.benchmark.oracle_feedback if isinstance(comp.benchmark, OracleBenchmark) else None,
                     comp.benchmark.feedback_verdict)
     return Trainer(spec, comp.algorithm, actors, comp.policies, comp.train_problems, comp.eval_problems, run_dir,
-                   base_critic=comp.base_critic)
+                   dist=dist if dist is not None else Dist(), base_critic=comp.base_critic)
 
 
 def run_manifest(spec: RunSpec, comp: Components) -> dict[str, Any]:
@@ -191,11 +205,24 @@ def run_manifest(spec: RunSpec, comp: Components) -> dict[str, Any]:
             "temperatures": {**training_temperatures(spec), "eval": spec.eval.temperature},
             "params": {r: p.n_params for r, p in comp.policies.items() if p is not None},
             "base": comp.base.summary() if comp.base is not None else None,
+            **({"share_base": one_base_record(spec, comp)} if spec.policies.share_base else {}),
             "environment": reproducible.record()}
 
 
+def one_base_record(spec: RunSpec, comp: Components) -> dict[str, Any]:
+    """What the manifest says of roles on one base (``policies.share_base``): the base once (its
+    path; a warm-start base's sha256 is under ``base``) and each role's adapter: its LoRA config,
+    learning rate, whether it trains, its parameter count."""
+    built = {role: p for role, p in comp.policies.items() if p is not None and p.role == role}
+    first = next(iter(built.values()))
+    return {"base": {"path": first.init_path, "dtype": first.dtype, "params": first.n_params},
+            "adapters": {role: {**getattr(spec.policies, role).lora.model_dump(), "lr": p.lr, "trainable": p.trainable,
+                                "params": sum(x.numel() for x in p.model.adapter_state().values())}
+                         for role, p in built.items()}}
+
+
 def run(spec: RunSpec, progress: bool = True, *, extra_manifest: dict[str, Any] | None = None,
-        on_eval: Any = None, bar: Any = None) -> dict[str, Any]:
+        on_eval: Any = None, bar: Any = None, tracking_group: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train and evaluate ``spec`` in a fresh run directory; returns the final metrics + run_dir.
 
     ``on_eval(record)`` is called after every evaluation; an exception it raises ends the run
@@ -204,11 +231,17 @@ def run(spec: RunSpec, progress: bool = True, *, extra_manifest: dict[str, Any] 
     steps instead of a bar of the run's own (a sweep's per-trial progress).
     The main process holds the run directory's lock (:meth:`RunDir.lock`) from its creation to
     the end of the run; a full disk ends the run with one line, its manifest marked failed.
+    ``tracking_group``: the experiment's or sweep's tracker group (:meth:`mlmt_bench.trackers.Group.to_json`),
+    whose trackers were checked when it was opened; a lone run checks its own before anything is built.
     """
     from mlmt_bench.dist import Dist, NullRunDir
 
     configure_torch(spec)
     dist = Dist()
+    if spec.tracking.report_to and tracking_group is None and dist.is_main:
+        from mlmt_bench.trackers import preflight
+
+        preflight(spec.tracking.report_to, spec.tracking.options, Path(spec.output_dir))
     comp = _build_in_turn(spec, dist, progress)
     run_dir: Any = None
     try:
@@ -218,19 +251,39 @@ def run(spec: RunSpec, progress: bool = True, *, extra_manifest: dict[str, Any] 
             run_dir.lock()  # one process per run directory, held until finish()
             run_dir.update_manifest(**(extra_manifest or {}), **run_manifest(spec, comp),
                                     **_sandbox_record(comp.verifier), world_size=dist.world)
+            start_trackers(spec, run_dir, extra_manifest or {}, tracking_group, None, None)
         path = dist.broadcast(str(run_dir.path) if run_dir else None)
         run_dir = run_dir or NullRunDir(Path(path))
-        trainer = make_trainer(spec, comp, run_dir)  # may refuse a setting (e.g. FSDP with vLLM)
+        trainer = make_trainer(spec, comp, run_dir, dist)  # may refuse a setting (e.g. FSDP with vLLM)
     except BaseException as exc:
         comp.backend.close()
         if run_dir is not None:
             _end_with(run_dir, exc, "failed")
         raise
-    trainer.dist, trainer.on_eval = dist, on_eval
+    trainer.on_eval = on_eval
     try:
         return _train(trainer, run_dir, progress and dist.is_main, bar if dist.is_main else None)
     finally:
         comp.backend.close()
+
+
+def start_trackers(spec: RunSpec, run_dir: RunDir, fields: dict[str, Any], group: dict[str, Any] | None,
+                   resume: Any, saved: dict[str, Any] | None) -> None:
+    """Attach the spec's trackers (``tracking.report_to``) to ``run_dir`` and record them in its
+    manifest (``trackers``: each one's run id or directory; ``tracking_group``). ``fields``: the
+    manifest's experiment, arm, sweep and trial, which become the tags (with the seed);
+    ``resume``: the :class:`~mlmt_bench.trackers.Axes` a resumed run continues from, else None;
+    ``saved``: the manifest's ``trackers`` of that run. A tracker that fails to start is a warning."""
+    if not spec.tracking.report_to:
+        return
+    from mlmt_bench.trackers import Group, RunInfo, RunTrackers
+
+    tags = {k: str(fields[k]) for k in ("experiment", "arm", "sweep", "trial") if fields.get(k) is not None}
+    info = RunInfo(run_dir.path, Path(spec.output_dir), spec.model_dump(mode="json"), {**tags, "seed": str(spec.seed)},
+                   Group.from_json(group), resume)
+    hub = RunTrackers.start(spec.tracking.report_to, spec.tracking.options, info, saved)
+    run_dir.trackers = hub
+    run_dir.update_manifest(trackers=hub.state(), tracking_group=group)
 
 
 def _sandbox_record(verifier: Any) -> dict[str, Any]:
@@ -240,8 +293,8 @@ def _sandbox_record(verifier: Any) -> dict[str, Any]:
     if disabled is None:
         return {}
     if disabled:
-        sys.stderr.write(f"warning: code sandbox weakened: {', '.join(disabled)} switched off "
-                         "(benchmark.verifier_options.sandbox_disable)\n")
+        warn(f"code sandbox weakened: {', '.join(disabled)} switched off "
+                   "(benchmark.verifier_options.sandbox_disable)")
     return {"sandbox_disabled": list(disabled)}
 
 
@@ -293,18 +346,23 @@ def _resume(run_dir: RunDir, spec: RunSpec, dist: Any, notes: list[str], progres
     comp = _build_in_turn(spec, dist, progress)
     writer: Any = run_dir if dist.is_main else NullRunDir(run_dir.path)
     try:
-        trainer = make_trainer(spec, comp, writer)
-        trainer.dist = dist
+        trainer = make_trainer(spec, comp, writer, dist)
         ckpt = _load_newest_intact(trainer, run_dir, notes)
         writer.truncate_logs_after(trainer.counters.step if ckpt is not None else -1)
         unhashed = {} if "spec_sha256" in manifest else {"spec_sha256": run_dir.spec_sha256()}
         writer.update_manifest(status="running", resumed_from=manifest.get("resumed_from", []) + [
             ckpt.name if ckpt is not None else None], **unhashed)
+        if dist.is_main:
+            from mlmt_bench.trackers import Axes
+
+            c = trainer.counters
+            at = Axes(c.step, c.gen_tokens, c.flops) if ckpt is not None else Axes(-1, -1, -1.0)
+            start_trackers(spec, run_dir, manifest, manifest.get("tracking_group"), at, manifest.get("trackers"))
     except BaseException:
         comp.backend.close()
         raise
-    for note in notes if dist.is_main else []:
-        sys.stderr.write(note + "\n")
+    for line in notes if dist.is_main else []:
+        tell(line)
     try:
         return _train(trainer, writer, progress and dist.is_main)
     finally:
@@ -403,7 +461,7 @@ def _train(trainer: Any, run_dir: RunDir, progress: bool, bar: Any = None) -> di
 def bases_from_spec(path: Path, overrides: list[str], *, progress: bool) -> list[dict[str, Any]]:
     """Build (or find in the cache) the shared base of every arm × seed of a run or experiment spec;
     returns each distinct base's summary and its check on the validation split."""
-    from mlmt_bench.models.shared_base import ensure_base
+    from mlmt_bench.warmstart.shared_base import ensure_base
 
     loaded = load_any(path, overrides)
     specs = [loaded] if isinstance(loaded, RunSpec) else [s.model_copy(update={"seed": seed})
@@ -425,7 +483,7 @@ def bases_from_spec(path: Path, overrides: list[str], *, progress: bool) -> list
 def refuse_invalid_bases(bases: list[dict[str, Any]]) -> None:
     """After ``mlmt-bench base`` showed every base: refuse the first that fails METHOD v3's
     critic-validity thresholds, unless its spec allows it (``base.allow_invalid``)."""
-    from mlmt_bench.models.shared_base import Base
+    from mlmt_bench.warmstart.shared_base import Base
 
     for b in bases:
         Base(Path(b["path"]), {"key": b["key"], "config": b["config"], "check": b["check"]}).require_valid(

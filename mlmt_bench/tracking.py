@@ -47,7 +47,7 @@ import tempfile
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 from mlmt_bench.errors import UserError
 
@@ -56,6 +56,15 @@ NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # the errors of a full disk or quota
 
 _TRACKED_PACKAGES = ("mlmt-bench", "torch", "transformers", "peft", "accelerate", "tokenizers",
                      "datasets", "optuna", "math-verify", "vllm", "trl")
+
+
+class MetricsListener(Protocol):
+    """What a :class:`RunDir` hands its records to after writing them (:class:`mlmt_bench.trackers.RunTrackers`):
+    neither method may raise."""
+
+    def log(self, record: dict[str, Any]) -> None: ...
+
+    def close(self, status: str) -> None: ...
 
 
 def utc_now() -> str:
@@ -288,6 +297,7 @@ class RunDir:
         self._samples: JsonlWriter | None = None
         self._eval_problems: JsonlWriter | None = None
         self._lock_fd: int | None = None
+        self.trackers: MetricsListener | None = None  # experiment trackers (mlmt_bench/trackers), if any
 
     LOGS = ("manifest.json", "spec.resolved.yaml", "metrics.jsonl", "samples.jsonl", "eval_problems.jsonl")
 
@@ -416,6 +426,9 @@ class RunDir:
             status = "failed"
         else:
             error = None  # the run failed already; a log lost in that failure is not news
+        if self.trackers is not None:  # never raises: a tracker's failure is a warning line
+            self.trackers.close(status)
+            self.trackers = None
         try:
             self.update_manifest(status=status, end_time=utc_now())
         finally:
@@ -490,9 +503,12 @@ class RunDir:
 
     # append-only logs -----------------------------------------------------------------------
     def log_metrics(self, record: dict[str, Any]) -> None:
+        """Append ``record`` to ``metrics.jsonl`` (flushed), then hand it to the trackers."""
         if self._metrics is None:
             self._metrics = JsonlWriter(self.path / "metrics.jsonl")
         self._metrics.write(record)
+        if self.trackers is not None:
+            self.trackers.log(record)
 
     def log_sample(self, record: dict[str, Any]) -> None:
         if self._samples is None:
