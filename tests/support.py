@@ -242,3 +242,21 @@ def mlmt_spec(out: Path) -> dict:
         output_dir=str(out),
         policies={"solver": {"model": "tiny", "path": "CKPT"}, "critic": {"model": "tiny", "path": "CKPT"}},
         algorithm={"name": "mlmt", "params": {"group_size": 4, "lam": 0.5}})
+
+
+class ScriptedBackend:
+    """A generation backend that returns fixed texts in order (encoded + EOS), one per prompt, so
+    conversations and metrics can be checked exactly."""
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+
+    def generate(self, model, tokenizer, prompts, *, max_new_tokens, **_):
+        from mlmt_bench.rollout.backend import Generation
+
+        out = []
+        for _p in prompts:
+            text = self.texts.pop(0)
+            ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+            out.append(Generation(ids, [0.0] * len(ids), "stop", text))
+        return out

@@ -225,27 +225,11 @@ def test_plan_sizes_a_plugin_model_from_its_factory():
 # verifiers declare their leak check; benchmarks declare their oracle
 
 
-class _ScriptedBackend:
-    """Returns fixed texts in order (encoded + EOS): attempt, feedback, refinement, g∅ refinement."""
-
-    def __init__(self, texts: list[str]) -> None:
-        self.texts = texts
-
-    def generate(self, model, tokenizer, prompts, *, max_new_tokens, **_):
-        from mlmt_bench.rollout.backend import Generation
-
-        out = []
-        for _p in prompts:
-            text = self.texts.pop(0)
-            ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
-            out.append(Generation(ids, [0.0] * len(ids), "stop", text))
-        return out
-
-
 def _leakage_with(verifier, tiny_ckpt, tmp_path) -> float:
     from mlmt_bench import runner
     from mlmt_bench.evaluate import evaluate
     from mlmt_bench.rollout.episodes import Actors, Program, Sampling
+    from support import ScriptedBackend
 
     spec = validate_run(minimal_spec(output_dir=str(tmp_path), policies={
         "solver": {"model": "tiny", "path": str(tiny_ckpt)}, "critic": {"model": "tiny", "path": str(tiny_ckpt)}},
@@ -253,7 +237,7 @@ def _leakage_with(verifier, tiny_ckpt, tmp_path) -> float:
     comp = runner.build(spec, progress=False)
     problem = comp.eval_problems[0]
     feedback = f"the answer is SECRET-{problem.answer}"
-    backend = _ScriptedBackend(["1+1=2;#2", feedback, "#2", "#2"])
+    backend = ScriptedBackend(["1+1=2;#2", feedback, "#2", "#2"])
     actors = Actors(comp.policies["solver"], comp.policies["critic"], backend, comp.templates, verifier)
     res = evaluate(Program(1, "critic", 1, 1), actors, [problem], Sampling(0.0, 1.0, 8, 40),
                    feedback_metrics=True, n_samples=0, protocols=("refine_all",))

@@ -14,26 +14,10 @@ import yaml
 from conftest import minimal_spec
 from mlmt_bench import runner
 from mlmt_bench.algorithms.base import CreditInputs
-from mlmt_bench.rollout.backend import Generation
 from mlmt_bench.rollout.chat import chat_ids
 from mlmt_bench.rollout.episodes import Actors, Program, Sampling, rollout
 from mlmt_bench.spec import validate_run
-from support import build_trainer, launch_cli_process, make_spec
-
-
-class ScriptedBackend:
-    """Returns fixed texts (encoded + EOS), so the conversation bookkeeping can be checked exactly."""
-
-    def __init__(self, texts):
-        self.texts = texts
-
-    def generate(self, model, tokenizer, prompts, *, max_new_tokens, **_):
-        out = []
-        for _p in prompts:
-            text = self.texts.pop(0)
-            ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
-            out.append(Generation(ids, [0.0] * len(ids), "stop", text))
-        return out
+from support import ScriptedBackend, build_trainer, launch_cli_process, make_spec
 
 
 def test_mlmt_episode_is_token_in_token_out(tiny_ckpt, tmp_path):
