@@ -9,10 +9,10 @@ runs to its ``max_new_tokens``, every trained turn has a gradient).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from mlmt_bench.environ import temporary_environ
 from mlmt_bench.errors import UserError
 from mlmt_bench.metrics import cost
 
@@ -151,24 +151,17 @@ def prompt_lengths(spec: RunSpec) -> Lengths:
 
     b = spec.benchmark
     why = "empty split"
-    saved = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
-    os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")  # never download to plan
     try:
-        bench = registry.benchmarks.get(b.name)(path=b.path, **b.options)
-        tpl = templates_for(spec, bench)
-        problems = bench.load(b.train_split)[: min(b.train_limit or 256, 256)]
-        try:
-            n_eval = len(bench.load(b.eval_split))
-        except UserError:
-            n_eval = None
+        with temporary_environ(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"):  # never download to plan
+            bench = registry.benchmarks.get(b.name)(path=b.path, **b.options)
+            tpl = templates_for(spec, bench)
+            problems = bench.load(b.train_split)[: min(b.train_limit or 256, 256)]
+            try:
+                n_eval = len(bench.load(b.eval_split))
+            except UserError:
+                n_eval = None
     except UserError as exc:
         problems, tpl, n_eval, why = [], None, None, str(exc)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     limit = spec.eval.limit or b.eval_limit
     n_eval = min(n_eval, limit) if n_eval is not None and limit else (limit or n_eval)
     if not problems:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import re
 import time
 from collections.abc import Iterator
@@ -30,6 +29,7 @@ from urllib.parse import urlparse
 
 from pydantic import Field
 
+from mlmt_bench.environ import temporary_environ
 from mlmt_bench.errors import UserError
 from mlmt_bench.trackers import Axes, Group, NoOptions, RunInfo, Tracker, flat_params
 
@@ -67,19 +67,10 @@ def _sqlite_file(uri: str) -> Path | None:
 def _quiet(timeout_s: int) -> Iterator[None]:
     """MLflow's INFO lines (the database migrations) off, and its HTTP requests bounded: one try
     of ``timeout_s`` seconds instead of seven retries with backoff."""
-    saved = {k: os.environ.get(k) for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")}
-    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
-    os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(timeout_s)
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    try:
+    with temporary_environ(MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT=str(timeout_s)):
         yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _client(uri: str) -> Any:
