@@ -180,7 +180,7 @@ def ray_trial(args: WorkerArgs, worker: int) -> str | None:
 
 
 def _sweep_on_ray(args: WorkerArgs, study: optuna.Study, address: str, cpus: int, gpus: float) -> str | None:
-    """The trials of ``study`` as Ray tasks (:func:`mlmt_bench.sweep.worker.ray_trial`, each one
+    """The trials of ``study`` as Ray tasks (:func:`ray_trial`, each one
     pass of :func:`work`: one trial, or one wait while the study's last trials run), as many at
     once as the cluster holds, until ``args.target`` trials are complete or pruned. Optuna decides
     every trial's parameters from the shared storage; a task whose worker died is retried by Ray,
