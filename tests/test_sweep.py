@@ -186,6 +186,42 @@ def test_trial_of_a_crashed_process_is_failed_and_retried(tmp_path, fake, make_s
     assert [extra["trial"] for _, extra in fake.calls] == [1, 2]
 
 
+def test_a_trial_started_past_the_target_is_surplus_and_never_runs(tmp_path, fake, make_sweep):
+    """Two workers read the counts (one complete of two) and both start the last trial: the later
+    trial number yields at once, before it samples or runs, and is left out of the summary."""
+    import optuna
+
+    from mlmt_bench import sweep as sw
+
+    path = make_sweep(n_trials=2)
+    loaded = sw.load_sweep(path)
+    study = optuna.create_study(storage=sw.open_storage(sw.default_storage(loaded), 60), study_name="sw",
+                                direction="maximize")
+    study.tell(study.ask({LAM: optuna.distributions.FloatDistribution(0.0, 1.0)}), 0.5)
+    read = study.get_trials
+    others: list[optuna.Trial] = []
+
+    def read_then_another_worker_starts(*args, **kwargs):
+        trials = read(*args, **kwargs)
+        if kwargs == {"deepcopy": False} and not others:  # the loop's read: "1 complete, none running";
+            # then another worker starts trial 1
+            others.append(study.ask())
+        return trials
+
+    study.get_trials = read_then_another_worker_starts  # type: ignore[method-assign]
+    events: list[dict] = []
+    looks = iter(range(3))
+    assert sw.work(study, loaded, 2, events.append, seed=0, worker=0, heartbeat_s=1,
+                   keep_going=lambda: next(looks, None) is not None) is None
+    assert len(study.trials) == 3 and fake.calls == []  # trial 2 ran nothing; the worker then waited for trial 1
+    assert [e["event"] for e in events] == ["wait"] and events[0]["trials"] == [1]
+    trial2 = study.trials[2]
+    assert trial2.state == optuna.trial.TrialState.FAIL and sw.is_surplus(trial2) and trial2.params == {}
+    study.tell(others[0], 0.7)
+    result = sw.summarize(study, loaded, "sw", sw.default_storage(loaded), 2)
+    assert [r["number"] for r in result["trials"]] == [0, 1] and result["counts"] == {"complete": 2}
+
+
 def test_failed_trial_is_recorded_and_the_study_goes_on(tmp_path, monkeypatch, make_sweep):
     from mlmt_bench.sweep import run_sweep
 

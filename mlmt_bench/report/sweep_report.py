@@ -79,9 +79,13 @@ def history(study: optuna.Study) -> list[dict[str, Any]]:
     """Each trial in order: number, state, value (a pruned trial's: its last reported one), best so far."""
     from optuna.trial import TrialState
 
+    from mlmt_bench.sweep import is_surplus
+
     maximize = study.direction.name == "MAXIMIZE"
     best, rows = None, []
     for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
+        if is_surplus(t):
+            continue
         value = t.value
         if t.state == TrialState.PRUNED and value is None and t.intermediate_values:
             value = t.intermediate_values[max(t.intermediate_values)]

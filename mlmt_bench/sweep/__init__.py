@@ -40,8 +40,10 @@ Several workers share one study: ``--workers N`` starts N worker processes on th
 'mlmt-bench[postgres]'``) several machines can run the same command at once (SQLite is for one
 machine: it is switched to write-ahead logging and waits for locks). Each worker runs
 :func:`work`: it starts a trial while complete + pruned + running trials are fewer than
-``n_trials`` (so the study does not overshoot, except by a trial when two workers start one at
-the same moment), and otherwise waits until the study is done. A running trial writes a
+``n_trials``, and otherwise waits until the study is done. Two workers can still start the
+study's last trial at one moment (each read the counts before the other wrote): the one with the
+higher trial number ends it at once, before it samples, as a *surplus* trial (:func:`is_surplus`:
+failed in Optuna's storage, left out of summaries and reports), so a study never overshoots. A running trial writes a
 heartbeat every ``heartbeat_s`` seconds; one without a heartbeat for ``GRACE_FACTOR`` times
 that long belongs to a dead process: it is marked failed (and its run directory's manifest
 too), and its parameters are tried once more as a new trial.
@@ -62,6 +64,7 @@ from mlmt_bench.sweep.storage import (
     RetryDeadTrial,
     default_storage,
     grid_size,
+    is_surplus,
     make_pruner,
     make_sampler,
     open_storage,
@@ -73,5 +76,6 @@ from mlmt_bench.sweep.study import SweepPruned, run_sweep, summarize, work, writ
 from mlmt_bench.sweep.sweep_file import Sweep, best_spec, load_sweep, set_path, trial_spec
 
 __all__ = ["RetryDeadTrial", "SearchDistribution", "Sweep", "SweepPruned", "best_spec", "default_storage",
-           "grid_size", "load_sweep", "make_pruner", "make_sampler", "open_storage", "parse_dist", "quiet_optuna",
-           "redact", "run_sweep", "set_path", "sqlite_path", "summarize", "trial_spec", "work", "write_best"]
+           "grid_size", "is_surplus", "load_sweep", "make_pruner", "make_sampler", "open_storage", "parse_dist",
+           "quiet_optuna", "redact", "run_sweep", "set_path", "sqlite_path", "summarize", "trial_spec", "work",
+           "write_best"]

@@ -19,6 +19,14 @@ if TYPE_CHECKING:  # pragma: no cover
     import optuna
 
 SQLITE_LOCK_TIMEOUT_S = 60  # how long a SQLite writer waits for another worker's lock
+SURPLUS_ATTR = "surplus"  # a trial's user attribute: it started past the study's target and never ran
+
+
+def is_surplus(trial: optuna.trial.FrozenTrial) -> bool:
+    """Whether ``trial`` started after the study's last trials were taken (see
+    :func:`mlmt_bench.sweep.study.work`): Optuna records it as failed; summaries, reports and the
+    dead-trial retry leave it out."""
+    return bool(trial.user_attrs.get(SURPLUS_ATTR))
 
 
 def default_storage(sweep: Sweep) -> str:

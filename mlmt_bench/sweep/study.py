@@ -19,9 +19,11 @@ from mlmt_bench.errors import UserError
 from mlmt_bench.spec import dump_yaml
 from mlmt_bench.sweep.space import suggest
 from mlmt_bench.sweep.storage import (
+    SURPLUS_ATTR,
     RetryDeadTrial,
     default_storage,
     grid_size,
+    is_surplus,
     make_pruner,
     make_sampler,
     open_storage,
@@ -60,6 +62,27 @@ class SweepPruned(Exception):
 
 class _TrialFailed(Exception):
     """A trial's run raised: recorded as failed, the study goes on."""
+
+
+class _Surplus(Exception):
+    """A trial started after the study's last trials were taken (:func:`is_surplus`): ended at
+    once, before it suggests or runs anything."""
+
+
+def _past_target(trial: optuna.Trial, target: int) -> bool:
+    """Whether ``target`` trials numbered below ``trial`` are complete, pruned, running or queued.
+
+    Workers decide to start a trial from what they read, so two can start the study's last one at
+    once (on two machines, or when one fails a dead trial and queues its retry while another reads).
+    Storages number trials in one order, so the later one sees the earlier and yields; a surplus
+    trial below it is counted, but it is surplus only when ``target`` trials are below it, which are
+    then below this one too."""
+    from optuna.trial import TrialState
+
+    alive = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
+    below = sum(t.number < trial.number and t.state in alive and not is_surplus(t)
+                for t in trial.study.get_trials(deepcopy=False))
+    return below >= target
 
 
 class _StepEvents:
@@ -244,9 +267,14 @@ def work(study: optuna.Study, sweep: Sweep, target: int, emit: Emit, *, seed: in
     failures: dict[str, Any] = {"consecutive": 0, "stopped": None}  # "stopped": why the sweep ends, or None
 
     def objective(trial: optuna.Trial) -> float:
+        if _past_target(trial, target):
+            trial.set_user_attr(SURPLUS_ATTR, True)
+            raise _Surplus(f"trial {trial.number}: {target} trials were already taken")
         return _run_trial(trial, sweep, study.study_name, emit)
 
     def on_trial_end(study: optuna.Study, frozen: optuna.trial.FrozenTrial) -> None:
+        if is_surplus(frozen):
+            return
         state = frozen.state.name.lower()
         steps = frozen.intermediate_values
         emit({"event": "end", "trial": frozen.number, "state": state, "value": frozen.value,
@@ -276,7 +304,8 @@ def work(study: optuna.Study, sweep: Sweep, target: int, emit: Emit, *, seed: in
             time.sleep(poll_s)
             continue
         waiting_for = None
-        study.optimize(objective, n_trials=1, catch=(_TrialFailed,), gc_after_trial=False, callbacks=[on_trial_end])
+        study.optimize(objective, n_trials=1, catch=(_TrialFailed, _Surplus), gc_after_trial=False,
+                       callbacks=[on_trial_end])
     return failures["stopped"]
 
 
@@ -381,6 +410,8 @@ def summarize(study: optuna.Study, sweep: Sweep, study_name: str, url: str, targ
     rows = []
     counts: dict[str, int] = {}
     for t in study.get_trials(deepcopy=False):
+        if is_surplus(t):
+            continue
         state = t.state.name.lower()
         counts[state] = counts.get(state, 0) + 1
         last_step = max(t.intermediate_values) if t.intermediate_values else None
