@@ -194,6 +194,9 @@ def run(
     workers: int = typer.Option(1, "--workers", "-j", metavar="N", help="Experiments: runs at once, one process each."),
     ray: str | None = RayOption,
     ray_gpus: float = RayGpusOption,
+    restore: list[Path] | None = typer.Option(None, "--restore", metavar="REPORT", help="Experiments: first copy "
+                                              "in the finished runs of this experiment that REPORT (published with "
+                                              "report --raw) holds, and run only the rest."),
 ) -> None:
     """Train and evaluate a run spec (or every arm × seed of an experiment spec)."""
     from mlmt_bench import runner, spec as specs
@@ -203,7 +206,9 @@ def run(
         from mlmt_bench import experiment
 
         result = experiment.run_experiment(*loaded, progress=not state.quiet, workers=workers, resume=resume,
-                                           ray=ray, ray_gpus=ray_gpus)
+                                           ray=ray, ray_gpus=ray_gpus, restore=restore)
+    elif restore:
+        raise UserError("--restore applies to experiment specs: it copies an experiment's finished runs in")
     elif ray is not None:
         raise UserError("--ray applies to experiment specs (arms × seeds) and sweeps; a single run runs here")
     elif workers != 1:

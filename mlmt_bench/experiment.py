@@ -44,7 +44,7 @@ def check_equal_budgets(exp: ExperimentSpec, arms: dict[str, RunSpec]) -> None:
 
 def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool = True, *,
                    workers: int = 1, resume: Path | str | None = None, ray: str | None = None,
-                   ray_gpus: float = 0.0) -> dict[str, Any]:
+                   ray_gpus: float = 0.0, restore: list[Path] | None = None) -> dict[str, Any]:
     """Run every arm × seed (seed-major), then compare them.
 
     ``workers`` > 1 runs that many runs at once, each in its own process with
@@ -52,7 +52,10 @@ def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool
     shared base is built once, by one process, before the runs that need it. ``resume`` names
     the directory of an earlier, interrupted run of the same experiment: its finished runs are
     kept (their specs must equal this spec's, the thread count aside), a run cut short is
-    continued from its last checkpoint, the rest are started.
+    continued from its last checkpoint, the rest are started. ``restore`` names reports published
+    with ``--raw`` (:func:`mlmt_bench.report.publish.restore_runs`): their finished runs of this
+    experiment are copied into the experiment's directory first and kept like its own, so an
+    experiment too long for one machine's session goes on from what was committed.
 
     ``ray`` (a cluster address) runs every run and base build as a Ray task instead
     (:class:`mlmt_bench.cluster.RayExecutor`), with ``train.threads`` CPUs (default 1) and
@@ -71,6 +74,13 @@ def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool
     elif workers > 1:
         arms = {a: _with_threads(s, workers) for a, s in arms.items()}
     exp_dir, record = _open_experiment(exp, arms, resume)
+    if restore:
+        from mlmt_bench.report.publish import restore_runs
+
+        for report_dir in restore:
+            names = restore_runs(report_dir, exp_dir, exp.name)
+            if progress:
+                tell(f"restored {len(names)} finished run(s) of {exp.name} from {report_dir}")
     t_start = time.perf_counter()
     jobs, seed_of = _pending_jobs(exp, arms, exp_dir, record)
     group = _tracking_group(exp, arms, exp_dir, record) if jobs else None

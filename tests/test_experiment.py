@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -65,6 +66,34 @@ def test_resume_keeps_finished_runs_and_does_only_the_missing_ones(exp_spec, tmp
     assert names[0] == kept.name and len(names) == 2 and names[1] != lost.name
     assert _files(kept) == before  # the finished run is not touched
     assert json.loads((exp_dir / names[1] / "manifest.json").read_text())["seed"] == 1
+
+
+def test_restore_from_a_published_report_runs_only_what_it_lacks(exp_spec, tmp_path, monkeypatch):
+    """A report published with --raw holds seed 0 of an experiment (another machine's session);
+    `run EXP --restore REPORT` copies that run in, runs seed 1 alone, and the restored run's
+    logs are the bytes the original wrote."""
+    from mlmt_bench import experiment
+    from mlmt_bench.report.compare import report_from_dirs
+
+    exp, arms = load_experiment(exp_spec(a=1e-4))
+    first = run_experiment(exp, arms, progress=False)
+    seed0 = Path(first["run_dir"]) / first["experiment"]["arms"]["a"][0]
+    report_from_dirs([seed0], tmp_path / "published", raw=True)
+    (tmp_path / "published" / "runs" / "elsewhere").mkdir()  # not a run: ignored
+
+    ran = []
+    real = experiment._run_job
+    monkeypatch.setattr(experiment, "_run_job", lambda job, *a, **k: (ran.append(job.seed), real(job, *a, **k))[1])
+    out = run_experiment(exp, arms, progress=False, restore=[tmp_path / "published"])
+    assert ran == [1]
+    names = out["experiment"]["arms"]["a"]
+    assert names[0] == seed0.name and len(names) == 2
+    restored = Path(out["run_dir"]) / seed0.name
+    for name in ("manifest.json", "spec.resolved.yaml", "metrics.jsonl", "eval_problems.jsonl"):
+        assert (restored / name).read_bytes() == (seed0 / name).read_bytes(), name
+    assert not list(Path(out["run_dir"]).glob(".restoring-*"))
+    with pytest.raises(UserError, match="not a report published with --raw"):
+        run_experiment(exp, arms, progress=False, restore=[tmp_path])
 
 
 def test_resume_refuses_a_changed_spec_or_another_experiment(exp_spec, tmp_path):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -161,3 +162,45 @@ def size(out_dir: Path) -> dict[str, Any]:
     total = sum(p.stat().st_size for p in Path(out_dir).rglob("*") if p.is_file())
     return {"bytes": total, "limit_bytes": SIZE_LIMIT_BYTES, "over_limit": total > SIZE_LIMIT_BYTES}
 
+
+
+def restore_runs(report_dir: Path, exp_dir: Path, experiment: str) -> list[str]:
+    """The inverse of :func:`publish_runs` for one experiment: each finished run of
+    ``experiment`` published in ``report_dir`` becomes a run directory of ``exp_dir`` again
+    (manifest, resolved spec, decompressed logs; no checkpoints), so that ``run EXP --resume``
+    keeps it and runs only what is missing. A run already in ``exp_dir`` is left as it is.
+    Returns the names of the runs restored.
+
+    The report is data from elsewhere: only plain directories and files are read, each within
+    the bounds the report reads them with; what the experiment then checks of a finished run
+    (its resolved spec equals the arm's, its base's hash equals the experiment's) applies to these
+    runs as to any other."""
+    from mlmt_bench import bounded_input
+
+    report_dir = Path(report_dir)
+    runs = report_dir / RUNS
+    if not (report_dir / "experiment.json").is_file() or not runs.is_dir():
+        raise UserError(f"--restore {report_dir}: not a report published with --raw (no experiment.json and {RUNS}/)")
+    restored = []
+    for src in sorted(runs.iterdir()):
+        if src.is_symlink() or not src.is_dir() or not (src / "manifest.json").is_file():
+            continue
+        manifest = bounded_input.read_json(src / "manifest.json")
+        if not isinstance(manifest, dict) or manifest.get("experiment") != experiment \
+                or manifest.get("status") != "completed":
+            continue
+        dest = exp_dir / src.name
+        if dest.exists():
+            continue
+        tmp = exp_dir / f".restoring-{src.name}"
+        shutil.rmtree(tmp, ignore_errors=True)  # what a killed restore left
+        tmp.mkdir()
+        for name in (*LOGS, SAMPLES):
+            packed = src / f"{name}.gz"
+            if packed.is_file() and not packed.is_symlink():
+                atomic_write_bytes(tmp / name, _read(packed))
+        for name in reversed(AS_IS):  # the manifest last: a directory without one is no run
+            atomic_write_bytes(tmp / name, bounded_input.read_text(src / name).encode("utf-8"))
+        tmp.rename(dest)  # whole, or not at all: a half-restored run is never taken for a finished one
+        restored.append(src.name)
+    return restored
