@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -154,6 +155,18 @@ def test_an_experiment_on_ray_survives_a_killed_worker_and_equals_the_workers_pa
             assert a[key][part] == b[key][part], (key, part)
     record = json.loads((ray_dir / "experiment.json").read_text())
     assert {arm: len(runs) for arm, runs in record["arms"].items()} == {"a": 2, "b": 2}
+    # --resume on Ray keeps the finished runs and runs only the lost one, to the same result
+    lost = next(n for n in record["arms"]["b"] if json.loads((ray_dir / n / "manifest.json").read_text())["seed"] == 1)
+    kept = {n: (ray_dir / n / "metrics.jsonl").read_bytes() for runs in record["arms"].values() for n in runs
+            if n != lost}
+    shutil.rmtree(ray_dir / lost)
+    resumed_run = _cli("run", str(tmp_path / "ray.yaml"), "--ray", ray_cluster, "--resume", str(ray_dir))
+    _, err = resumed_run.communicate(timeout=1800)
+    assert resumed_run.returncode == 0, err[-2000:]
+    c = _runs(ray_dir)
+    assert sorted(c) == sorted(a) and all((ray_dir / n / "metrics.jsonl").read_bytes() == m for n, m in kept.items())
+    for part in ("metrics", "samples", "eval_problems", "weights"):
+        assert c[("b", 1)][part] == a[("b", 1)][part], part
 
 
 def _sweep(tmp_path: Path, ckpt: Path, out: str) -> Path:

@@ -333,9 +333,30 @@ def test_curves_pool_each_runs_last_eval_into_one_final_point(tmp_path):
     assert np.isnan(c["sd"]).all()  # one seed: no spread, no band
 
 
+def test_a_curve_point_band_is_the_two_way_interval_of_that_evaluation(tmp_path):
+    """The accuracy figure's band at a point is arm_interval of the runs' per-problem outcomes at
+    their steps (one seed: over problems), not the spread of two seeds' means."""
+    from mlmt_bench.report.analysis import arm_interval
+    from mlmt_bench.report.figures import BAND_BOOT, aggregate_curves
+
+    r = tmp_path / "runs"
+    t2a, t2b = [1, 0, 1, 1, 0, 0, 1, 0], [1, 1, 1, 0, 0, 1, 1, 1]
+    a = load_run(make_run(r, "m-20250101T000000Z", seed=0, arm="m", t1=[0] * 8, t2=t2a,
+                          curve=[(0, 0, 0.0, 0., 0.), (10, 1000, 1e12, 0., .5)]))
+    b = load_run(make_run(r, "m-20250101T000001Z", seed=1, arm="m", t1=[0] * 8, t2=t2b,
+                          curve=[(0, 0, 0.0, 0., 0.), (10, 1000, 1e12, 0., .75)]))
+    c = aggregate_curves([a, b], "gen_tokens", intervals=True)
+    want = arm_interval([(0, {f"p{i}": float(v) for i, v in enumerate(t2a)}),
+                         (1, {f"p{i}": float(v) for i, v in enumerate(t2b)})], n_boot=BAND_BOOT)
+    assert want is not None and want["lo"] < 0.625 < want["hi"]
+    assert (c["ci_lo"][1], c["ci_hi"][1]) == (want["lo"], want["hi"])
+    assert c["ci_lo"][0] == c["ci_hi"][0] == 0.0  # step 0: every problem wrong in both seeds
+    assert "ci_lo" not in aggregate_curves([a, b], "gen_tokens")  # only when asked (it costs a bootstrap)
+
+
 def test_the_accuracy_figure_legend_covers_no_plot_area(tmp_path):
-    """Eight arms and the baseline's line: one legend for both panels, outside both plot areas
-    (inside, it covered the top of the curves), with every arm once."""
+    """Eight arms, one panel each with the baseline beside it, and every arm against FLOPs: one
+    legend, outside every plot area (inside, it covered the top of the curves), every arm once."""
     from mlmt_bench.report.figures import acc_vs_cost_figure
 
     arms = [f"arm-with-a-long-name-{i}" for i in range(8)]
@@ -350,8 +371,14 @@ def test_the_accuracy_figure_legend_covers_no_plot_area(tmp_path):
     for ax in fig.axes:
         assert not box.overlaps(ax.get_window_extent(renderer)), (box, ax.get_window_extent(renderer))
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert labels == [f"{a} (1 seed)" for a in arms] + [f"{arms[0]} final acc@t2"]
+    assert sorted(labels) == sorted([*arms, f"{arms[0]} final acc@t2", f"{arms[0]} (baseline, grey in every panel)"])
     assert 0 <= box.x0 and box.x1 <= fig.bbox.x1 and 0 <= box.y0  # inside the image
+    shown = [ax for ax in fig.axes if ax.get_visible()]
+    titles = [ax.get_title() for ax in shown]
+    assert titles == [f"{a} (1 seed)" for a in arms] + ["every arm against FLOPs (lines only)"]
+    for ax in shown[1:-1]:  # the baseline's curve behind each other arm's
+        assert [line.get_label() for line in ax.get_lines()][:2] == [f"{arms[0]} (baseline, grey in every panel)",
+                                                                     arms[shown.index(ax)]]
 
 
 def test_reading_runs_at_a_flops_budget(tmp_path):

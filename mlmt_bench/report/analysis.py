@@ -63,7 +63,7 @@ def _kind(n_seeds: int) -> str:
     return TWO_WAY if n_seeds > 1 else ONE_SEED
 
 
-def arm_interval(rows: Rows, name: str = "the arm") -> dict[str, Any] | None:
+def arm_interval(rows: Rows, name: str = "the arm", n_boot: int = N_BOOT) -> dict[str, Any] | None:
     """An arm's accuracy over seeds and problems with its 95% interval; None without outcomes.
 
     returns: {"mean", "lo", "hi", "se", "n_seeds", "n_problems", "interval": TWO_WAY | ONE_SEED |
@@ -77,7 +77,7 @@ def arm_interval(rows: Rows, name: str = "the arm") -> dict[str, Any] | None:
     except ValueError as exc:
         means = per_problem_means([o for _, o in rows])
         arr, kind, why = np.array([[means[p] for p in sorted(means)]]), PROBLEMS, str(exc)
-    mean, lo, hi, se = twoway.twoway_bootstrap(arr, N_BOOT, ALPHA, BOOT_SEED)
+    mean, lo, hi, se = twoway.twoway_bootstrap(arr, n_boot, ALPHA, BOOT_SEED)
     return {"mean": mean, "lo": lo, "hi": hi, "se": se, "n_seeds": len(rows), "n_problems": int(arr.shape[1]),
             "interval": kind, "why": why}
 

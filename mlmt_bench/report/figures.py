@@ -4,10 +4,13 @@ counting steps), the turn transitions per arm and the feedback metrics over trai
 
 acc@t2 against cost is a matplotlib PNG (acc_vs_tokens.png, which comparison.md links and
 index.html embeds); the HTML-only figures are inline SVG (:mod:`mlmt_bench.report.svg`), which
-costs milliseconds instead of a second of matplotlib per figure. Curves are the mean over seeds
-with a band of ± one sample standard deviation over seeds. An arm keeps its colour (``C<i>`` by
-its position in ``runs``) in every figure. matplotlib is imported inside the functions, with the
-Agg backend.
+costs milliseconds instead of a second of matplotlib per figure. Curves are the mean over seeds.
+The accuracy figure draws, as each point's band, the 95% interval of METHOD v3 (the two-way
+bootstrap over seeds and problems of that evaluation's per-problem outcomes; over problems alone
+with one seed), one small panel per arm with the baseline beside it, so that bands do not pile
+up; the SVG panels of other metrics draw ± one sample std over seeds (they have no per-problem
+outcomes). An arm keeps its colour (:func:`svg.arm_color` by its position in ``runs``) in every
+figure. matplotlib is imported inside the functions, with the Agg backend.
 """
 
 from __future__ import annotations
@@ -35,7 +38,13 @@ COST_AXES = (("gen_tokens", "generated tokens (training)"), ("flops", "FLOPs (tr
 TRANSITIONS = (("i->c", "i→c (fixed)"), ("c->i", "c→i (broken)"), ("i->i", "i→i (still wrong)"))
 
 
-def aggregate_curves(results: list[RunRecord], x_key: str, y_key: str = "acc@t2") -> dict[str, np.ndarray]:
+#: bootstrap replicates of a curve point's band (a drawn band, not a reported interval: the tables'
+#: intervals use analysis.N_BOOT)
+BAND_BOOT = 1000
+
+
+def aggregate_curves(results: list[RunRecord], x_key: str, y_key: str = "acc@t2", *,
+                     intervals: bool = False) -> dict[str, np.ndarray]:
     """Mean over seeds at matching eval points, with the spread over seeds.
 
     Intermediate evals match by step; every run's last eval counts as one shared "final" point,
@@ -46,17 +55,19 @@ def aggregate_curves(results: list[RunRecord], x_key: str, y_key: str = "acc@t2"
     counts by the same step).
     returns: {"step", "x", "y", "sd", "lo", "hi", "n"} arrays over the points, ordered by x
     ("step" is the largest step in the point; "sd" the sample std over seeds, NaN where one seed;
-    "lo"/"hi" the min/max over seeds).
+    "lo"/"hi" the min/max over seeds); with ``intervals`` (acc@t2 only) also "ci_lo"/"ci_hi", the
+    95% interval of :func:`mlmt_bench.report.analysis.arm_interval` (``BAND_BOOT`` replicates) of
+    the point's per-problem outcomes, NaN where a run logged none at that step.
     """
-    groups: dict[Any, list[tuple[float, float, int]]] = defaultdict(list)
-    for r in results:
+    groups: dict[Any, list[tuple[float, float, int, int]]] = defaultdict(list)
+    for k, r in enumerate(results):
         points = [(int(rec["step"]), *_point(rec, x_key, y_key)) for rec in r.curve if rec.get("step") is not None]
         points = [p for p in points if p[1] is not None]
         for i, (step, xs, ys) in enumerate(points):
             assert xs is not None and ys is not None  # kept above: _point gives both or neither
-            groups["final" if i == len(points) - 1 else step].append((xs, ys, step))
+            groups["final" if i == len(points) - 1 else step].append((xs, ys, step, k))
     pts = sorted((np.asarray(g, dtype=float) for g in groups.values()), key=lambda p: p[:, 0].mean())
-    return {
+    out = {
         "step": np.asarray([int(p[:, 2].max()) for p in pts], dtype=int),
         "x": np.asarray([p[:, 0].mean() for p in pts]),
         "y": np.asarray([p[:, 1].mean() for p in pts]),
@@ -65,6 +76,22 @@ def aggregate_curves(results: list[RunRecord], x_key: str, y_key: str = "acc@t2"
         "hi": np.asarray([p[:, 1].max() for p in pts]),
         "n": np.asarray([len(p) for p in pts]),
     }
+    if intervals and y_key == "acc@t2":
+        bands = [_band(results, p) for p in pts]
+        out["ci_lo"] = np.asarray([b[0] for b in bands])
+        out["ci_hi"] = np.asarray([b[1] for b in bands])
+    return out
+
+
+def _band(results: list[RunRecord], point: np.ndarray) -> tuple[float, float]:
+    """The 95% interval of one curve point from its runs' per-problem outcomes at their steps."""
+    from mlmt_bench.report.analysis import arm_interval
+
+    rows = [(results[int(k)].seed, results[int(k)].outcomes("t2", at=int(step))) for step, k in point[:, 2:4]]
+    if not rows or any(not o for _, o in rows):
+        return math.nan, math.nan
+    ci = arm_interval(rows, n_boot=BAND_BOOT)
+    return (ci["lo"], ci["hi"]) if ci is not None else (math.nan, math.nan)
 
 
 def _point(rec: dict[str, Any], x_key: str, y_key: str) -> tuple[float | None, float | None]:
@@ -92,55 +119,75 @@ def _png(fig: Any) -> bytes:
     return buf.getvalue()
 
 
-def _draw_curves(ax: Axes, runs: dict[str, list[RunRecord]], x_key: str, y_key: str, scale: float) -> int:
-    """One line per arm (mean over seeds, × ``scale``) with a ± seed-std band where ≥ 2 seeds
-    recorded the point; returns how many arms had points."""
-    drawn = 0
-    for i, (arm, results) in enumerate(runs.items()):
-        c = aggregate_curves(results, x_key, y_key)
-        if not len(c["x"]):
-            continue
-        color = f"C{i % 10}"
-        n_seeds = len(results)
-        ax.plot(c["x"], scale * c["y"], marker="o", ms=3, color=color,
-                label=f"{arm} ({n_seeds} seed{'s' if n_seeds != 1 else ''})")
-        if np.isfinite(c["sd"]).any():
-            sd = np.nan_to_num(c["sd"])  # a one-seed point has no spread to draw
-            ax.fill_between(c["x"], scale * (c["y"] - sd), scale * (c["y"] + sd), color=color, alpha=0.2, lw=0)
-        drawn += 1
-    return drawn
+def _arm_line(ax: Axes, c: dict[str, np.ndarray], color: str, label: str, *, band: bool = True) -> None:
+    """An arm's mean curve (in %), with its interval band where one was computed."""
+    ax.plot(c["x"], 100 * c["y"], marker="o", ms=2.5, lw=1.4, color=color, label=label)
+    if band and "ci_lo" in c and np.isfinite(c["ci_lo"]).any():
+        ax.fill_between(c["x"], 100 * c["ci_lo"], 100 * c["ci_hi"], color=color, alpha=0.22, lw=0)
 
 
 def acc_vs_cost_png(runs: dict[str, list[RunRecord]], *, target: float | None = None,
                     baseline: str | None = None, title: str = "") -> bytes:
-    """Two panels, eval acc@t2 vs generated tokens (training) and vs FLOPs, one line per arm
-    (mean over seeds, band ± one std over seeds); a dashed line marks the baseline's final
-    acc@t2 (``target``)."""
+    """:func:`acc_vs_cost_figure` as PNG bytes."""
     return _png(acc_vs_cost_figure(runs, target=target, baseline=baseline, title=title))
 
 
 def acc_vs_cost_figure(runs: dict[str, list[RunRecord]], *, target: float | None = None,
                        baseline: str | None = None, title: str = "") -> Any:
-    """The matplotlib figure of :func:`acc_vs_cost_png`. Its one legend (the panels share their
-    arms) sits below both panels, outside the plot areas: inside, eight arms covered the curves."""
+    """Eval acc@t2 against training cost, as small multiples: one panel per arm against generated
+    training tokens, its line the mean over seeds and its band the 95% interval of each point
+    (:func:`aggregate_curves` with ``intervals``), the baseline's curve and band in grey behind
+    it; then one panel with every arm's line (no bands) against FLOPs. A dashed line marks the
+    baseline's final acc@t2 (``target``). All panels share the y axis; the one legend sits below
+    them, outside every plot area."""
     plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
+    arms = list(runs)
+    ncols = min(4, len(arms) + 1)
+    nrows = math.ceil((len(arms) + 1) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.3 * ncols, 2.6 * nrows + 0.9), sharey=True,
+                             constrained_layout=True, squeeze=False)
+    panels = list(axes.flat)
+    tokens = {arm: aggregate_curves(results, "gen_tokens", intervals=True) for arm, results in runs.items()}
+    base = tokens.get(baseline) if baseline is not None else None
     legend: dict[str, Any] = {}
-    for ax, (x_key, xlabel) in zip(axes, COST_AXES):
-        drawn = _draw_curves(ax, runs, x_key, "acc@t2", 100)
+    for i, arm in enumerate(arms):
+        ax, c = panels[i], tokens[arm]
+        if base is not None and arm != baseline and len(base["x"]):
+            _arm_line(ax, base, "#8c8c8c", f"{baseline} (baseline, grey in every panel)")
+        if len(c["x"]):
+            _arm_line(ax, c, svg.arm_color(i), arm)
+        else:
+            ax.text(0.5, 0.5, "no 'gen_tokens' recorded", ha="center", va="center", transform=ax.transAxes,
+                    fontsize=8)
+        n = len(runs[arm])
+        ax.set_title(f"{arm} ({n} seed{'s' if n != 1 else ''})", fontsize=9)
+        ax.set_xlabel("generated tokens (training)", fontsize=8)
+    ax = panels[len(arms)]
+    for i, (arm, results) in enumerate(runs.items()):
+        c = aggregate_curves(results, "flops")
+        if len(c["x"]):
+            _arm_line(ax, c, svg.arm_color(i), arm, band=False)
+    ax.set_title("every arm against FLOPs (lines only)", fontsize=9)
+    ax.set_xlabel("FLOPs (training, approx.)", fontsize=8)
+    for k, ax in enumerate(panels):
+        if k > len(arms):
+            ax.set_visible(False)
+            continue
         if target is not None:
             ax.axhline(100 * target, color="grey", ls="--", lw=1,
                        label=f"{baseline} final acc@t2" if baseline else "target")
-        if not drawn:
-            ax.text(0.5, 0.5, f"no '{x_key}' recorded", ha="center", va="center", transform=ax.transAxes)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("eval acc@t2 (%)")
+        if k % ncols == 0:
+            ax.set_ylabel("eval acc@t2 (%)", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.xaxis.get_offset_text().set_fontsize(7)
         ax.grid(alpha=0.3)
         for handle, label in zip(*ax.get_legend_handles_labels()):
             legend.setdefault(label, handle)
     if legend:
         fig.legend(list(legend.values()), list(legend), loc="outside lower center", ncols=min(4, len(legend)),
-                   fontsize=8, frameon=False)
+                   fontsize=8, frameon=False,
+                   title="line: mean over seeds; band: 95% interval over seeds × problems (METHOD v3)",
+                   title_fontsize=8)
     if title:
         fig.suptitle(title)
     return fig

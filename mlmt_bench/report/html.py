@@ -308,11 +308,12 @@ def render_html(summary: dict[str, Any], loaded: dict[str, list[RunRecord]], acc
                      f"<p>{_md_inline(analysis.against_text(summary))}</p>", _paired_table(summary)]
     sections += [
         "<h2 id='curves'>Accuracy against training cost</h2>",
-        _figure(_img(acc_png, "eval acc@t2 against generated tokens and against FLOPs"),
-                "Eval acc@t2 (refine-all) against generated training tokens (left) and training FLOPs (right). "
-                "Line: mean over seeds at each evaluation (each run's last evaluation pooled as one point); "
-                "band: ± one sample standard deviation over seeds (none where a single seed); dashed: the "
-                "baseline's final acc@t2.", ""),
+        _figure(_img(acc_png, "eval acc@t2 against generated tokens, one panel per arm, and against FLOPs"),
+                "Eval acc@t2 (refine-all) against generated training tokens, one panel per arm with the baseline "
+                "in grey behind it, and every arm against training FLOPs in the last panel. Line: mean over seeds "
+                "at each evaluation (each run's last evaluation pooled as one point); band: the 95% two-way "
+                "bootstrap interval over seeds and problems of that evaluation (METHOD v3; over problems alone "
+                "with one seed); dashed: the baseline's final acc@t2.", ""),
         "<h2 id='transitions'>Turn transitions</h2>",
         _figure(svg.legend(transitions[1]) + transitions[0] if transitions else None,
                 "Final evaluation: i→c (a wrong attempt refined to a right answer), c→i (a right attempt broken), "

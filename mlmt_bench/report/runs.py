@@ -40,6 +40,7 @@ class RunRecord:
     problems: per-problem correctness at the final eval step, ``{problem_id: {"t1", "t2",
               "t2_null"}}``; empty when the run wrote no eval_problems.jsonl.
     first:    the same at the first evaluation (step 0: the arm's starting point).
+    by_step:  the same at every evaluated step, ``{step: {problem_id: ...}}`` (the curves' intervals).
     algorithm: the algorithm's registry name (spec.resolved.yaml), None when not recorded.
     protocol: what a report must not mix: benchmark and options, evaluated split, evaluation
               settings (from spec.resolved.yaml; empty when the run has none).
@@ -60,13 +61,15 @@ class RunRecord:
     final_step: int | None
     problems: dict[str, dict[str, Any]] = field(default_factory=dict)
     first: dict[str, dict[str, Any]] = field(default_factory=dict)
+    by_step: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
     protocol: dict[str, Any] = field(default_factory=dict)
     read_at: dict[str, Any] | None = None
     algorithm: str | None = None
 
-    def outcomes(self, turn: str = "t2", at: str = "final") -> dict[str, float]:
-        """``{problem id: 0/1}`` of ``turn`` ("t1", "t2", "t2_null") at the final or first evaluation."""
-        rows = self.problems if at == "final" else self.first
+    def outcomes(self, turn: str = "t2", at: str | int = "final") -> dict[str, float]:
+        """``{problem id: 0/1}`` of ``turn`` ("t1", "t2", "t2_null") at the final or first
+        evaluation, or at the evaluation of step ``at`` (empty when none was logged there)."""
+        rows = self.problems if at == "final" else self.first if at == "first" else self.by_step.get(int(at), {})
         return {pid: float(r[turn]) for pid, r in rows.items() if r.get(turn) is not None}
 
     def curve_xy(self, x_key: str, y_key: str = "acc@t2") -> tuple[list[float], list[float]]:
@@ -190,12 +193,12 @@ def load_run(path: Path | str, at_flops: float | None = None) -> RunRecord:
         final = {**final, "value_ev_mean": float(sum(within) / len(within)) if within else None}
 
     final_step = final.get("step") if is_num(final.get("step")) else None
-    by_step = _problems_by_step(log_file(path, "eval_problems.jsonl"))
+    problems_at = _problems_by_step(log_file(path, "eval_problems.jsonl"))
     problems: dict[str, dict[str, Any]] = {}
     first: dict[str, dict[str, Any]] = {}
-    if by_step:
-        final_step = int(final_step) if is_num(final_step) and int(final_step) in by_step else max(by_step)
-        problems, first = by_step[final_step], by_step[min(by_step)]
+    if problems_at:
+        final_step = int(final_step) if is_num(final_step) and int(final_step) in problems_at else max(problems_at)
+        problems, first = problems_at[final_step], problems_at[min(problems_at)]
 
     name = str(manifest.get("name") or strip_stamp(path.name))
     arm = str(manifest.get("arm") or strip_stamp(name))
@@ -206,7 +209,7 @@ def load_run(path: Path | str, at_flops: float | None = None) -> RunRecord:
         status=manifest.get("status"), manifest=manifest,
         final=final, has_final=has_final, curve=curve,
         final_step=int(final_step) if final_step is not None else None,
-        problems=problems, first=first, read_at=read_at, **_from_spec(path / "spec.resolved.yaml"),
+        problems=problems, first=first, by_step=problems_at, read_at=read_at, **_from_spec(path / "spec.resolved.yaml"),
     )
 
 
@@ -293,7 +296,7 @@ def with_base_critic(run: RunRecord) -> RunRecord | None:
 
     return dataclasses.replace(run, arm=f"{run.arm} + base critic", final=read(run.final),
                                curve=[read(r) for r in run.curve], problems=rows(run.problems),
-                               first=rows(run.first))
+                               first=rows(run.first), by_step={s: rows(by) for s, by in run.by_step.items()})
 
 
 #: Fields of a run spec that define what its numbers mean: runs that differ in one are never

@@ -13,14 +13,17 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-#: matplotlib's tab10 cycle, C0..C9
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-           "#17becf")
+#: matplotlib's tab10 cycle (its grey C7 swapped for navy: grey draws the baseline), then tab20's
+#: light shades and four darker ones: twenty colours, so that an experiment of up to twenty arms
+#: (the headline has twelve rows) never gives two arms one colour
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#393b79", "#bcbd22",
+           "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#000000", "#7b4173",
+           "#637939", "#843c39")
 _FONT = 'font-family="system-ui,sans-serif"'
 
 
 def arm_color(i: int) -> str:
-    """The colour of the i-th arm (matplotlib's ``C{i}``)."""
+    """The colour of the i-th arm (:data:`PALETTE`, cycled)."""
     return PALETTE[i % len(PALETTE)]
 
 
