@@ -88,6 +88,9 @@ def test_index_html_content_and_escaping(experiment, tmp_path):
     # cost per method: trained tokens and wall seconds too (tok // 2 and 1.0 s in make_run)
     assert re.search(r"<th>mlmt</th><td class=\"num\">6050 ± 71</td><td class=\"num\">3025 ± 35</td>", page)
     assert "1 of them with logged episodes" in page
+    # per seed: each run's final acc@t1 → acc@t2, no link to runs outside the report's directory
+    assert ("<tr><th>mlmt</th><td class=\"num\">25.0% → 100.0%</td><td class=\"num\">25.0% → 100.0%</td></tr>"
+            in page) and "<th>seed 1</th>" in page
 
 
 def test_the_table_and_the_outcomes_download_as_csv_from_the_page(experiment, tmp_path):
@@ -169,7 +172,7 @@ def test_index_html_in_headless_chromium(experiment, tmp_path):
     (tmp_path / "index.png").write_bytes(report.screenshot)
     assert report.errors() == []
     assert [(i["alt"], i["ok"]) for i in report.images] == [
-        ("eval acc@t2 against generated tokens and against FLOPs", True)]
+        ("eval acc@t2 against generated tokens, one panel per arm, and against FLOPs", True)]
     assert report.images[0]["width"] > 1000
     # nothing but the file and its embedded images: no network
     assert report.requests[0] == (out / "index.html").resolve().as_uri()
@@ -177,6 +180,6 @@ def test_index_html_in_headless_chromium(experiment, tmp_path):
     assert report.title == "toy"
     # significant: mlmt's gain over step 0 (8 of 8 problems up: p = 2/256), its difference from
     # grpo in the metrics table and in the paired table (p = 2/64); grpo's gain (2 problems) is not
-    assert report.probes == {"scripts": 0, "hostile_shown_as_text": True, "significant_cells": 3, "tables": 3,
+    assert report.probes == {"scripts": 0, "hostile_shown_as_text": True, "significant_cells": 3, "tables": 4,
                              "svgs_drawn": [True] * 6, "body_visible": True}
     assert report.screenshot[:8] == b"\x89PNG\r\n\x1a\n" and len(report.screenshot) > 50_000

@@ -6,7 +6,8 @@ Sections: the method × metric table (mean ± std over seeds, 95% two-way bootst
 and problems (METHOD.md v3), gains and differences with their bootstrap p-values, the differences
 from the baseline Holm-adjusted and with their MDE, marked when p < 0.05), the paired tests
 against the baseline (per-seed differences, the v2 sign-flip test as a labelled secondary,
-McNemar per seed), accuracy against generated tokens and FLOPs, the turn transitions, the
+McNemar per seed), each run's final accuracy per seed (linked to its run directory when the
+report holds it), accuracy against generated tokens and FLOPs, the turn transitions, the
 feedback metrics over training, cost per method, and example episodes on problems where the arms
 disagree; the table and every run's per-problem outcomes as CSV downloads (``data:`` links,
 :mod:`mlmt_bench.report.downloads`). Every text that comes from a run (model outputs above all) is
@@ -42,7 +43,7 @@ from mlmt_bench.report.formatting import (
     interval_tag,
     mark,
 )
-from mlmt_bench.report.runs import RunRecord, is_num
+from mlmt_bench.report.runs import RunRecord, acc_t2, is_num
 from mlmt_bench.tracking import atomic_write_text
 
 #: the feedback metrics drawn over training: (eval record key, panel title, scale)
@@ -210,6 +211,29 @@ def _paired_table(summary: dict[str, Any]) -> str:
             "<th>McNemar b/c per seed</th></tr>" + "".join(rows) + "</table></div>")
 
 
+def _per_seed_table(summary: dict[str, Any], loaded: dict[str, list[RunRecord]]) -> str:
+    """Arms × seeds: each run's final acc@t1 → acc@t2 (%), linked to its run directory where the
+    report holds it (a path inside the report's directory)."""
+    seeds = sorted({r.seed for results in loaded.values() for r in results}, key=lambda s: (s is None, s))
+    head = "<tr><th>arm</th>" + "".join(f"<th>seed {esc(s)}</th>" for s in seeds) + "</tr>"
+    rows = []
+    for arm, results in loaded.items():
+        paths = summary["arms"].get(arm, {}).get("runs", [])
+        by_seed = {r.seed: (r, paths[i] if i < len(paths) else None) for i, r in enumerate(results)}
+        cells = []
+        for seed in seeds:
+            if seed not in by_seed:
+                cells.append(_td(DASH))
+                continue
+            r, path = by_seed[seed]
+            t1, t2 = r.final.get("acc@t1"), acc_t2(r.final)
+            text = f"{fmt(t1, 'pct')} → {fmt(t2, 'pct')}" if is_num(t1) else fmt(t2, "pct")
+            inside = path is not None and not path.startswith(("/", "..")) and ":" not in path
+            cells.append(f'<td class="num"><a href="{esc(path)}/">{esc(text)}</a></td>' if inside else _td(text))
+        rows.append(f"<tr><th>{esc(arm)}</th>{''.join(cells)}</tr>")
+    return f"<div class=wide><table>{head}{''.join(rows)}</table></div>"
+
+
 def _cost_table(loaded: dict[str, list[RunRecord]]) -> str:
     head = "<tr><th>arm</th>" + "".join(f"<th>{h}</th>" for _, h, _ in COST) + "</tr>"
     rows = []
@@ -298,10 +322,14 @@ def render_html(summary: dict[str, Any], loaded: dict[str, list[RunRecord]], acc
         f"{_md_inline(analysis.statistics_text(summary))} "
         "A shaded cell marks the same (green: up, red: down). "
         "Numbers marked <span class='badge'>oracle-gated</span> consult the verifier at test time (optimistic).</p>",
-        "<nav><a href='#metrics'>metrics</a><a href='#curves'>curves</a><a href='#transitions'>transitions</a>"
+        "<nav><a href='#metrics'>metrics</a><a href='#per-seed'>per seed</a><a href='#curves'>curves</a><a href='#transitions'>transitions</a>"
         "<a href='#feedback'>feedback</a><a href='#cost'>cost</a><a href='#episodes'>episodes</a>"
         "<a href='#runs'>runs</a><a href='comparison.md'>comparison.md</a></nav>",
         "<h2 id='metrics'>Final metrics</h2>", _metrics_table(summary), _downloads(summary, loaded),
+        "<h2 id='per-seed'>Per seed</h2>",
+        "<p>Each run's final acc@t1 → acc@t2 (refine-all): the seed-to-seed spread behind the intervals above. "
+        "A number links to its run's directory where the report holds it.</p>",
+        _per_seed_table(summary, loaded),
     ]
     if baseline is not None:
         sections += [f"<h2 id='baseline'>Against {esc(baseline)}</h2>",
