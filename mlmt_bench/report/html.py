@@ -322,7 +322,8 @@ def render_html(summary: dict[str, Any], loaded: dict[str, list[RunRecord]], acc
         f"{_md_inline(analysis.statistics_text(summary))} "
         "A shaded cell marks the same (green: up, red: down). "
         "Numbers marked <span class='badge'>oracle-gated</span> consult the verifier at test time (optimistic).</p>",
-        "<nav><a href='#metrics'>metrics</a><a href='#per-seed'>per seed</a><a href='#curves'>curves</a><a href='#transitions'>transitions</a>"
+        "<nav><a href='#metrics'>metrics</a><a href='#per-seed'>per seed</a><a href='#curves'>curves</a>"
+        "<a href='#transitions'>transitions</a>"
         "<a href='#feedback'>feedback</a><a href='#cost'>cost</a><a href='#episodes'>episodes</a>"
         "<a href='#runs'>runs</a><a href='comparison.md'>comparison.md</a></nav>",
         "<h2 id='metrics'>Final metrics</h2>", _metrics_table(summary), _downloads(summary, loaded),
