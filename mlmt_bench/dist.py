@@ -67,6 +67,40 @@ class Dist:
     def mean(self, value: float) -> float:
         return self.sum(value) / self.world
 
+    def mean_each(self, values: dict[str, float | None]) -> dict[str, float]:
+        """The mean over processes of each statistic, over the processes that have it (not None).
+
+        Processes need not report the same keys (one process's groups may all be flat, so that a
+        statistic of its critic groups is missing there); a collective per key in each process's
+        own order would then pair different statistics and hang. The keys are gathered first and
+        reduced in one tensor in sorted order; the result keeps this process's order, then the
+        keys only others had (sorted)."""
+        present = {k: float(v) for k, v in values.items() if v is not None}
+        if not self.enabled:
+            return present
+        assert self._dist is not None  # enabled: set in __init__
+        gathered: list[Any] = [None] * self.world
+        self._dist.all_gather_object(gathered, sorted(present))
+        keys = sorted(set().union(*gathered))
+        t = torch.tensor([[present.get(k, 0.0), 1.0 if k in present else 0.0] for k in keys],
+                         dtype=torch.float64, device=self.device).reshape(len(keys), 2)
+        self._dist.all_reduce(t)
+        means = {k: float(total / count) for k, (total, count) in zip(keys, t.tolist()) if count > 0}
+        return {**{k: means[k] for k in present}, **{k: means[k] for k in keys if k not in present}}
+
+    def cat_rows(self, rows: torch.Tensor | None) -> torch.Tensor | None:
+        """Every process's ``rows`` concatenated along dim 0 in rank order (None: this process has
+        none; None when no process has any), on this process's device. One process: ``rows``."""
+        if not self.enabled:
+            return rows
+        assert self._dist is not None  # enabled: set in __init__
+        gathered: list[Any] = [None] * self.world
+        self._dist.all_gather_object(gathered, rows.detach().cpu() if rows is not None else None)
+        parts = [g for g in gathered if g is not None]
+        if not parts:
+            return None
+        return torch.cat(parts).to(rows.device if rows is not None else self.device)
+
     def any(self, flag: bool) -> bool:
         return self.sum(1.0 if flag else 0.0) > 0
 

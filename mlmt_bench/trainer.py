@@ -127,7 +127,7 @@ class Trainer:
             updated, update_stats = self.update(credit, self.algorithm.updates(step))
             train_s = time.perf_counter() - t0
             stats = {**credit.stats, **self.fit_value(ro, feats), **resampled}
-            stats = {k: self.dist.mean(v) for k, v in stats.items() if v is not None}  # over processes
+            stats = self.dist.mean_each(stats)  # over the processes that have each statistic
 
             gen = self.count_cost(ro, update_stats, value_tokens)
             if self.dist.enabled:
@@ -189,12 +189,18 @@ class Trainer:
         return feats, model.predict(feats), sum(len(c) for c in contexts)
 
     def fit_value(self, ro: Rollout, feats: torch.Tensor | None) -> dict[str, Any]:
-        """Fit the value model on this step's refinements (after it was scored on them)."""
+        """Fit the value model on this step's refinements (after it was scored on them). Under data
+        parallelism every process fits on every process's refinements (in rank order), so the
+        value models stay replicas, as the policies do, and the checkpoint's is every process's."""
         model = self.algorithm.value_model
-        if model is None or feats is None:
+        if model is None:
             return {}
-        index, targets = self.algorithm.value_targets(ro)
-        return model.fit(feats[index], targets)
+        x, y = None, None
+        if feats is not None:
+            index, targets = self.algorithm.value_targets(ro)
+            x, y = feats[index], targets
+        x, y = self.dist.cat_rows(x), self.dist.cat_rows(y)
+        return model.fit(x, y) if x is not None and y is not None else {}
 
     def count_cost(self, ro: Rollout, update_stats: dict[str, dict[str, float]], value_tokens: int) -> int:
         """Add this step's tokens and FLOPs to the counters; returns the tokens generated (all processes)."""
