@@ -18,7 +18,10 @@ duration and frees the gathered copy afterwards. The update and its π_old log-p
 sharded, every process running the same number of micro-batches (padded with empty ones).
 
 Not sharded: frozen policies and π_ref (full fine-tuning loads it from the initial weights;
-with LoRA it is the sharded model with the adapter off) stay whole on every process.
+with LoRA it is the sharded model with the adapter off) stay whole on every process. Roles on a
+shared base (``policies.share_base``) are one peft model, sharded once: the frozen base's weights
+and every role's adapter take ``1/world`` each, and each role's optimiser holds its own adapter's
+shards; its checkpoint is its adapter alone, as without FSDP.
 Checkpoints are gathered to the main process (torch.distributed.checkpoint's full state
 dicts): ordinary HF (or peft) directories, and the optimiser state in the layout of a plain
 ``optimizer.state_dict()``, so an FSDP checkpoint resumes with or without FSDP, on any number
@@ -55,13 +58,22 @@ def requested() -> bool:
             and int(os.environ.get("WORLD_SIZE", "1")) > 1)
 
 
+def _module(model: Any) -> Any:
+    """What FSDP shards for ``model``: a shared base's view stands for the one peft model that
+    carries every role's adapter (:func:`mlmt_bench.models.adapters.shared_module`)."""
+    from mlmt_bench.models.adapters import shared_module
+
+    return shared_module(model)
+
+
 def is_sharded(model: Any) -> bool:
-    """Whether ``model`` was sharded by ``fully_shard`` (its forward and backward are collectives)."""
+    """Whether ``model`` (or the shared base it is a view of) was sharded by ``fully_shard`` (its
+    forward and backward are collectives)."""
     if not torch.distributed.is_available():
         return False
     from torch.distributed.fsdp import FSDPModule
 
-    return isinstance(model, FSDPModule)
+    return isinstance(_module(model), FSDPModule)
 
 
 def scalar(value: torch.Tensor) -> float:
@@ -102,12 +114,9 @@ class Sharding:
         """Shard each policy's model in place (before its optimiser is built on the parameters)."""
         if not self.enabled:
             return
-        from mlmt_bench.models.adapters import AdapterView
+        from mlmt_bench.models.adapters import reindex
 
         policies = list(policies)
-        if any(isinstance(p.model, AdapterView) for p in policies):
-            raise UserError("FSDP (ACCELERATE_USE_FSDP) with policies.share_base is not supported yet: run "
-                            "without the fsdp config, or with policies.share_base: false")
         from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy, get_module_children_bottom_up
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -117,8 +126,9 @@ class Sharding:
         kwargs = dict(mesh=mesh, reshard_after_forward=plugin.reshard_after_forward,
                       offload_policy=plugin.cpu_offload,
                       mp_policy=plugin.mixed_precision_policy or MixedPrecisionPolicy())
-        for policy in policies:
-            model = policy.model
+        # a shared base is sharded once, its frozen weights and every role's adapter together; each
+        # role's optimiser is then built on its adapter's sharded parameters (reindex)
+        for model in dict.fromkeys(_module(p.model) for p in policies):
             base = model.get_base_model() if hasattr(model, "get_base_model") else model
             plugin.set_auto_wrap_policy(base)  # the decoder layer class from base._no_split_modules
             wrap = fsdp2_prepare_auto_wrap_policy(plugin, base)
@@ -138,6 +148,8 @@ class Sharding:
             with torch.no_grad():
                 model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=self.dist.device))
             self.models.append(model)
+        for policy in policies:
+            reindex(policy.model)
 
     @contextmanager
     def full_params(self) -> Iterator[None]:
@@ -148,8 +160,10 @@ class Sharding:
     # checkpoints ----------------------------------------------------------------------------
     def full_state(self, policy: Any, optimizer: Any) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         """(model state dict or None, optimiser state dict) to save; for a sharded model both are
-        gathered whole on the main process (every process must call this, in the same order)."""
-        if policy.model not in self.models:
+        gathered whole on the main process (every process must call this, in the same order). A
+        shared base's view gets its own adapter's weights, in peft's saved form."""
+        model = _module(policy.model)
+        if model not in self.models:
             return None, optimizer.state_dict()
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
@@ -158,37 +172,50 @@ class Sharding:
         )
 
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        state = get_model_state_dict(policy.model, options=opts)
+        state = get_model_state_dict(model, options=opts)
         # a tied weight comes back once per name, as separate tensors: keep the first name only, as
         # save_pretrained does for the model's own (shared) tensors
-        names = {n for n, _ in policy.model.named_parameters()} | {n for n, _ in policy.model.named_buffers()}
-        optim: dict[str, Any] = get_optimizer_state_dict(policy.model, optimizer, options=opts)  # keyed by name
+        names = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
+        optim: dict[str, Any] = get_optimizer_state_dict(model, optimizer, options=opts)  # keyed by name
         if optim:  # the main process: the plain optimizer.state_dict() layout, as without FSDP
             index = {name: i for i, name in enumerate(_param_names(policy.model, optimizer))}
             optim = {"state": {index[k]: v for k, v in optim["state"].items()},
                      "param_groups": [{**g, "params": [index[k] for k in g["params"]]} for g in optim["param_groups"]]}
-        return {k: v for k, v in state.items() if k in names}, optim
+        state = {k: v for k, v in state.items() if k in names}
+        if model is not policy.model and state:  # a view: its adapter alone, as its save_pretrained writes it
+            from peft import get_peft_model_state_dict
+
+            from mlmt_bench.models.adapters import adapter_target
+
+            peft_model, adapter = adapter_target(policy.model)
+            state = get_peft_model_state_dict(peft_model, state_dict=state, adapter_name=adapter)
+        return state, optim
 
     def load_weights(self, policy: Any, directory: Path) -> None:
         """:meth:`Policy.load_weights`, sharding the saved full tensors when the model is sharded."""
-        if policy.model not in self.models:
+        model = _module(policy.model)
+        if model not in self.models:
             policy.load_weights(directory)
             return
         from safetensors.torch import load_file
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
+        from mlmt_bench.models.adapters import adapter_target
+
         if policy.is_lora:
-            state = _adapter_to_model_keys(policy.model, load_file(str(directory / "adapter_model.safetensors")))
+            state = _adapter_to_model_keys(*adapter_target(policy.model),
+                                           load_file(str(directory / "adapter_model.safetensors")))
         else:
             state = {}
             for f in sorted(directory.glob("*.safetensors")):
                 state.update(load_file(str(f)))
         # cast: torch types the argument dict[str, ValueType] (invariant), which a dict of tensors is not
-        set_model_state_dict(policy.model, cast(dict[str, Any], state),
+        set_model_state_dict(model, cast(dict[str, Any], state),
                              options=StateDictOptions(full_state_dict=True, strict=False))
 
     def load_optimizer(self, policy: Any, optimizer: Any, state: dict[str, Any]) -> None:
-        if policy.model not in self.models:
+        model = _module(policy.model)
+        if model not in self.models:
             optimizer.load_state_dict(state)
             return
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
@@ -197,7 +224,7 @@ class Sharding:
         by_name: dict[str, Any] = {
             "state": {names[i]: v for i, v in state["state"].items()},
             "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]}
-        set_optimizer_state_dict(policy.model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
+        set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
 
 
 _RESHARD: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # model -> its reshard_after_forward
@@ -214,7 +241,8 @@ def gathered(*models: Any) -> Iterator[None]:
     """The sharded ones of ``models`` whole on every process for the block: a collective (every
     process enters it, with the same models); forwards inside need no communication, so one
     process may run alone (evaluation) or to its own length (``generate``). No-op for others."""
-    units = [(m, u) for m in models if is_sharded(m) for u in _units(m)]
+    shared = dict.fromkeys(_module(m) for m in models)  # two views of one base: gathered once
+    units = [(m, u) for m in shared if is_sharded(m) for u in _units(m)]
     for _, u in units:
         u.set_reshard_after_forward(False, recurse=False)
     for _, u in units:
@@ -233,13 +261,14 @@ def _param_names(model: Any, optimizer: Any) -> list[str]:
     return [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
 
 
-def _adapter_to_model_keys(model: Any, saved: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """peft's saved adapter names → the model's parameter names, through peft's own renaming
-    (``get_peft_model_state_dict`` applied to the names, coded as tensors)."""
+def _adapter_to_model_keys(model: Any, adapter: str, saved: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """peft's saved names of ``model``'s adapter ``adapter`` → the model's parameter names, through
+    peft's own renaming (``get_peft_model_state_dict`` applied to the names, coded as tensors)."""
     from peft import get_peft_model_state_dict
 
     names = [k for k, _ in model.named_parameters()] + [k for k, _ in model.named_buffers()]
-    coded = get_peft_model_state_dict(model, state_dict={n: torch.tensor(i) for i, n in enumerate(names)})
+    coded = get_peft_model_state_dict(model, state_dict={n: torch.tensor(i) for i, n in enumerate(names)},
+                                      adapter_name=adapter)
     to_model = {saved_name: names[int(code)] for saved_name, code in coded.items()}
     unknown = sorted(set(saved) - set(to_model))
     if unknown:

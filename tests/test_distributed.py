@@ -126,6 +126,79 @@ def test_fsdp_on_two_cpu_processes_equals_ddp_and_resumes(tiny_ckpt, tmp_path):
     assert max(float((w_res[k] - w_fsdp[k]).abs().max()) for k in w_fsdp) < 1e-6
 
 
+def _shared_base_spec(tmp_path, ckpt, name):
+    """mlmt with solver and critic as two LoRA adapters on one tiny base (policies.share_base)."""
+    lora = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    d = minimal_spec()
+    d.update(name=name, output_dir=str(tmp_path / name), seed=3)
+    d["policies"] = {"share_base": True,
+                     "solver": {"model": "tiny", "path": str(ckpt), "lora": lora, "lr": 1e-2},
+                     "critic": {"model": "tiny", "path": str(ckpt), "lora": lora, "lr": 5e-3}}
+    d["benchmark"] = {"name": "synthetic-arith", "eval_limit": 4, "verifier": "parity-test"}
+    d["algorithm"] = {"name": "mlmt", "params": {"group_size": 2, "beta": 0.05, "epochs": 2}}
+    d["backend"] = {"max_new_tokens": 8}
+    d["train"] = {"steps": 3, "problems_per_step": 4, "threads": 1, "checkpoint_every": 2, "micro_batch_tokens": 64}
+    d["eval"] = {"every": 0}
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(yaml.safe_dump(d))
+    return p
+
+
+def _adapters(out):
+    from safetensors.torch import load_file
+
+    (run,) = out.iterdir()
+    ckpt = sorted((run / "checkpoints").glob("step-*"))[-1]
+    train = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"train"' in line]
+    return run, ckpt, {r: load_file(str(ckpt / r / "adapter_model.safetensors")) for r in ("solver", "critic")}, train
+
+
+@pytest.mark.slow
+def test_fsdp_shards_a_shared_base_once_equals_ddp_and_resumes(tiny_ckpt, tmp_path):
+    """policies.share_base under FSDP: the one peft model (frozen base + both adapters) sharded
+    once; both roles' updates, losses and adapter checkpoints equal the data-parallel run's."""
+    import shutil
+
+    _launch(DDP, ["run", str(_shared_base_spec(tmp_path, tiny_ckpt, "ddp"))])
+    _launch(FSDP, ["run", str(_shared_base_spec(tmp_path, tiny_ckpt, "fsdp"))])
+    _, _, w_ddp, train_ddp = _adapters(tmp_path / "ddp")
+    run, ckpt_f, w_fsdp, train_fsdp = _adapters(tmp_path / "fsdp")
+    assert [r["reward_mean"] for r in train_fsdp] == [r["reward_mean"] for r in train_ddp]
+    assert any("critic" in r["updated"] for r in train_fsdp) and any("solver" in r["updated"] for r in train_fsdp)
+    for a, b in zip(train_fsdp, train_ddp):
+        for key in [k for k in b if k.startswith(("loss/", "grad_norm/"))]:
+            assert abs(a[key] - b[key]) < 1e-6, (key, a[key], b[key])
+    for role in ("solver", "critic"):  # each checkpoint is its adapter alone, in peft's saved names
+        assert w_fsdp[role].keys() == w_ddp[role].keys()
+        assert max(float((w_fsdp[role][k] - w_ddp[role][k]).abs().max()) for k in w_ddp[role]) < 5e-5, role
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    copy = resumed / run.name
+    shutil.copytree(run, copy)
+    shutil.rmtree(copy / "checkpoints" / ckpt_f.name)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    (copy / "manifest.json").write_text(json.dumps({**manifest, "status": "running"}))
+    _launch(FSDP, ["run", "--resume", str(copy)])
+    _, ckpt_r, w_res, train_res = _adapters(resumed)
+    assert ckpt_r.name == ckpt_f.name and [r["step"] for r in train_res] == [1, 2, 3]
+    for role in ("solver", "critic"):
+        assert max(float((w_res[role][k] - w_fsdp[role][k]).abs().max()) for k in w_fsdp[role]) < 1e-6, role
+
+
+def test_one_process_reduces_statistics_and_rows_to_themselves():
+    """Dist.mean_each and Dist.cat_rows without processes to join (their two-process behaviour:
+    the shared-base DDP/FSDP test, whose ranks report different statistics and refinements)."""
+    import torch
+
+    from mlmt_bench.dist import Dist
+
+    d = Dist(from_env=False)
+    assert d.mean_each({"b": 2, "a": None, "c": 0.5}) == {"b": 2.0, "c": 0.5}
+    assert list(d.mean_each({"b": 2, "c": 0.5})) == ["b", "c"]
+    rows = torch.arange(6.0).reshape(3, 2)
+    assert d.cat_rows(rows) is rows and d.cat_rows(None) is None
+
+
 def test_importing_the_update_and_the_trainer_joins_no_processes():
     """No Dist is built at import time: under a launcher's WORLD_SIZE, without its rendezvous, the
     modules still import (a Dist built then would try to join the other processes)."""

@@ -22,7 +22,7 @@ def test_saved_adapter_names_map_back_to_the_model_parameters(tiny_ckpt, tmp_pat
                 p.normal_()
     policy.save(tmp_path / "adapter")
     saved = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
-    mapped = _adapter_to_model_keys(policy.model, saved)
+    mapped = _adapter_to_model_keys(policy.model, "default", saved)
     params = dict(policy.model.named_parameters())
     lora = {n for n in params if "lora_" in n}
     assert set(mapped) == lora and len(lora) == 8  # 2 layers × (q, v) × (A, B)

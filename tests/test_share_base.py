@@ -341,20 +341,3 @@ def test_plan_holds_one_base_and_two_adapters_with_their_optimiser_states():
     assert one["memory"]["peak"] == pytest.approx(two["memory"]["peak"] - params * 2)
     assert one["run"]["train_flops"] == two["run"]["train_flops"]
     assert one["policies"][1]["adapter_on_base_of"] == "solver" and one["fits"]
-
-
-def test_fsdp_with_a_shared_base_is_refused_in_one_line(tiny_ckpt):
-    from peft import LoraConfig
-
-    from mlmt_bench.dist import Dist
-    from mlmt_bench.fsdp import Sharding
-    from mlmt_bench.models.adapters import share_one_base
-    from mlmt_bench.models.tiny import load_checkpoint
-
-    views = share_one_base(load_checkpoint(tiny_ckpt)[0], {r: (LoraConfig(r=4, target_modules=["q_proj"]), True)
-                                                          for r in ("solver", "critic")})
-    sharding = Sharding(Dist())
-    sharding.enabled = True  # as under `accelerate launch --config_file registry/accelerate/fsdp.yaml`
-    with pytest.raises(UserError, match="FSDP .* with policies.share_base is not supported yet") as exc:
-        sharding.shard([type("P", (), {"model": v})() for v in views.values()])
-    assert "\n" not in str(exc.value)

@@ -60,17 +60,22 @@ class OneBase:
     def __init__(self, peft_model: Any, trainable: dict[str, bool]) -> None:
         self.model = peft_model
         self.trainable = dict(trainable)
-        self.params: dict[str, list[tuple[str, torch.nn.Parameter]]] = {name: [] for name in trainable}
+        self.active: str | None = None
+        self.reindex()
+
+    def reindex(self) -> None:
+        """Read the model's parameters again: at construction, and after FSDP has replaced them
+        with sharded ones (:meth:`mlmt_bench.fsdp.Sharding.shard`)."""
+        self.params: dict[str, list[tuple[str, torch.nn.Parameter]]] = {name: [] for name in self.trainable}
         #: every parameter in the model's order, with its adapter (None: the base's)
         self.named: list[tuple[str, torch.nn.Parameter, str | None]] = []
-        for pname, p in peft_model.named_parameters():
+        for pname, p in self.model.named_parameters():
             adapter = _adapter_of(pname)
             self.named.append((pname, p, adapter))
             if adapter is not None:
                 self.params[adapter].append((pname, p))
             else:
                 p.requires_grad_(False)  # the base is frozen for every role
-        self.active: str | None = None
         self._fix_grads()
 
     def _fix_grads(self) -> None:
@@ -152,6 +157,18 @@ def activate(model: Any) -> None:
     modules directly (the static decoder) rather than the model itself."""
     if isinstance(model, AdapterView):
         model.base.activate(model.adapter)
+
+
+def shared_module(model: Any) -> Any:
+    """The module that holds ``model``'s weights: a view's shared peft model (the same object for
+    every role on that base), or ``model`` itself."""
+    return model.base.model if isinstance(model, AdapterView) else model
+
+
+def reindex(model: Any) -> None:
+    """After ``model``'s module had its parameters replaced (FSDP): a view's base reads them again."""
+    if isinstance(model, AdapterView):
+        model.base.reindex()
 
 
 def adapter_target(model: Any) -> tuple[Any, str]:
