@@ -75,19 +75,36 @@ def _fsdp_spec(tmp_path, ckpt, name):
     return p
 
 
-def _final(out):
-    from safetensors.torch import load_file
-
+def _final(out, weights=lambda ckpt: _safetensors(ckpt / "solver" / "model.safetensors")):
+    """(run dir, last checkpoint, ``weights(checkpoint)``, train records) of the one run under ``out``."""
     (run,) = out.iterdir()
     ckpt = sorted((run / "checkpoints").glob("step-*"))[-1]
     train = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"train"' in line]
-    return run, ckpt, load_file(str(ckpt / "solver" / "model.safetensors")), train
+    return run, ckpt, weights(ckpt), train
+
+
+def _safetensors(path):
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+def _resume_before_last(run, last, into):
+    """A copy of ``run`` under ``into`` without its ``last`` checkpoint, its status "running" (as
+    if killed after the one before), resumed under FSDP."""
+    import shutil
+
+    into.mkdir()
+    copy = into / run.name
+    shutil.copytree(run, copy)
+    shutil.rmtree(copy / "checkpoints" / last.name)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    (copy / "manifest.json").write_text(json.dumps({**manifest, "status": "running"}))
+    _launch(FSDP, ["run", "--resume", str(copy)])
 
 
 @pytest.mark.slow
 def test_fsdp_on_two_cpu_processes_equals_ddp_and_resumes(tiny_ckpt, tmp_path):
-    import shutil
-
     import torch
 
     _launch(DDP, ["run", str(_fsdp_spec(tmp_path, tiny_ckpt, "ddp"))])
@@ -112,15 +129,8 @@ def test_fsdp_on_two_cpu_processes_equals_ddp_and_resumes(tiny_ckpt, tmp_path):
                for i in opt_d["state"])
 
     # resume under FSDP from the step-2 checkpoint: the same final weights as the run that went through
-    resumed = tmp_path / "resumed"
-    resumed.mkdir()
-    copy = resumed / run.name
-    shutil.copytree(run, copy)
-    shutil.rmtree(copy / "checkpoints" / ckpt_f.name)
-    manifest = json.loads((copy / "manifest.json").read_text())
-    (copy / "manifest.json").write_text(json.dumps({**manifest, "status": "running"}))
-    _launch(FSDP, ["run", "--resume", str(copy)])
-    _, ckpt_r, w_res, train_res = _final(resumed)
+    _resume_before_last(run, ckpt_f, tmp_path / "resumed")
+    _, ckpt_r, w_res, train_res = _final(tmp_path / "resumed")
     assert ckpt_r.name == ckpt_f.name and [r["step"] for r in train_res] == [1, 2, 3]
     assert train_res[-1]["reward_mean"] == train_fsdp[-1]["reward_mean"]
     assert max(float((w_res[k] - w_fsdp[k]).abs().max()) for k in w_fsdp) < 1e-6
@@ -145,20 +155,14 @@ def _shared_base_spec(tmp_path, ckpt, name):
 
 
 def _adapters(out):
-    from safetensors.torch import load_file
-
-    (run,) = out.iterdir()
-    ckpt = sorted((run / "checkpoints").glob("step-*"))[-1]
-    train = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"train"' in line]
-    return run, ckpt, {r: load_file(str(ckpt / r / "adapter_model.safetensors")) for r in ("solver", "critic")}, train
+    return _final(out, lambda ckpt: {r: _safetensors(ckpt / r / "adapter_model.safetensors")
+                                     for r in ("solver", "critic")})
 
 
 @pytest.mark.slow
 def test_fsdp_shards_a_shared_base_once_equals_ddp_and_resumes(tiny_ckpt, tmp_path):
     """policies.share_base under FSDP: the one peft model (frozen base + both adapters) sharded
     once; both roles' updates, losses and adapter checkpoints equal the data-parallel run's."""
-    import shutil
-
     _launch(DDP, ["run", str(_shared_base_spec(tmp_path, tiny_ckpt, "ddp"))])
     _launch(FSDP, ["run", str(_shared_base_spec(tmp_path, tiny_ckpt, "fsdp"))])
     _, _, w_ddp, train_ddp = _adapters(tmp_path / "ddp")
@@ -171,15 +175,8 @@ def test_fsdp_shards_a_shared_base_once_equals_ddp_and_resumes(tiny_ckpt, tmp_pa
     for role in ("solver", "critic"):  # each checkpoint is its adapter alone, in peft's saved names
         assert w_fsdp[role].keys() == w_ddp[role].keys()
         assert max(float((w_fsdp[role][k] - w_ddp[role][k]).abs().max()) for k in w_ddp[role]) < 5e-5, role
-    resumed = tmp_path / "resumed"
-    resumed.mkdir()
-    copy = resumed / run.name
-    shutil.copytree(run, copy)
-    shutil.rmtree(copy / "checkpoints" / ckpt_f.name)
-    manifest = json.loads((copy / "manifest.json").read_text())
-    (copy / "manifest.json").write_text(json.dumps({**manifest, "status": "running"}))
-    _launch(FSDP, ["run", "--resume", str(copy)])
-    _, ckpt_r, w_res, train_res = _adapters(resumed)
+    _resume_before_last(run, ckpt_f, tmp_path / "resumed")
+    _, ckpt_r, w_res, train_res = _adapters(tmp_path / "resumed")
     assert ckpt_r.name == ckpt_f.name and [r["step"] for r in train_res] == [1, 2, 3]
     for role in ("solver", "critic"):
         assert max(float((w_res[role][k] - w_fsdp[role][k]).abs().max()) for k in w_fsdp[role]) < 1e-6, role
