@@ -163,7 +163,6 @@ def size(out_dir: Path) -> dict[str, Any]:
     return {"bytes": total, "limit_bytes": SIZE_LIMIT_BYTES, "over_limit": total > SIZE_LIMIT_BYTES}
 
 
-
 def restore_runs(report_dir: Path, exp_dir: Path, experiment: str) -> list[str]:
     """The inverse of :func:`publish_runs` for one experiment: each finished run of
     ``experiment`` published in ``report_dir`` becomes a run directory of ``exp_dir`` again

@@ -37,10 +37,10 @@ class RunRecord:
     final:    the ``final`` record of metrics.jsonl (or the last ``eval`` record when the run has
               none, e.g. it was interrupted; ``has_final`` says which).
     curve:    ``eval`` records, one per step (the last one logged wins), sorted by step.
-    problems: per-problem correctness at the final eval step, ``{problem_id: {"t1", "t2",
-              "t2_null"}}``; empty when the run wrote no eval_problems.jsonl.
-    first:    the same at the first evaluation (step 0: the arm's starting point).
-    by_step:  the same at every evaluated step, ``{step: {problem_id: ...}}`` (the curves' intervals).
+    by_step:  per-problem correctness at every evaluated step, ``{step: {problem_id: {"t1", "t2",
+              "t2_null", "t2_base_critic"}}}``; empty when the run wrote no eval_problems.jsonl.
+    problems: (property) that of the final eval step (``final_step``).
+    first:    (property) that of the first evaluation (step 0: the arm's starting point).
     algorithm: the algorithm's registry name (spec.resolved.yaml), None when not recorded.
     protocol: what a report must not mix: benchmark and options, evaluated split, evaluation
               settings (from spec.resolved.yaml; empty when the run has none).
@@ -59,12 +59,18 @@ class RunRecord:
     has_final: bool
     curve: list[dict[str, Any]]
     final_step: int | None
-    problems: dict[str, dict[str, Any]] = field(default_factory=dict)
-    first: dict[str, dict[str, Any]] = field(default_factory=dict)
     by_step: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
     protocol: dict[str, Any] = field(default_factory=dict)
     read_at: dict[str, Any] | None = None
     algorithm: str | None = None
+
+    @property
+    def problems(self) -> dict[str, dict[str, Any]]:
+        return self.by_step.get(self.final_step, {}) if self.final_step is not None else {}
+
+    @property
+    def first(self) -> dict[str, dict[str, Any]]:
+        return self.by_step[min(self.by_step)] if self.by_step else {}
 
     def outcomes(self, turn: str = "t2", at: str | int = "final") -> dict[str, float]:
         """``{problem id: 0/1}`` of ``turn`` ("t1", "t2", "t2_null") at the final or first
@@ -194,11 +200,8 @@ def load_run(path: Path | str, at_flops: float | None = None) -> RunRecord:
 
     final_step = final.get("step") if is_num(final.get("step")) else None
     problems_at = _problems_by_step(log_file(path, "eval_problems.jsonl"))
-    problems: dict[str, dict[str, Any]] = {}
-    first: dict[str, dict[str, Any]] = {}
     if problems_at:
         final_step = int(final_step) if is_num(final_step) and int(final_step) in problems_at else max(problems_at)
-        problems, first = problems_at[final_step], problems_at[min(problems_at)]
 
     name = str(manifest.get("name") or strip_stamp(path.name))
     arm = str(manifest.get("arm") or strip_stamp(name))
@@ -209,7 +212,7 @@ def load_run(path: Path | str, at_flops: float | None = None) -> RunRecord:
         status=manifest.get("status"), manifest=manifest,
         final=final, has_final=has_final, curve=curve,
         final_step=int(final_step) if final_step is not None else None,
-        problems=problems, first=first, by_step=problems_at, read_at=read_at, **_from_spec(path / "spec.resolved.yaml"),
+        by_step=problems_at, read_at=read_at, **_from_spec(path / "spec.resolved.yaml"),
     )
 
 
@@ -295,8 +298,8 @@ def with_base_critic(run: RunRecord) -> RunRecord | None:
                 for pid, r in by_pid.items() if r.get("t2_base_critic") is not None}
 
     return dataclasses.replace(run, arm=f"{run.arm} + base critic", final=read(run.final),
-                               curve=[read(r) for r in run.curve], problems=rows(run.problems),
-                               first=rows(run.first), by_step={s: rows(by) for s, by in run.by_step.items()})
+                               curve=[read(r) for r in run.curve],
+                               by_step={s: rows(by) for s, by in run.by_step.items()})
 
 
 #: Fields of a run spec that define what its numbers mean: runs that differ in one are never

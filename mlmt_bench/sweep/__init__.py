@@ -43,8 +43,8 @@ machine: it is switched to write-ahead logging and waits for locks). Each worker
 ``n_trials``, and otherwise waits until the study is done. Two workers can still start the
 study's last trial at one moment (each read the counts before the other wrote): the one with the
 higher trial number ends it at once, before it samples, as a *surplus* trial (:func:`is_surplus`:
-failed in Optuna's storage, left out of summaries and reports), so a study never overshoots. A running trial writes a
-heartbeat every ``heartbeat_s`` seconds; one without a heartbeat for ``GRACE_FACTOR`` times
+failed in Optuna's storage, left out of summaries and reports), so a study never overshoots.
+A running trial writes a heartbeat every ``heartbeat_s`` seconds; one without a heartbeat for ``GRACE_FACTOR`` times
 that long belongs to a dead process: it is marked failed (and its run directory's manifest
 too), and its parameters are tried once more as a new trial.
 

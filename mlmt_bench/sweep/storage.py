@@ -24,8 +24,8 @@ SURPLUS_ATTR = "surplus"  # a trial's user attribute: it started past the study'
 
 def is_surplus(trial: optuna.trial.FrozenTrial) -> bool:
     """Whether ``trial`` started after the study's last trials were taken (see
-    :func:`mlmt_bench.sweep.study.work`): Optuna records it as failed; summaries, reports and the
-    dead-trial retry leave it out."""
+    :func:`mlmt_bench.sweep.study.work`): Optuna records it as failed (at once, so it is never a
+    stale trial to retry); summaries and reports leave it out."""
     return bool(trial.user_attrs.get(SURPLUS_ATTR))
 
 
