@@ -6,8 +6,10 @@ inside its body.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -52,7 +54,8 @@ def _echo(text: str) -> None:
 
 
 def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """One line on stderr and exit code 2 for bad input; the traceback only with --debug.
+    """One line on stderr and exit code 2 for bad input, and for an error of the machine (a folder
+    this user cannot write, a read-only mount, a full disk); the traceback only with --debug.
 
     The one place every ``error: ...`` line is written: its control characters and bidi overrides
     (from a spec, a name, a ``--set`` value) are escaped here, so no message can drive the terminal."""
@@ -64,18 +67,42 @@ def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except UserError as exc:
             if state.debug:
                 raise
-            from mlmt_bench.bounded_input import printable
-
-            msg = printable(str(exc).replace("\n", " "))
-            if state.json:
-                sys.stdout.write(json.dumps({"error": msg}) + "\n")
-            sys.stderr.write(f"error: {msg}\n")
-            raise typer.Exit(2) from None
+            _exit_with_error(str(exc))
+        except OSError as exc:
+            if state.debug or exc.errno not in _MACHINE_ERRNOS:
+                raise
+            _exit_with_error(_machine_error(exc))
         except KeyboardInterrupt:
             sys.stderr.write("interrupted\n")
             raise typer.Exit(130) from None
 
     return wrapper
+
+
+def _exit_with_error(message: str) -> None:
+    """``error: MESSAGE`` on one line (and as JSON with --json), then exit code 2."""
+    from mlmt_bench.bounded_input import printable
+
+    msg = printable(message.replace("\n", " "))
+    if state.json:
+        sys.stdout.write(json.dumps({"error": msg}) + "\n")
+    sys.stderr.write(f"error: {msg}\n")
+    raise typer.Exit(2) from None
+
+
+# Errors of the machine rather than of the code, wherever they happen.
+_MACHINE_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
+
+
+def _machine_error(exc: OSError) -> str:
+    """The message for an OSError in ``_MACHINE_ERRNOS``: the file, what went wrong and, for a
+    permission, who the process runs as (a Docker bind mount that dockerd created belongs to root)."""
+    where = f"{exc.filename}: " if exc.filename else ""
+    what = (exc.strerror or os.strerror(exc.errno or 0)).lower()
+    if exc.errno in (errno.EACCES, errno.EPERM) and hasattr(os, "getuid"):
+        return (f"{where}{what} for this process (uid {os.getuid()}); make the folder writable by that user, "
+                "or choose another path")
+    return f"{where}{what}"
 
 
 @app.callback()

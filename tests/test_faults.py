@@ -288,3 +288,27 @@ def test_pruning_keeps_the_newest_at_or_before_the_committed_step(tmp_path):
     assert len(list(run.iter_checkpoints())) == 6
     run.prune_checkpoints(2, 4)  # resumed from step 4: the skipped later ones are not "newest"
     assert [p.name for p in run.iter_checkpoints()] == ["step-000003", "step-000004", "step-000005", "step-000006"]
+
+
+@pytest.mark.parametrize("command", ["run", "report"])
+def test_a_folder_this_user_cannot_write_is_one_line_naming_it_and_the_user(tiny_ckpt, tmp_path, monkeypatch,
+                                                                           command):
+    # As a non-root container user meets a bind mount that dockerd created as root. The tests may
+    # run as root, whom permissions do not stop, so the refusal is made by the file system call.
+    out = tmp_path / "root-owned"
+    out.mkdir()
+    real_mkdir = Path.mkdir
+
+    def mkdir(path, *args, **kwargs):
+        if out in path.parents:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    if command == "run":
+        args = ["-q", "run", str(_write(tmp_path, _spec(tiny_ckpt, out)))]
+    else:
+        args = ["-q", "report", str(REPO / "reports" / "testbed-v3"), "--out", str(out / "report")]
+    err = one_line_error(args, str(out), f"permission denied for this process (uid {os.getuid()})")
+    assert "Traceback" not in err
+    assert list(out.iterdir()) == []
