@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
@@ -79,7 +79,7 @@ def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _exit_with_error(message: str) -> None:
+def _exit_with_error(message: str) -> NoReturn:
     """``error: MESSAGE`` on one line (and as JSON with --json), then exit code 2."""
     from mlmt_bench.bounded_input import printable
 
