@@ -239,3 +239,11 @@ def test_a_report_published_from_run_directories_rerenders_with_the_title_it_was
     res = _cli("report", str(pub))
     assert res.exit_code == 0, res.output
     assert _bytes(pub) == first
+
+
+def test_a_renamed_experiment_directory_is_titled_with_its_spec_name(experiment, tmp_path):
+    renamed = tmp_path / "src" / "headline-restored"
+    experiment.rename(renamed)
+    record = _published(renamed, tmp_path / "pub")
+    assert record["title"] == "toy"
+    assert (tmp_path / "pub" / "comparison.md").read_text().startswith("# toy\n")

@@ -456,6 +456,13 @@ def check_baseline(baseline: str, arms: list[str]) -> None:
     raise UserError(f"--baseline: {unknown_message('arm', baseline, sorted(arms))}")
 
 
+def _experiment_name(record: dict[str, Any], exp_dir: Path) -> str:
+    """An experiment's title: its spec's ``name`` (experiment.json), else its directory's name
+    without the time stamp (a renamed or copied directory keeps the spec's name)."""
+    name = record.get("name")
+    return name if isinstance(name, str) and name else strip_stamp(exp_dir.name)
+
+
 def report_from_dirs(
     paths: list[Path],
     out_dir: Path | None = None,
@@ -470,8 +477,8 @@ def report_from_dirs(
 
     out_dir: None to re-render one experiment (or published report) directory in place.
     baseline, title, at_flops: when not given (None, "", None), what a published report recorded
-        in its experiment.json (``report``), else "grpo", the experiment's name without its time
-        stamp, and each run's end.
+        in its experiment.json (``report``), else "grpo", the experiment's name (its spec's, else
+        its directory's without the time stamp), and each run's end.
     arms: explicitly named arms (from ``--arm``), added to those found from ``paths``.
     raw: publish the runs' raw data into ``out_dir`` first and report on the copies
         (:mod:`mlmt_bench.report.publish`); the summary then has ``published``: its size.
@@ -491,7 +498,7 @@ def report_from_dirs(
         baseline = recorded.get("baseline", "grpo")
     if not title:  # a published report's recorded title, even an empty one, is what re-renders it
         title = recorded["title"] if isinstance(recorded.get("title"), str) else (
-            strip_stamp(paths[0].name) if one_exp else "")
+            _experiment_name(record, paths[0]) if one_exp else "")
     if at_flops is None:
         at_flops = recorded.get("at_flops")
     grouped = group_runs(paths)
