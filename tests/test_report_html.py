@@ -168,6 +168,11 @@ def test_index_html_in_headless_chromium(experiment, tmp_path):
         "svgs_drawn": "[...document.querySelectorAll('figure svg')].map(s => s.getBoundingClientRect().width > 300"
                       " && s.querySelectorAll('polyline, rect[fill^=\"#\"]').length > 0)",
         "body_visible": "getComputedStyle(document.body).display !== 'none'",
+        # a table too wide for its box scrolls sideways with its first column (metric, arm) in view
+        "first_column_stays": "(() => { const w = document.querySelector('.wide'); w.style.maxWidth = '300px';"
+                              " w.scrollLeft = 200; const c = w.querySelector('tr > :first-child');"
+                              " return [w.scrollLeft > 0,"
+                              " Math.abs(c.getBoundingClientRect().left - w.getBoundingClientRect().left) < 2]; })()",
     })
     (tmp_path / "index.png").write_bytes(report.screenshot)
     assert report.errors() == []
@@ -181,5 +186,5 @@ def test_index_html_in_headless_chromium(experiment, tmp_path):
     # significant: mlmt's gain over step 0 (8 of 8 problems up: p = 2/256), its difference from
     # grpo in the metrics table and in the paired table (p = 2/64); grpo's gain (2 problems) is not
     assert report.probes == {"scripts": 0, "hostile_shown_as_text": True, "significant_cells": 3, "tables": 4,
-                             "svgs_drawn": [True] * 6, "body_visible": True}
+                             "svgs_drawn": [True] * 6, "body_visible": True, "first_column_stays": [True, True]}
     assert report.screenshot[:8] == b"\x89PNG\r\n\x1a\n" and len(report.screenshot) > 50_000

@@ -75,6 +75,7 @@ nav a{margin-right:1em}p.lede{color:#444;max-width:75em}
 table{border-collapse:collapse;margin:.6em 0 1em;font-size:.92em}
 th,td{border:1px solid #d4d4d8;padding:.3em .6em;vertical-align:top}
 .wide{overflow-x:auto;max-width:100%}th{background:#f4f4f5;text-align:left}tr>th:first-child{max-width:22em}td.num{text-align:right;white-space:nowrap}
+.wide tr>:first-child{position:sticky;left:0;z-index:1;background:#f4f4f5;box-shadow:1px 0 0 #d4d4d8}
 td.sig{font-weight:600}td.up{background:#e3f5e3}td.down{background:#fbe4e4}
 .sub{color:#555;font-size:.86em;font-weight:400}
 .badge{display:inline-block;font-size:.75em;padding:0 .45em;border-radius:.6em;margin-left:.3em;
