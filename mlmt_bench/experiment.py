@@ -189,12 +189,28 @@ def _comparable(spec: RunSpec) -> dict[str, Any]:
     return d
 
 
+def _mark_abandoned(run_dir: Path) -> None:
+    """A run that died before its first checkpoint (its manifest still says "running") has nothing
+    to continue: it is redone as a new run, and its manifest now says "abandoned", so nobody reads
+    it as live. A run another process still holds is refused (one line), not touched."""
+    from mlmt_bench.tracking import RunDir, utc_now
+
+    run = RunDir.open(run_dir)
+    run.lock()
+    try:
+        run.update_manifest(status="abandoned", end_time=utc_now(),
+                            abandoned="ended before its first checkpoint; --resume of its experiment redid it")
+    finally:
+        run.unlock()
+
+
 def _pending_jobs(exp: ExperimentSpec, arms: dict[str, RunSpec], exp_dir: Path,
                   record: dict[str, Any]) -> tuple[list[_Job], dict[str, int]]:
     """The arm × seed runs still to do, and the seed of each finished run (by directory name). A
     finished run in ``exp_dir`` counts only if its resolved spec is this arm's; a run with a
-    checkpoint but not finished is continued rather than redone. Sets ``record["arms"]`` to the
-    finished runs in seed order."""
+    checkpoint but not finished is continued rather than redone; one still "running" without a
+    checkpoint is marked abandoned and redone. Sets ``record["arms"]`` to the finished runs in
+    seed order."""
     from mlmt_bench.spec import load_run_spec
 
     finished, partial = {}, {}
@@ -219,6 +235,8 @@ def _pending_jobs(exp: ExperimentSpec, arms: dict[str, RunSpec], exp_dir: Path,
         elif any((run_dir / "checkpoints").glob("*")):
             join_base(record, manifest, run_dir.name, f"--resume {exp_dir}")
             partial[key] = str(run_dir)
+        elif manifest.get("status") == "running":
+            _mark_abandoned(run_dir)
     for arm in arms:  # the record lists exactly the finished runs, in seed order
         record["arms"][arm] = [finished[(arm, s)] for s in exp.seeds if (arm, s) in finished]
     jobs = [_Job(arm, seed, _run_spec(spec, exp_dir, seed).model_dump_json(), partial.get((arm, seed)))

@@ -68,6 +68,34 @@ def test_resume_keeps_finished_runs_and_does_only_the_missing_ones(exp_spec, tmp
     assert json.loads((exp_dir / names[1] / "manifest.json").read_text())["seed"] == 1
 
 
+def test_resume_marks_a_run_that_died_before_its_first_checkpoint_abandoned_and_redoes_it(exp_spec, tmp_path):
+    from mlmt_bench.tracking import RunDir
+
+    path = exp_spec(a=1e-4)
+    out = run_experiment(*load_experiment(path), progress=False)
+    exp_dir = Path(out["run_dir"])
+    dead = exp_dir / out["experiment"]["arms"]["a"][1]
+    # as the process left it when killed before its first checkpoint: still "running"
+    manifest = json.loads((dead / "manifest.json").read_text())
+    (dead / "manifest.json").write_text(json.dumps({**manifest, "status": "running", "end_time": None}))
+    shutil.rmtree(dead / "checkpoints")
+    (dead / "checkpoints").mkdir()
+
+    holder = RunDir.open(dead)
+    holder.lock()  # a live process holds it: refused, and nothing is marked
+    with pytest.raises(UserError, match="in use by process"):
+        run_experiment(*load_experiment(path), progress=False, resume=exp_dir)
+    holder.unlock()
+    assert json.loads((dead / "manifest.json").read_text())["status"] == "running"
+
+    again = run_experiment(*load_experiment(path), progress=False, resume=exp_dir)
+    names = again["experiment"]["arms"]["a"]
+    assert len(names) == 2 and names[1] != dead.name
+    marked = json.loads((dead / "manifest.json").read_text())
+    assert marked["status"] == "abandoned" and marked["end_time"] and "redid it" in marked["abandoned"]
+    assert json.loads((exp_dir / names[1] / "manifest.json").read_text())["status"] == "completed"
+
+
 def test_restore_from_a_published_report_runs_only_what_it_lacks(exp_spec, tmp_path, monkeypatch):
     """A report published with --raw holds seed 0 of an experiment (another machine's session);
     `run EXP --restore REPORT` copies that run in, runs seed 1 alone, and the restored run's
