@@ -52,6 +52,8 @@ fi
 run_uid=${RUN_AS%%:*}
 run_gid=${RUN_AS##*:}
 if [ -z "${HOST_MLMT_BENCH:-}" ] && command -v mlmt-bench >/dev/null; then HOST_MLMT_BENCH=mlmt-bench; fi
+host_cmd=()
+[ -n "${HOST_MLMT_BENCH:-}" ] && read -r -a host_cmd <<< "$HOST_MLMT_BENCH"
 own_work=0
 if [ -z "${WORK:-}" ]; then WORK=$(mktemp -d "${TMPDIR:-/tmp}/mlmt-docker-smoke.XXXXXX"); own_work=1; fi
 mkdir -p "$WORK/runs" "$WORK/reports" "$WORK/cache" "$WORK/in"
@@ -154,7 +156,6 @@ done
 # The same runs reported on the host must read the same: reports name runs relative to
 # themselves, so the container's /runs and the host's $WORK/runs give the same text.
 if [ -n "${HOST_MLMT_BENCH:-}" ]; then
-    read -r -a host_cmd <<< "$HOST_MLMT_BENCH"
     timed "report (quickstart, host)" "${host_cmd[@]}" --quiet report "$WORK/runs/$exp_dir" --out "$WORK/reports/quickstart-host"
     cmp -s "$WORK/reports/quickstart/comparison.md" "$WORK/reports/quickstart-host/comparison.md" || {
         diff "$WORK/reports/quickstart/comparison.md" "$WORK/reports/quickstart-host/comparison.md" | head -n 20 >&2
@@ -172,7 +173,6 @@ ls "$WORK"/runs/quickstart-mlmt-sweep/*.db >/dev/null || fail "the sweep wrote n
 # ------------------------------------------------------------------ 7. a run made on the host
 if [ -n "${HOST_MLMT_BENCH:-}" ]; then
     mkdir -p "$WORK/host-runs"
-    read -r -a host_cmd <<< "$HOST_MLMT_BENCH"
     timed "host run (grpo)" env MLMT_BENCH_CACHE="$WORK/host-cache" "${host_cmd[@]}" --quiet run registry/runs/grpo.yaml \
         "${SET_ARGS[@]}" --set "output_dir=$WORK/host-runs"
     host_run=$(newest "$WORK/host-runs" grpo)

@@ -213,7 +213,7 @@ def _pending_jobs(exp: ExperimentSpec, arms: dict[str, RunSpec], exp_dir: Path,
     seed order."""
     from mlmt_bench.spec import load_run_spec
 
-    finished, partial = {}, {}
+    finished, partial, dead = {}, {}, []
     for manifest_path in sorted(exp_dir.glob("*/manifest.json")):
         try:
             manifest = json.loads(manifest_path.read_text())
@@ -236,7 +236,9 @@ def _pending_jobs(exp: ExperimentSpec, arms: dict[str, RunSpec], exp_dir: Path,
             join_base(record, manifest, run_dir.name, f"--resume {exp_dir}")
             partial[key] = str(run_dir)
         elif manifest.get("status") == "running":
-            _mark_abandoned(run_dir)
+            dead.append(run_dir)
+    for run_dir in dead:  # once every finished run has passed its check: a refused resume marks nothing
+        _mark_abandoned(run_dir)
     for arm in arms:  # the record lists exactly the finished runs, in seed order
         record["arms"][arm] = [finished[(arm, s)] for s in exp.seeds if (arm, s) in finished]
     jobs = [_Job(arm, seed, _run_spec(spec, exp_dir, seed).model_dump_json(), partial.get((arm, seed)))

@@ -42,7 +42,7 @@ docker exec rayhead python -c "import ray; ray.init(address='127.0.0.1:$PORT', l
 print('nodes (address, CPUs):', [(n['NodeManagerAddress'], n['Resources'].get('CPU')) for n in ray.nodes() if n['Alive']])"
 /usr/bin/time -f "ray, every node in docker: wall %e s" docker exec rayhead mlmt-bench -q run "$WORK/docker.yaml" \
     --ray "127.0.0.1:$PORT"
-/usr/bin/time -f "host, --workers 2: wall %e s" .venv/bin/mlmt-bench -q run "$WORK/host.yaml" --workers 2
+/usr/bin/time -f "host, --workers 2: wall %e s" "$PY" -m mlmt_bench.cli -q run "$WORK/host.yaml" --workers 2
 "$PY" - "$WORK" <<'PYEOF'
 import glob, json, sys
 from pathlib import Path

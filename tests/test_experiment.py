@@ -74,12 +74,17 @@ def test_resume_marks_a_run_that_died_before_its_first_checkpoint_abandoned_and_
     path = exp_spec(a=1e-4)
     out = run_experiment(*load_experiment(path), progress=False)
     exp_dir = Path(out["run_dir"])
-    dead = exp_dir / out["experiment"]["arms"]["a"][1]
+    dead = exp_dir / out["experiment"]["arms"]["a"][0]  # seed 0: read before the finished seed 1
     # as the process left it when killed before its first checkpoint: still "running"
     manifest = json.loads((dead / "manifest.json").read_text())
     (dead / "manifest.json").write_text(json.dumps({**manifest, "status": "running", "end_time": None}))
     shutil.rmtree(dead / "checkpoints")
     (dead / "checkpoints").mkdir()
+
+    with pytest.raises(UserError, match="different spec"):  # a refused resume marks nothing
+        run_experiment(*load_experiment(exp_spec(a=2e-4)), progress=False, resume=exp_dir)
+    assert json.loads((dead / "manifest.json").read_text())["status"] == "running"
+    path = exp_spec(a=1e-4)
 
     holder = RunDir.open(dead)
     holder.lock()  # a live process holds it: refused, and nothing is marked
@@ -90,10 +95,10 @@ def test_resume_marks_a_run_that_died_before_its_first_checkpoint_abandoned_and_
 
     again = run_experiment(*load_experiment(path), progress=False, resume=exp_dir)
     names = again["experiment"]["arms"]["a"]
-    assert len(names) == 2 and names[1] != dead.name
+    assert len(names) == 2 and names[0] != dead.name
     marked = json.loads((dead / "manifest.json").read_text())
     assert marked["status"] == "abandoned" and marked["end_time"] and "redid it" in marked["abandoned"]
-    assert json.loads((exp_dir / names[1] / "manifest.json").read_text())["status"] == "completed"
+    assert json.loads((exp_dir / names[0] / "manifest.json").read_text())["status"] == "completed"
 
 
 def test_restore_from_a_published_report_runs_only_what_it_lacks(exp_spec, tmp_path, monkeypatch):
