@@ -53,6 +53,11 @@ def enabled(env: Mapping[str, str] | None = None) -> bool:
     return env.get(SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def in_environment() -> bool:
+    """Whether this process's environment holds the pin (set before torch loaded, it is in effect)."""
+    return all(os.environ.get(k) == v for k, v in PIN.items())
+
+
 def pinned_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """``env`` (default: this process's) with the pin applied, unless it switches the pin off."""
     out = dict(os.environ if env is None else env)
@@ -69,7 +74,7 @@ def apply() -> None:
     process re-executes itself with the pinned environment, once: a process that was already
     re-executed and still differs continues, warns, and is recorded as unpinned."""
     reexeced = os.environ.pop(_REEXEC, None)
-    if not enabled() or all(os.environ.get(k) == v for k, v in PIN.items()):
+    if not enabled() or in_environment():
         return
     if "torch" not in sys.modules:
         os.environ.update(PIN)

@@ -9,8 +9,9 @@ all load the same weights; roles differ only by their prompts. A parameter-match
 a larger preset on exactly the same conversations (the data never depends on a model).
 
 Reproducible: a base is a pure function of its :class:`BaseConfig` — seeded initialisation,
-data and order, and a fixed number of torch CPU threads (the float summation order, hence the
-weights, depends on it), all in the cache key; and, under the CPU pin of
+data and order, and a number of torch CPU threads (the float summation order, hence the
+weights, depends on it), all in the cache key (a build with the default batch runs on 1 or 2 threads, as idle cores
+allow, which give the same weights: :mod:`mlmt_bench.warmstart.build_threads`); and, under the CPU pin of
 :mod:`mlmt_bench.reproducible` (on unless ``MLMT_BENCH_CPU_PIN=0``), the same on every x86-64
 machine with AVX2. ``base.json`` records the weights' sha256 and the build's environment (CPU,
 pin, library versions) so that a base built elsewhere is told apart. It is cached under
@@ -42,6 +43,7 @@ from mlmt_bench.benchmarks.base import OracleBenchmark
 from mlmt_bench.errors import UserError
 from mlmt_bench.models.hf_quiet import quiet_transformers
 from mlmt_bench.notes import tell
+from mlmt_bench.warmstart.build_threads import ThreadGovernor
 
 #: Bumped whenever a change here would change the weights a config produces (part of the key).
 #: 4: built under the CPU pin (mlmt_bench.reproducible), which changes the weights on every machine.
@@ -120,8 +122,9 @@ class BaseConfig(BaseModel):
     critic_noise: float = Field(0.1, ge=0, le=1, description="share of critique targets replaced by wrong feedback")
     critic_token_weight: float = Field(3.0, ge=0,
                                        description="loss weight of the critic's verdicts and computed values")
-    threads: int = Field(1, ge=1, description="torch CPU threads while training: the weights depend on it, so it is "
-                                               "part of the key (1: the same weights whatever the machine's load)")
+    threads: int = Field(1, ge=1, description="torch CPU threads whose float summation order the weights follow: "
+                                               "part of the key; with 1 or 2 here and the default batch the build "
+                                               "runs on 1 or 2 threads as idle cores allow (the same weights)")
     check_problems: int = Field(200, ge=1, description="validation problems of the base's check")
     check_temperature: float = Field(1.0, ge=0, description="the check also runs at this sampling temperature "
                                                              "(both roles): what RL sees")
@@ -150,7 +153,7 @@ class BaseConfig(BaseModel):
 
         if self.seed is None:
             raise ValueError("a base's key needs its seed (BaseConfig.with_seed)")
-        pin = reproducible.PIN if all(os.environ.get(k) == v for k, v in reproducible.PIN.items()) else "off"
+        pin = reproducible.PIN if reproducible.in_environment() else "off"
         payload = json.dumps({"format": BASE_FORMAT, **({} if pin == reproducible.PIN else {"cpu_pin": pin}),
                               **self.model_dump(mode="json", exclude={"allow_invalid"})}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
@@ -246,7 +249,7 @@ def _ensure_built(cfg: BaseConfig, cache_dir: Path | None, progress: bool) -> Ba
         if progress:
             tell(f"checking base {key} on {cfg.check_problems} validation problems (greedy and at T="
                  f"{cfg.check_temperature:g}) ...")
-        with torch_threads(cfg.threads):
+        with torch_threads(ThreadGovernor(cfg.threads, cfg.batch).start()):
             report["check"] = check_base(Base(tmp, report), bench, cfg.check_problems,
                                          temperature=cfg.check_temperature)
         (tmp / "base.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
@@ -265,10 +268,19 @@ def _ensure_built(cfg: BaseConfig, cache_dir: Path | None, progress: bool) -> Ba
         from mlmt_bench.progress import duration
 
         why = result.invalid_because()
-        tell(f"shared base {key} built in {duration(time.perf_counter() - t0)}, cached at {final} (later runs reuse "
-             f"it): {check_line(result.report.get('check') or {})}; "
+        tell(f"shared base {key} built in {duration(time.perf_counter() - t0)}{_on_threads(result.report)}, cached at "
+             f"{final} (later runs reuse it): {check_line(result.report.get('check') or {})}; "
              + ("INVALID testbed: " + "; ".join(why) if why else "valid testbed"))
     return result
+
+
+def _on_threads(report: dict[str, Any]) -> str:
+    """' on 2 threads' (or ' on 1-2 threads' when the count changed during the build)."""
+    used = sorted(int(t) for t in (report.get("build_threads") or {}).get("steps") or {})
+    if not used:
+        return ""
+    span = str(used[0]) if len(used) == 1 else f"{used[0]}-{used[-1]}"
+    return f" on {span} thread{'s' if used[-1] > 1 else ''}"
 
 
 def check_line(check: dict[str, Any]) -> str:
@@ -323,7 +335,11 @@ def torch_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _build(cfg: BaseConfig, bench: Any, out: Path, progress: bool) -> dict[str, Any]:
+def _build(cfg: BaseConfig, bench: Any, out: Path, progress: bool,
+           governor: ThreadGovernor | None = None) -> dict[str, Any]:
+    """Trains and saves the base of ``cfg`` into ``out``; returns its ``base.json`` without key
+    and check. ``governor``: the torch thread count step by step (default: as many idle cores as
+    give the same weights, :mod:`mlmt_bench.warmstart.build_threads`)."""
     import torch
     import transformers
 
@@ -341,12 +357,14 @@ def _build(cfg: BaseConfig, bench: Any, out: Path, progress: bool) -> dict[str, 
     weights = [getattr(cfg.mix, k) for k in KINDS]
     kinds_rng = random.Random(f"base:{cfg.seed}:kinds")
     plan = [kinds_rng.choices(KINDS, weights=weights)[0] for _ in range(cfg.steps)]
-    with torch_threads(cfg.threads), quiet_transformers(), stage_progress(progress, _rich_bar) as bar:
+    governor = governor or ThreadGovernor(cfg.threads, cfg.batch)
+    with torch_threads(governor.start()), quiet_transformers(), stage_progress(progress, _rich_bar) as bar:
         model = build_tiny_model(cfg.preset, tok, seed=cfg.seed)
         what = f"building shared base {cfg.preset} seed {cfg.seed} (first run only: cached for every later run)"
         task = bar.add_task(what, total=cfg.steps, loss=float("nan")) if bar else None
 
         def on_step(step: int, loss: float) -> None:
+            governor.step()
             if bar is not None:
                 bar.update(task, advance=1, loss=loss)
 
@@ -360,7 +378,8 @@ def _build(cfg: BaseConfig, bench: Any, out: Path, progress: bool) -> dict[str, 
             "n_problems": len(data.problems), "steps_by_kind": {k: plan.count(k) for k in KINDS}, "sft": summary,
             "flops": training_flops(params, summary["tokens"]),
             "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-            "sha256": reproducible.weights_sha256(out / "model"), "environment": reproducible.record()}
+            "sha256": reproducible.weights_sha256(out / "model"), "environment": reproducible.record(),
+            "build_threads": governor.record()}
 
 
 def _rich_bar() -> Any:
