@@ -1,0 +1,90 @@
+"""What building the shared base on idle cores buys: one thread against the governed count
+(:class:`mlmt_bench.warmstart.build_threads.ThreadGovernor`, 1 or 2 threads as idle cores allow)
+and a fixed 2 threads, on an idle machine and beside ``--hogs`` busy processes.
+
+A benchmark, not a test. The workload is the shared base's own build (``shared_base._build``:
+the default :class:`~mlmt_bench.warmstart.shared_base.BaseConfig`, seed 0, ``--steps`` SFT
+steps, no check), in this process under the CPU pin. For each load (``--hogs`` 0 and N: N
+processes spinning on a busy loop), the three ways run one after another. Reported: SFT wall
+seconds, the ratio to one thread at the same load, the steps run on each thread count, and the
+weights' sha256 (equal for all: the thread count is a speed choice only).
+
+Usage (from the repository root)::
+
+    .venv/bin/python perf/base_build_threads.py --steps 300 --hogs 2 --out perf/results/base_build_threads.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+def _build(steps: int, how: str) -> dict[str, Any]:
+    from mlmt_bench.warmstart import shared_base as sb
+    from mlmt_bench.warmstart.build_threads import ThreadGovernor
+
+    cfg = sb.BaseConfig(seed=0, steps=steps)
+    bench = sb.synthetic_benchmark(cfg.benchmark, cfg.benchmark_options)
+    fixed = {"1 thread": 0.0, "2 threads": 99.0}
+    governor = (ThreadGovernor(cfg.threads, cfg.batch, idle=lambda: fixed[how], every_s=1e9) if how in fixed
+                else ThreadGovernor(cfg.threads, cfg.batch))
+    with tempfile.TemporaryDirectory() as out:
+        report = sb._build(cfg, bench, Path(out), progress=False, governor=governor)
+    return {"sft_s": report["sft"]["seconds"], "cpu_s": report["sft"]["cpu_seconds"],
+            "steps_on": report["build_threads"]["steps"], "sha256": report["sha256"]}
+
+
+def main() -> None:
+    from mlmt_bench import reproducible
+
+    reproducible.apply()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--hogs", type=int, default=2, help="busy processes of the loaded case")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "cpu": platform.processor() or platform.machine(),
+                               "cores": len(os.sched_getaffinity(0)), "steps": args.steps, "loads": {}}
+    for hogs in sorted({0, args.hogs}):
+        procs = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(hogs)]
+        for p in procs:
+            p.start()
+        try:
+            time.sleep(1.0 if hogs else 0.0)
+            rows = {how: _build(args.steps, how) for how in ("1 thread", "governed", "2 threads")}
+        finally:
+            for p in procs:
+                p.terminate()
+        for row in rows.values():
+            row["vs_1_thread"] = round(row["sft_s"] / rows["1 thread"]["sft_s"], 3)
+        results["loads"][f"{hogs} busy processes"] = rows
+        for how, row in rows.items():
+            print(f"{hogs} busy: {how:9s} {row['sft_s']:7.1f} s  x{row['vs_1_thread']:.2f}  steps on {row['steps_on']}"
+                  f"  sha {row['sha256'][:16]}", flush=True)
+    shas = {row["sha256"] for rows in results["loads"].values() for row in rows.values()}
+    results["same_weights"] = len(shas) == 1
+    print("same weights everywhere:", results["same_weights"])
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
