@@ -71,6 +71,15 @@ def test_the_governor_re_picks_every_interval_and_counts_the_steps_on_each(monke
     assert single.start() == 3 and single.allowed == (3,)
 
 
+def test_the_build_line_says_which_thread_counts_it_ran_on():
+    from mlmt_bench.warmstart.shared_base import _on_threads
+
+    assert _on_threads({"build_threads": {"steps": {"2": 2400}}}) == " on 2 threads"
+    assert _on_threads({"build_threads": {"steps": {"1": 5, "2": 7}}}) == " on 1-2 threads"
+    assert _on_threads({"build_threads": {"steps": {"1": 8}}}) == " on 1 thread"
+    assert _on_threads({}) == ""  # a base built before the count was recorded
+
+
 _SCRIPT = """
 import itertools, json, sys, tempfile
 from mlmt_bench import reproducible

@@ -71,9 +71,9 @@ def test_a_base_build_says_it_happens_once_and_ends_with_its_check(tmp_path, cap
     assert re.search(r"first run only: cached for every later run\): \d/8 \d+% \d+s ETA ", err), err
     assert f"checking base {cfg.key()} on 4 validation problems (greedy and at T=" in err
     done = next(line for line in err.splitlines() if line.startswith("shared base "))
-    assert re.fullmatch(rf"shared base {cfg.key()} built in \d+ s, cached at {tmp_path / cfg.key()} \(later runs "
-                        r"reuse it\): validation acc@t1 \d+\.\d%, acc@t2 after its own feedback \d+\.\d%, after g∅ "
-                        r"\d+\.\d%, after the oracle's \d+\.\d%; INVALID testbed: .+", done), done
+    assert re.fullmatch(rf"shared base {cfg.key()} built in \d+ s on 1 thread, cached at {tmp_path / cfg.key()} "
+                        r"\(later runs reuse it\): validation acc@t1 \d+\.\d%, acc@t2 after its own feedback "
+                        r"\d+\.\d%, after g∅ \d+\.\d%, after the oracle's \d+\.\d%; INVALID testbed: .+", done), done
     ensure_base(cfg, cache_dir=tmp_path, progress=True)  # cached: nothing to say
     assert capsys.readouterr().err == ""
 
