@@ -7,7 +7,7 @@ kernels split work between threads differently by size). Measured with torch 2.1
 under the CPU pin (:mod:`mlmt_bench.reproducible`) on a 2-core AMD EPYC, at the default 16
 conversations a step: a whole seed-0 ``tiny-0.5m`` base (2,400 steps) built on 2 threads has the
 sha256 and the check of the committed 1-thread one, and so do 300-step builds of seeds 1-3 and of
-``tiny-1m``; but at 4, 5, 6, 7 or 12 conversations a step 2 threads change the weights within 9
+``tiny-1m``; but at 1 to 7 or 12 conversations a step 2 threads change the weights within 9
 steps, and 3, 4 or 8 threads change them at some batch sizes. So only the measured pair is used:
 a build keyed on 1 or 2 threads with a batch of 16 may run on 1 or 2 threads and switch between
 steps (:func:`allowed_threads`); any other build runs on exactly its keyed count.
