@@ -172,7 +172,7 @@ def test_an_experiment_on_ray_survives_a_killed_worker_and_equals_the_workers_pa
 def _sweep(tmp_path: Path, ckpt: Path, out: str) -> Path:
     spec = minimal_spec(output_dir=str(tmp_path / out))
     spec["policies"]["solver"]["path"] = str(ckpt)
-    spec["train"].update(steps=3, checkpoint_every=1)
+    spec["train"].update(steps=6, checkpoint_every=1)  # steps enough for the test to find one running
     spec["eval"] = {"every": 1, "limit": 4, "samples": 0}
     spec["backend"] = {"max_new_tokens": 8}
     (tmp_path / f"{out}-run.yaml").write_text(yaml.safe_dump(spec))
@@ -182,6 +182,19 @@ def _sweep(tmp_path: Path, ckpt: Path, out: str) -> Path:
         "eval_split": "test", "space": {"policies.solver.lr": {"type": "categorical",
                                                                 "choices": [1e-4, 2e-4, 4e-4, 8e-4]}}}))
     return path
+
+
+def _checkpointed_running_trial(trials: Path) -> int | None:
+    """The pid of a trial that has a checkpoint and is still running (None: none yet). A trial
+    just started has no pid in its manifest yet; one of 6 tiny steps may already be complete."""
+    for ckpt in sorted(trials.glob("*/checkpoints/step-*")):
+        try:
+            manifest = json.loads((ckpt.parents[1] / "manifest.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if manifest.get("status") == "running" and "pid" in manifest:
+            return int(manifest["pid"])
+    return None
 
 
 def _trials(result: dict) -> dict[float, list]:
@@ -205,11 +218,9 @@ def test_a_sweep_on_ray_survives_a_killed_worker_and_equals_the_workers_path(ray
     on_ray = _cli("--json", "sweep", str(_sweep(tmp_path, tiny_ckpt, "ray")), "--ray", ray_cluster, "--seed", "0",
                   "--heartbeat", "2")
     deadline = time.monotonic() + 600
-    while not list((tmp_path / "ray" / "sw" / "trials").glob("*/checkpoints/step-*")) and on_ray.poll() is None:
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
-    running = [json.loads(p.read_text()) for p in (tmp_path / "ray" / "sw" / "trials").glob("*/manifest.json")]
-    pid = next(m["pid"] for m in running if m.get("status") == "running")
+    while (pid := _checkpointed_running_trial(tmp_path / "ray" / "sw" / "trials")) is None:
+        assert on_ray.poll() is None and time.monotonic() < deadline, "no running trial with a checkpoint to kill"
+        time.sleep(0.05)
     os.kill(pid, signal.SIGKILL)
     ray_out, err = on_ray.communicate(timeout=1800)
     assert on_ray.returncode == 0, err[-2000:]
