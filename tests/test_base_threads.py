@@ -80,6 +80,29 @@ def test_the_build_line_says_which_thread_counts_it_ran_on():
     assert _on_threads({}) == ""  # a base built before the count was recorded
 
 
+def test_a_build_on_two_threads_leaves_the_callers_thread_count_as_it_was(monkeypatch, tmp_path):
+    """A run that builds its missing base goes on with its own train.threads (which its results
+    depend on), however many threads the build and its check ran on."""
+    import torch
+
+    from mlmt_bench import reproducible
+    from mlmt_bench.warmstart import build_threads, shared_base
+
+    for k, v in reproducible.PIN.items():
+        monkeypatch.setenv(k, v)
+    two_idle = lambda keyed, batch: build_threads.ThreadGovernor(keyed, batch, idle=lambda: 2.0, cores=2)  # noqa: E731
+    monkeypatch.setattr(shared_base, "ThreadGovernor", two_idle)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        base = shared_base.ensure_base(shared_base.BaseConfig(**{**TINY, "batch": 16, "steps": 3}),
+                                       cache_dir=tmp_path, progress=False)
+        assert base.report["build_threads"]["steps"] == {"2": 3}  # it did build on two
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
 _SCRIPT = """
 import itertools, json, sys, tempfile
 from mlmt_bench import reproducible

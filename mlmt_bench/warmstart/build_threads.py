@@ -134,12 +134,13 @@ class ThreadGovernor:
     def step(self) -> None:
         """Count the step just run; re-pick the thread count when it is time."""
         self.used[self.threads] = self.used.get(self.threads, 0) + 1
-        if len(self.allowed) > 1 and self._clock() - self._since >= self._every:
+        now = self._clock()
+        if len(self.allowed) > 1 and now - self._since >= self._every:
             threads = pick_threads(self._free(), self.allowed)
             if threads != self.threads:
                 self._set(threads)
                 self.threads = threads
-            self._since = self._clock()
+            self._since = now
 
     def record(self) -> dict[str, Any]:
         """What ``base.json`` keeps: the thread counts allowed and the steps run on each."""

@@ -249,7 +249,8 @@ def _ensure_built(cfg: BaseConfig, cache_dir: Path | None, progress: bool) -> Ba
         if progress:
             tell(f"checking base {key} on {cfg.check_problems} validation problems (greedy and at T="
                  f"{cfg.check_temperature:g}) ...")
-        with torch_threads(ThreadGovernor(cfg.threads, cfg.batch).start()):
+        with torch_threads(cfg.threads):  # restores the caller's count afterwards
+            ThreadGovernor(cfg.threads, cfg.batch).start()
             report["check"] = check_base(Base(tmp, report), bench, cfg.check_problems,
                                          temperature=cfg.check_temperature)
         (tmp / "base.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
@@ -358,7 +359,10 @@ def _build(cfg: BaseConfig, bench: Any, out: Path, progress: bool,
     kinds_rng = random.Random(f"base:{cfg.seed}:kinds")
     plan = [kinds_rng.choices(KINDS, weights=weights)[0] for _ in range(cfg.steps)]
     governor = governor or ThreadGovernor(cfg.threads, cfg.batch)
-    with torch_threads(governor.start()), quiet_transformers(), stage_progress(progress, _rich_bar) as bar:
+    # torch_threads saves the caller's count first and restores it afterwards (a run that built its
+    # base goes on with its own train.threads); the governor sets the count inside it
+    with torch_threads(cfg.threads), quiet_transformers(), stage_progress(progress, _rich_bar) as bar:
+        governor.start()
         model = build_tiny_model(cfg.preset, tok, seed=cfg.seed)
         what = f"building shared base {cfg.preset} seed {cfg.seed} (first run only: cached for every later run)"
         task = bar.add_task(what, total=cfg.steps, loss=float("nan")) if bar else None
