@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -24,6 +25,8 @@ from support import require
 
 # what depends on the clock or the machine's load, never on the run's seed
 TIMING = ("wall_s", "gen_tok_per_s", "train_tok_per_s", "peak_mem_mb")
+# each run's steps: enough that one is still running with a checkpoint when the test looks
+STEPS = 6
 
 
 def _free_port() -> int:
@@ -89,7 +92,7 @@ def _cli(*args: str, **kw):
 def _experiment(tmp_path: Path, ckpt: Path, out: str) -> Path:
     base = minimal_spec()
     base["policies"]["solver"]["path"] = str(ckpt)
-    base["train"].update(steps=3, checkpoint_every=1, token_budget=None)
+    base["train"].update(steps=STEPS, checkpoint_every=1, token_budget=None)
     base["eval"] = {"every": 2, "limit": 4}
     base["backend"] = {"max_new_tokens": 8}
     exp = {"name": "rx", "base": base, "seeds": [0, 1], "budget": "none", "output_dir": str(tmp_path / out),
@@ -121,19 +124,33 @@ def _runs(exp_dir: Path) -> dict[tuple[str, int], dict]:
     return out
 
 
-def _kill_one_run_mid_way(exp_root: Path, proc: subprocess.Popen, timeout_s: float = 600) -> int:
-    """Wait until a run of the experiment under ``exp_root`` has its first checkpoint, then kill
-    the Ray worker process running it (the pid its ``.lock`` names); returns that pid."""
+def _pid_of_a_run_mid_way(runs: Path, steps: int) -> int | None:
+    """The pid in ``.lock`` of a run directory matching ``runs`` (a glob) that its manifest says is
+    running, with a checkpoint and at least 3 of its ``steps`` still to go (None: none yet).
+    ``.lock`` stays after a run ends and a Ray worker goes on to other runs, so a checkpoint
+    alone does not say its pid is mid-run; 3 steps left keep the run going while it is killed."""
+    for run in sorted(Path(runs.anchor).glob(str(runs.relative_to(runs.anchor)))):
+        try:
+            manifest = json.loads((run / "manifest.json").read_text())
+            pid = (run / ".lock").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        done = [int(c.name[5:]) for c in run.glob("checkpoints/step-*") if re.fullmatch(r"step-\d{6}", c.name)]
+        if manifest.get("status") == "running" and pid.isdigit() and done and max(done) <= steps - 3:
+            return int(pid)
+    return None
+
+
+def _kill_a_run_mid_way(runs: Path, steps: int, proc: subprocess.Popen, timeout_s: float = 600) -> int:
+    """SIGKILL the process running a run of ``runs`` (a glob) mid-way (:func:`_pid_of_a_run_mid_way`)
+    while ``proc`` (the CLI that started it) runs; returns that pid."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        for ckpt in exp_root.glob("*/*/checkpoints/step-000001"):
-            lock = ckpt.parent.parent / ".lock"
-            pid = lock.read_text().strip() if lock.is_file() else ""
-            if pid.isdigit():
-                os.kill(int(pid), signal.SIGKILL)
-                return int(pid)
-        time.sleep(0.2)
-    raise AssertionError(f"no run reached its first checkpoint (cli: {proc.poll()}, {proc.stderr.read()[-800:]})")
+    while (pid := _pid_of_a_run_mid_way(runs, steps)) is None:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"no run mid-way to kill (cli: {proc.poll()}, {proc.stderr.read()[-800:]})")
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    return pid
 
 
 @pytest.mark.slow
@@ -142,7 +159,7 @@ def test_an_experiment_on_ray_survives_a_killed_worker_and_equals_the_workers_pa
     _, err = local.communicate(timeout=1800)
     assert local.returncode == 0, err[-2000:]
     on_ray = _cli("run", str(_experiment(tmp_path, tiny_ckpt, "ray")), "--ray", ray_cluster)
-    killed = _kill_one_run_mid_way(tmp_path / "ray", on_ray)
+    killed = _kill_a_run_mid_way(tmp_path / "ray" / "rx-*" / "*", STEPS, on_ray)
     _, err = on_ray.communicate(timeout=1800)
     assert on_ray.returncode == 0, err[-2000:]
     (local_dir,), (ray_dir,) = (list((tmp_path / d).glob("rx-*")) for d in ("local", "ray"))
@@ -172,7 +189,7 @@ def test_an_experiment_on_ray_survives_a_killed_worker_and_equals_the_workers_pa
 def _sweep(tmp_path: Path, ckpt: Path, out: str) -> Path:
     spec = minimal_spec(output_dir=str(tmp_path / out))
     spec["policies"]["solver"]["path"] = str(ckpt)
-    spec["train"].update(steps=6, checkpoint_every=1)  # steps enough for the test to find one running
+    spec["train"].update(steps=STEPS, checkpoint_every=1)
     spec["eval"] = {"every": 1, "limit": 4, "samples": 0}
     spec["backend"] = {"max_new_tokens": 8}
     (tmp_path / f"{out}-run.yaml").write_text(yaml.safe_dump(spec))
@@ -182,19 +199,6 @@ def _sweep(tmp_path: Path, ckpt: Path, out: str) -> Path:
         "eval_split": "test", "space": {"policies.solver.lr": {"type": "categorical",
                                                                 "choices": [1e-4, 2e-4, 4e-4, 8e-4]}}}))
     return path
-
-
-def _checkpointed_running_trial(trials: Path) -> int | None:
-    """The pid of a trial that has a checkpoint and is still running (None: none yet). A trial
-    just started has no pid in its manifest yet; one of 6 tiny steps may already be complete."""
-    for ckpt in sorted(trials.glob("*/checkpoints/step-*")):
-        try:
-            manifest = json.loads((ckpt.parents[1] / "manifest.json").read_text())
-        except (OSError, ValueError):
-            continue
-        if manifest.get("status") == "running" and "pid" in manifest:
-            return int(manifest["pid"])
-    return None
 
 
 def _trials(result: dict) -> dict[float, list]:
@@ -217,11 +221,7 @@ def test_a_sweep_on_ray_survives_a_killed_worker_and_equals_the_workers_path(ray
     assert local.returncode == 0, err[-2000:]
     on_ray = _cli("--json", "sweep", str(_sweep(tmp_path, tiny_ckpt, "ray")), "--ray", ray_cluster, "--seed", "0",
                   "--heartbeat", "2")
-    deadline = time.monotonic() + 600
-    while (pid := _checkpointed_running_trial(tmp_path / "ray" / "sw" / "trials")) is None:
-        assert on_ray.poll() is None and time.monotonic() < deadline, "no running trial with a checkpoint to kill"
-        time.sleep(0.05)
-    os.kill(pid, signal.SIGKILL)
+    _kill_a_run_mid_way(tmp_path / "ray" / "sw" / "trials" / "*", STEPS, on_ray)
     ray_out, err = on_ray.communicate(timeout=1800)
     assert on_ray.returncode == 0, err[-2000:]
     ray_result = json.loads(ray_out)
