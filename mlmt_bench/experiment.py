@@ -11,7 +11,6 @@ import dataclasses
 import datetime as _dt
 import json
 import multiprocessing
-import os
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlmt_bench.cpus import cpu_budget
 from mlmt_bench.errors import UserError
 from mlmt_bench.notes import tell
 from mlmt_bench.spec import ExperimentSpec, RunSpec
@@ -48,7 +48,8 @@ def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool
     """Run every arm × seed (seed-major), then compare them.
 
     ``workers`` > 1 runs that many runs at once, each in its own process with
-    ``cpu_count // workers`` torch threads unless the spec sets ``train.threads``; each missing
+    ``cpu_budget() // workers`` torch threads (the CPUs this process may use:
+    :mod:`mlmt_bench.cpus`) unless the spec sets ``train.threads``; each missing
     shared base is built once, by one process, before the runs that need it. ``resume`` names
     the directory of an earlier, interrupted run of the same experiment: its finished runs are
     kept (their specs must equal this spec's, the thread count aside), a run cut short is
@@ -144,11 +145,11 @@ class _Job:
 
 
 def _with_threads(spec: RunSpec, workers: int) -> RunSpec:
-    """``spec`` with ``train.threads`` = this machine's cores / ``workers`` (0: one thread, a Ray
-    task's CPU), unless it sets them."""
+    """``spec`` with ``train.threads`` = the CPUs this process may use / ``workers`` (0: one
+    thread, a Ray task's CPU), unless it sets them."""
     if spec.train.threads is not None:
         return spec
-    threads = max(1, (os.cpu_count() or 1) // workers) if workers else 1
+    threads = max(1, cpu_budget() // workers) if workers else 1
     return spec.model_copy(update={"train": spec.train.model_copy(update={"threads": threads})}, deep=True)
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from mlmt_bench import registry
 from mlmt_bench.benchmarks.base import OracleBenchmark
+from mlmt_bench.cpus import cpu_budget
 from mlmt_bench.errors import UserError
 from mlmt_bench.notes import note, tell, warn
 from mlmt_bench.spec import RunSpec, dump_yaml, load_any, load_run_spec
@@ -53,7 +54,7 @@ class Components:
 def configure_torch(spec: RunSpec) -> None:
     import torch
 
-    torch.set_num_threads(spec.train.threads or min(os.cpu_count() or 1, 8))
+    torch.set_num_threads(spec.train.threads or min(cpu_budget(), 8))
     if spec.train.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     torch.manual_seed(spec.seed)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import minimal_spec
+from mlmt_bench.cpus import cpu_budget
 from mlmt_bench.errors import UserError
 from mlmt_bench.experiment import run_experiment
 from mlmt_bench.spec import load_experiment
@@ -45,8 +46,24 @@ def test_workers_run_every_arm_and_seed_in_processes(exp_spec, tmp_path):
         assert seeds == [0, 1]  # listed in seed order whatever order the processes finished in
         for n in names:
             resolved = open(f"{exp_dir}/{n}/spec.resolved.yaml").read()
-            assert f"threads: {max(1, (os.cpu_count() or 1) // 2)}" in resolved
+            assert f"threads: {max(1, cpu_budget() // 2)}" in resolved
     assert exp_dir.startswith(str(tmp_path)) and record["comparison"]
+
+
+def test_a_cgroup_quota_caps_the_threads_each_worker_gets(exp_spec, monkeypatch):
+    """``docker run --cpus=1`` on a machine of N cores: one thread per run, not N / workers."""
+    from mlmt_bench import cpus
+    from mlmt_bench.experiment import _with_threads
+
+    _, arms = load_experiment(exp_spec(a=1e-4))
+    spec = arms["a"]
+    monkeypatch.setattr(cpus, "usable_cpus", lambda: list(range(8)))
+    monkeypatch.setattr(cpus.CpuGroup, "find", classmethod(lambda cls, proc=None: cls(None)))
+    assert _with_threads(spec, 2).train.threads == 4
+    monkeypatch.setattr(cpus.CpuGroup, "find", classmethod(lambda cls, proc=None: cls(1.0)))
+    assert _with_threads(spec, 1).train.threads == 1
+    assert _with_threads(spec.model_copy(update={"train": spec.train.model_copy(update={"threads": 3})}),
+                         1).train.threads == 3  # the spec's own count stands
 
 
 def test_resume_keeps_finished_runs_and_does_only_the_missing_ones(exp_spec, tmp_path):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from mlmt_bench.cpus import cpu_budget
 from mlmt_bench.errors import UserError
 from mlmt_bench.spec import dump_yaml
 from mlmt_bench.sweep.space import suggest
@@ -166,7 +167,7 @@ def run_sweep(path: Path | str, *, n_trials: int | None = None, storage: str | N
                 threads = (sweep.run_raw.get("train") or {}).get("threads")
                 if threads is None:
                     # the workers share this machine's cores (torch would give each all of them); a Ray task: one
-                    threads = 1 if ray is not None else max(1, (os.cpu_count() or 1) // workers)
+                    threads = 1 if ray is not None else max(1, cpu_budget() // workers)
                     overrides = [*overrides, f"train.threads={threads}"]
                 args = WorkerArgs(str(sweep.path), overrides, study_name, url, target, seed, heartbeat_s)
                 if ray is not None:

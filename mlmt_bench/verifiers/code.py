@@ -44,6 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from mlmt_bench.bounded_input import shorten
+from mlmt_bench.cpus import cpu_budget
 from mlmt_bench.errors import UserError
 from mlmt_bench.types import Problem, Verdict, VerdictKind
 from mlmt_bench.verifiers.base import Verifier
@@ -163,12 +164,10 @@ class CodeVerifier(Verifier):
         self.sandbox_disabled = check_disable(sandbox_disable)
         super().__init__(timeout_s=timeout_s, memory_mb=memory_mb, workers=workers,
                          sandbox_disable=list(self.sandbox_disabled))
-        import os
-
         try:
             self.limits = Limits(timeout_s=float(timeout_s), memory_mb=int(memory_mb), nproc=int(nproc),
                                  fsize_mb=int(fsize_mb), output_bytes=int(output_bytes))
-            self.workers = max(1, int(workers) if workers else (os.cpu_count() or 1))
+            self.workers = max(1, int(workers) if workers else cpu_budget())
             self.max_program_chars = int(max_program_chars)
         except (TypeError, ValueError) as exc:
             raise UserError(f"verifier code: options must be numbers ({shorten(str(exc))})") from None

@@ -48,6 +48,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mlmt_bench.cpus import cpu_budget
+
 
 class CallTimeout(Exception):
     """The call did not finish before its deadline."""
@@ -238,7 +240,7 @@ class WorkerPool:
 
     def __init__(self, max_workers: int | None = None, memory_limit_mb: int | None = 4096,
                  preload: tuple[str, ...] = ()) -> None:
-        self.max_workers = max(1, int(max_workers or os.cpu_count() or 1))
+        self.max_workers = max(1, int(max_workers or cpu_budget()))
         self.memory_limit_mb = memory_limit_mb
         self.preload = tuple(preload)
         self.inline_reason: str | None = None
