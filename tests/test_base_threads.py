@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from mlmt_bench.cpus import CpuGroup
 from mlmt_bench.warmstart.build_threads import (
     EQUIVALENT,
     EQUIVALENT_BATCHES,
@@ -44,11 +45,43 @@ def test_the_largest_allowed_count_that_fits_the_idle_cores_is_picked():
 
 def test_idle_cores_are_the_cpus_minus_what_other_processes_used():
     clock, busy, own = iter([0.0, 10.0, 20.0]), iter([0.0, 12.0, 20.0]), iter([0.0, 10.0, 14.0])
-    idle = IdleCores(cpus=[0, 1], busy=lambda: next(busy), own=lambda: next(own), clock=lambda: next(clock))
+    idle = IdleCores(cpus=[0, 1], busy=lambda: next(busy), own=lambda: next(own), clock=lambda: next(clock),
+                     group=CpuGroup(None))
     # 10 s: the CPUs were busy 12 s, 10 of them this process's: others used 0.2 core of 2
     assert abs(idle() - 1.8) < 1e-9
     # the next 10 s: busy 8 s, 4 of them ours: others used 0.4 core
     assert abs(idle() - 1.6) < 1e-9
+
+
+class _Group(CpuGroup):
+    """A cgroup whose CPU seconds so far come from ``used`` (one value a call)."""
+
+    def __init__(self, quota: float | None, used) -> None:
+        super().__init__(quota)
+        object.__setattr__(self, "_used", used)
+
+    def used_seconds(self) -> float | None:
+        return next(self._used)
+
+
+def test_in_a_cgroup_with_a_quota_idle_cores_are_what_the_quota_left():
+    """A container with ``--cpus=1.5`` on an 8-core host: the host's idle cores do not count,
+    the quota minus what the container's other processes used does."""
+    clock, busy, own = iter([0.0, 10.0, 20.0]), iter([0.0, 10.0, 30.0]), iter([0.0, 10.0, 14.0])
+    idle = IdleCores(cpus=list(range(8)), busy=lambda: next(busy), own=lambda: next(own),
+                     clock=lambda: next(clock), group=_Group(1.5, iter([0.0, 10.0, 25.0])))
+    # 10 s: only this process ran (10 s of host time, 10 of the cgroup's): all 1.5 CPUs free
+    assert abs(idle() - 1.5) < 1e-9
+    # the next 10 s: the cgroup used 15 s, 4 of them ours: others took 1.1 of its 1.5 CPUs (on
+    # the host, 8 - 1.6 cores were idle)
+    assert abs(idle() - 0.4) < 1e-9
+    # the cgroup's CPU time unreadable: the quota caps the host's idle cores
+    ticks = iter([0.0, 10.0])
+    capped = IdleCores(cpus=list(range(8)), busy=lambda: 0.0, own=lambda: 0.0, clock=lambda: next(ticks),
+                       group=_Group(1.5, iter([None, None])))
+    assert capped() == 1.5
+    on_two = IdleCores(cpus=[0, 1], busy=lambda: 0.0, own=lambda: 0.0, clock=lambda: 0.0, group=CpuGroup(4.0))
+    assert on_two() == 2.0  # no wall time yet: the smaller of the CPUs and the quota
 
 
 def test_the_governor_re_picks_every_interval_and_counts_the_steps_on_each(monkeypatch):

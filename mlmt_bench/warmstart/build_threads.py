@@ -16,17 +16,19 @@ steps (:func:`allowed_threads`); any other build runs on exactly its keyed count
 The count is re-chosen every few seconds from the cores other processes left idle since the last
 look (:class:`IdleCores`): 2 threads on an idle 2-core machine about halve a build's time, and it
 goes back to 1 when another process wants the core, because torch's OpenMP threads spin while
-they wait for one (measured in ``perf/base_build_threads.py``).
+they wait for one (measured in ``perf/base_build_threads.py``). In a cgroup with a CPU quota (a
+container's ``--cpus``) the quota, not the host's idle cores, bounds the count
+(:mod:`mlmt_bench.cpus`): 2 threads in a 1-CPU quota are slower than one.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 from mlmt_bench import reproducible
+from mlmt_bench.cpus import CpuGroup, cpu_budget, usable_cpus
 
 #: Thread counts measured to build bit-identical bases (see the module docstring) ...
 EQUIVALENT: tuple[int, ...] = (1, 2)
@@ -53,28 +55,25 @@ def pick_threads(free_cores: float, allowed: tuple[int, ...]) -> int:
     return max(fits) if fits else min(allowed)
 
 
-def usable_cores() -> list[int]:
-    """The CPUs this process may run on (its affinity where the platform has one)."""
-    try:
-        return sorted(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return list(range(os.cpu_count() or 1))
-
-
 class IdleCores:
     """Cores of this process's CPUs that other processes left idle since the last call
-    (system CPU time on those CPUs minus this process's own, over the wall time between calls).
+    (system CPU time on those CPUs minus this process's own, over the wall time between calls),
+    no more than what its cgroup's CPU quota left (the quota minus the cgroup's other processes'
+    CPU time: in a container the host's cores are not what the process may use).
 
     ``busy``: seconds the CPUs were busy so far; ``own``: this process's CPU seconds so far;
-    ``clock``: wall seconds (injectable for tests)."""
+    ``group``: the cgroup (:class:`mlmt_bench.cpus.CpuGroup`, its quota and CPU time so far);
+    ``clock``: wall seconds (all injectable for tests)."""
 
     def __init__(self, cpus: list[int] | None = None, busy: Callable[[], float] | None = None,
-                 own: Callable[[], float] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        self.cpus = cpus if cpus is not None else usable_cores()
+                 own: Callable[[], float] | None = None, clock: Callable[[], float] = time.monotonic,
+                 group: CpuGroup | None = None) -> None:
+        self.cpus = cpus if cpus is not None else usable_cpus()
+        self.group = group if group is not None else CpuGroup.find()
         self._busy = busy or self._system_busy
         self._own = own or _own_cpu_seconds
         self._clock = clock
-        self._last = (clock(), self._busy(), self._own())
+        self._last = self._sample()
 
     def _system_busy(self) -> float:
         import psutil
@@ -83,14 +82,22 @@ class IdleCores:
         chosen = [per_cpu[i] for i in self.cpus if i < len(per_cpu)] or per_cpu
         return sum(sum(t) - t.idle - getattr(t, "iowait", 0.0) for t in chosen)
 
+    def _sample(self) -> tuple[float, float, float, float | None]:
+        return self._clock(), self._busy(), self._own(), self.group.used_seconds()
+
     def __call__(self) -> float:
-        now = (self._clock(), self._busy(), self._own())
-        wall = now[0] - self._last[0]
-        others = (now[1] - self._last[1]) - (now[2] - self._last[2])
+        (t0, busy0, own0, group0), now = self._last, self._sample()
         self._last = now
+        t1, busy1, own1, group1 = now
+        wall, own = t1 - t0, own1 - own0
+        quota = self.group.quota
         if wall <= 0:
-            return float(len(self.cpus))
-        return max(0.0, len(self.cpus) - max(0.0, others) / wall)
+            return float(len(self.cpus)) if quota is None else min(len(self.cpus), quota)
+        free = len(self.cpus) - max(0.0, busy1 - busy0 - own) / wall
+        if quota is not None:  # the quota's share the cgroup's other processes took
+            others = group1 - group0 - own if group0 is not None and group1 is not None else 0.0
+            free = min(free, quota - max(0.0, others) / wall)
+        return max(0.0, free)
 
 
 def _own_cpu_seconds() -> float:
@@ -108,7 +115,7 @@ class ThreadGovernor:
     def __init__(self, keyed: int, batch: int, *, idle: Callable[[], float] | None = None,
                  cores: int | None = None, every_s: float = 5.0, clock: Callable[[], float] = time.monotonic,
                  set_threads: Callable[[int], None] | None = None) -> None:
-        self.allowed = allowed_threads(keyed, batch, cores if cores is not None else len(usable_cores()),
+        self.allowed = allowed_threads(keyed, batch, cores if cores is not None else cpu_budget(),
                                        pinned=reproducible.in_environment())
         self._idle = idle
         self._every = every_s
