@@ -23,7 +23,7 @@ from mlmt_bench.errors import UserError
 from mlmt_bench.notes import tell
 from mlmt_bench.spec import ExperimentSpec, RunSpec
 from mlmt_bench.trackers import close_group
-from mlmt_bench.tracking import atomic_write_text
+from mlmt_bench.tracking import atomic_write_text, fresh_stamped_dir
 
 
 def check_equal_budgets(exp: ExperimentSpec, arms: dict[str, RunSpec]) -> None:
@@ -74,10 +74,13 @@ def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool
         arms = {a: _with_threads(s, 0) for a, s in arms.items()}
     elif workers > 1:
         arms = {a: _with_threads(s, workers) for a, s in arms.items()}
+    if restore:
+        from mlmt_bench.report.publish import check_restorable, restore_runs
+
+        for report_dir in restore:  # a wrong path fails before an experiment directory exists
+            check_restorable(report_dir)
     exp_dir, record = _open_experiment(exp, arms, resume)
     if restore:
-        from mlmt_bench.report.publish import restore_runs
-
         for report_dir in restore:
             names = restore_runs(report_dir, exp_dir, exp.name)
             if progress:
@@ -161,11 +164,10 @@ def _run_spec(spec: RunSpec, exp_dir: Path, seed: int) -> RunSpec:
 def _open_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec],
                      resume: Path | str | None) -> tuple[Path, dict[str, Any]]:
     if resume is None:
-        stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-        exp_dir = Path(exp.output_dir) / f"{exp.name}-{stamp}"
-        exp_dir.mkdir(parents=True, exist_ok=False)
+        Path(exp.output_dir).mkdir(parents=True, exist_ok=True)
+        exp_dir = fresh_stamped_dir(Path(exp.output_dir), exp.name)
         record: dict[str, Any] = {"name": exp.name, "seeds": exp.seeds, "arms": {a: [] for a in arms},
-                                  "started": stamp, "wall_s": {}}
+                                  "started": _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ"), "wall_s": {}}
         atomic_write_text(exp_dir / "experiment.json", json.dumps(record, indent=2))
         return exp_dir, record
     exp_dir = Path(resume)

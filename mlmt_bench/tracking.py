@@ -211,6 +211,21 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8", "backslashreplace"))
 
 
+def fresh_stamped_dir(parent: Path, name: str) -> Path:
+    """A new directory ``parent/NAME-YYYYmmddTHHMMSSZ`` (UTC, ``parent`` must exist), with ``-1``,
+    ``-2`` … appended when that name is taken: mkdir is atomic, so two runs or experiments started
+    in the same second get distinct directories and neither writes into the other's."""
+    stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    for i in range(1000):
+        path = parent / (f"{name}-{stamp}" + (f"-{i}" if i else ""))
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise UserError(f"{parent}: could not create a fresh directory for {name} (1000 taken this second)")
+
+
 def git_sha(cwd: Path | None = None) -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd or Path(__file__).parent,
@@ -308,16 +323,7 @@ class RunDir:
             output_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UserError(f"output_dir {_shown(output_dir)}: cannot create it ({exc.strerror or exc})") from None
-        stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-        for i in range(1000):  # mkdir is atomic: two runs started the same second get distinct dirs
-            path = output_dir / (f"{name}-{stamp}" + (f"-{i}" if i else ""))
-            try:
-                path.mkdir()
-                break
-            except FileExistsError:
-                continue
-        else:
-            raise UserError(f"{output_dir}: could not create a fresh run directory for {name}")
+        path = fresh_stamped_dir(output_dir, name)
         run = cls(path)
         run.checkpoints.mkdir()
         atomic_write_text(path / "spec.resolved.yaml", spec_yaml)

@@ -66,6 +66,26 @@ def test_a_cgroup_quota_caps_the_threads_each_worker_gets(exp_spec, monkeypatch)
                          1).train.threads == 3  # the spec's own count stands
 
 
+def test_two_experiments_started_in_the_same_second_get_distinct_directories(exp_spec, monkeypatch):
+    """The directory is named by the second it started in (CI once started two in one second and
+    the second crashed with FileExistsError); the later one gets ``-1``, the earlier one's record
+    is untouched."""
+    import datetime as dt
+
+    from mlmt_bench import experiment, tracking
+
+    frozen = dt.datetime(2026, 12, 2, 21, 11, 27, tzinfo=dt.UTC)
+    frozen_clock = type("Frozen", (dt.datetime,), {"now": staticmethod(lambda tz=None: frozen)})
+    monkeypatch.setattr(tracking._dt, "datetime", frozen_clock)
+    exp, arms = load_experiment(exp_spec(a=1e-4))
+    first, record = experiment._open_experiment(exp, arms, None)
+    first_json = (first / "experiment.json").read_bytes()
+    second, _ = experiment._open_experiment(exp, arms, None)
+    assert first.name == f"{exp.name}-20261202T211127Z" and second.name == f"{first.name}-1"
+    assert (first / "experiment.json").read_bytes() == first_json
+    assert json.loads((second / "experiment.json").read_text())["arms"] == record["arms"]
+
+
 def test_resume_keeps_finished_runs_and_does_only_the_missing_ones(exp_spec, tmp_path):
     path = exp_spec(a=1e-4)
     exp, arms = load_experiment(path)
@@ -142,8 +162,10 @@ def test_restore_from_a_published_report_runs_only_what_it_lacks(exp_spec, tmp_p
     for name in ("manifest.json", "spec.resolved.yaml", "metrics.jsonl", "eval_problems.jsonl"):
         assert (restored / name).read_bytes() == (seed0 / name).read_bytes(), name
     assert not list(Path(out["run_dir"]).glob(".restoring-*"))
+    before = sorted(Path(exp.output_dir).iterdir())
     with pytest.raises(UserError, match="not a report published with --raw"):
         run_experiment(exp, arms, progress=False, restore=[tmp_path])
+    assert sorted(Path(exp.output_dir).iterdir()) == before  # refused before it created anything
 
 
 def test_resume_refuses_a_changed_spec_or_another_experiment(exp_spec, tmp_path):

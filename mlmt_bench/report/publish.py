@@ -163,6 +163,16 @@ def size(out_dir: Path) -> dict[str, Any]:
     return {"bytes": total, "limit_bytes": SIZE_LIMIT_BYTES, "over_limit": total > SIZE_LIMIT_BYTES}
 
 
+def check_restorable(report_dir: Path) -> Path:
+    """``report_dir/runs`` if ``report_dir`` is a report published with ``--raw``; else a
+    one-line :class:`UserError`, raised before an experiment creates anything."""
+    report_dir = Path(report_dir)
+    runs = report_dir / RUNS
+    if not (report_dir / "experiment.json").is_file() or not runs.is_dir():
+        raise UserError(f"--restore {report_dir}: not a report published with --raw (no experiment.json and {RUNS}/)")
+    return runs
+
+
 def restore_runs(report_dir: Path, exp_dir: Path, experiment: str) -> list[str]:
     """The inverse of :func:`publish_runs` for one experiment: each finished run of
     ``experiment`` published in ``report_dir`` becomes a run directory of ``exp_dir`` again
@@ -176,10 +186,7 @@ def restore_runs(report_dir: Path, exp_dir: Path, experiment: str) -> list[str]:
     runs as to any other."""
     from mlmt_bench import bounded_input
 
-    report_dir = Path(report_dir)
-    runs = report_dir / RUNS
-    if not (report_dir / "experiment.json").is_file() or not runs.is_dir():
-        raise UserError(f"--restore {report_dir}: not a report published with --raw (no experiment.json and {RUNS}/)")
+    runs = check_restorable(report_dir)
     restored = []
     for src in sorted(runs.iterdir()):
         if src.is_symlink() or not src.is_dir() or not (src / "manifest.json").is_file():
