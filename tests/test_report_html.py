@@ -14,6 +14,7 @@ from headless_chromium import find_chromium, load_page
 from mlmt_bench.report.compare import build_comparison
 from mlmt_bench.report.episodes import find_disagreements
 from mlmt_bench.report.html import esc
+from mlmt_bench.report.page_script import CSP, SORT_JS
 from mlmt_bench.report.runs import load_run
 from mlmt_bench.report.svg import Series, bar_chart, line_chart, nice_ticks, padded
 from support import episode as _episode, make_run
@@ -70,9 +71,11 @@ def test_index_html_content_and_escaping(experiment, tmp_path):
     summary = build_comparison(experiment, out, baseline="grpo", title="toy <b>")
     page = (out / "index.html").read_text(encoding="utf-8")
     assert summary["files"]["index.html"] == str(out / "index.html")
-    # self-contained: no script, no external reference; the PNG embedded, the other figures inline
-    # SVG: 5 feedback-metric panels (mlmt's eval records have them) and the transition bars
-    assert "<script" not in page
+    # self-contained: no script but the table sorter, which the page's policy alone lets run; no
+    # external reference; the PNG embedded, the other figures inline SVG: 5 feedback-metric panels
+    # (mlmt's eval records have them) and the transition bars
+    assert page.count("<script") == 1 and f"<script>{SORT_JS}</script>" in page
+    assert f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">" in page
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)
     assert len(re.findall(r'<img src="data:image/png;base64,', page)) == 1 and page.count("<svg ") == 6
     # every run-supplied text escaped: the title and the model's output
@@ -89,8 +92,9 @@ def test_index_html_content_and_escaping(experiment, tmp_path):
     assert re.search(r"<th>mlmt</th><td class=\"num\">6050 ± 71</td><td class=\"num\">3025 ± 35</td>", page)
     assert "1 of them with logged episodes" in page
     # per seed: each run's final acc@t1 → acc@t2, no link to runs outside the report's directory
-    assert ("<tr><th>mlmt</th><td class=\"num\">25.0% → 100.0%</td><td class=\"num\">25.0% → 100.0%</td></tr>"
-            in page) and "<th>seed 1</th>" in page
+    # (sorted by acc@t2, the cell's data-v, not by the acc@t1 its text starts with)
+    assert ('<tr><th>mlmt</th><td class="num" data-v="1.0">25.0% → 100.0%</td>'
+            '<td class="num" data-v="1.0">25.0% → 100.0%</td></tr>' in page) and "<th class=sort>seed 1</th>" in page
 
 
 def test_the_table_and_the_outcomes_download_as_csv_from_the_page(experiment, tmp_path):
@@ -185,6 +189,67 @@ def test_index_html_in_headless_chromium(experiment, tmp_path):
     assert report.title == "toy"
     # significant: mlmt's gain over step 0 (8 of 8 problems up: p = 2/256), its difference from
     # grpo in the metrics table and in the paired table (p = 2/64); grpo's gain (2 problems) is not
-    assert report.probes == {"scripts": 0, "hostile_shown_as_text": True, "significant_cells": 3, "tables": 4,
+    assert report.probes == {"scripts": 1, "hostile_shown_as_text": True, "significant_cells": 3, "tables": 4,
                              "svgs_drawn": [True] * 6, "body_visible": True, "first_column_stays": [True, True]}
     assert report.screenshot[:8] == b"\x89PNG\r\n\x1a\n" and len(report.screenshot) > 50_000
+
+
+def _sort_probe(table: str, header: str, order: str) -> str:
+    """JavaScript: click the header cell of the ``table``-th table whose text starts with ``header``,
+    then read the arms' order (``order`` "rows": each body row's first cell; "columns": the header
+    row's cells after the first) and the clicked header's aria-sort."""
+    arms = ("[...t.rows].slice(1).map(r => r.cells[0].textContent)" if order == "rows"
+            else "[...t.rows[0].cells].slice(1).map(c => c.textContent)")
+    return (f"(() => {{ const t = document.querySelectorAll('table')[{table}];"
+            f" const h = [...t.querySelectorAll('th.sort')].find(c => c.textContent.startsWith({header!r}));"
+            f" h.click(); return [{arms}, h.getAttribute('aria-sort')]; }})()")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium or Chrome on this machine")
+def test_tables_sort_when_a_header_is_clicked(experiment, tmp_path):
+    """The metrics table (arms as columns) sorts its arms by a clicked metric's row, the others
+    (arms as rows) by a clicked column; the first click puts the largest value first, the second
+    the smallest; every row moves with its arm. Tables: 0 metrics, 1 per seed, 2 against grpo, 3 cost."""
+    out = tmp_path / "report"
+    build_comparison(experiment, out, baseline="grpo", title="toy")
+    report = load_page(CHROMIUM, out / "index.html", probes={
+        # acc@t2: grpo 25.0%, mlmt 100.0%
+        "acc_t2_down": _sort_probe(0, "acc@t2 (refine-all)", "columns"),
+        # the cells moved with their arm's header: mlmt's acc@t2 column is now the first
+        "moved_with_arm": "[...document.querySelectorAll('table')[0].rows].find(r => r.cells[0].textContent"
+                          ".startsWith('acc@t2 (refine-all)')).cells[1].textContent.startsWith('100.0%')",
+        "acc_t2_up": _sort_probe(0, "acc@t2 (refine-all)", "columns"),
+        # seed 0: grpo 25.0% → 25.0%, mlmt 25.0% → 100.0% (sorted by acc@t2, not the acc@t1 it starts with)
+        "seed_0_down": _sort_probe(1, "seed 0", "rows"),
+        # generated tokens: grpo 2025 ± 35, mlmt 6050 ± 71 (the cost table)
+        "tokens_up": "(() => { document.querySelectorAll('table')[3].querySelector('th.sort').click(); return 0; })()",
+        "tokens": _sort_probe(3, "generated tokens", "rows"),
+    })
+    assert report.errors() == []
+    assert report.probes == {
+        "acc_t2_down": [["mlmt", "grpo"], "descending"], "moved_with_arm": True,
+        "acc_t2_up": [["grpo", "mlmt"], "ascending"],
+        "seed_0_down": [["mlmt", "grpo"], "descending"],
+        "tokens_up": 0, "tokens": [["grpo", "mlmt"], "ascending"]}
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium or Chrome on this machine")
+def test_the_page_policy_runs_no_script_but_its_own(experiment, tmp_path):
+    """Were escaping ever to fail, the Content-Security-Policy is the second wall: a script and an
+    event handler planted in the page do not run, images load from nothing but ``data:`` URLs (the
+    browser reports refusing each), and the table sorter still runs."""
+    out = tmp_path / "report"
+    build_comparison(experiment, out, baseline="grpo", title="toy")
+    page = out / "index.html"
+    planted = ("<script>document.title = 'planted'</script>"
+               "<img src='x' onerror=\"document.title = 'handler'\"><img src='http://127.0.0.1:9/x.png'>")
+    page.write_text(page.read_text(encoding="utf-8").replace("</body>", planted + "</body>"), encoding="utf-8")
+    report = load_page(CHROMIUM, page, probes={"sorts": _sort_probe(1, "seed 0", "rows")})
+    assert report.title == "toy"
+    assert report.probes == {"sorts": [["mlmt", "grpo"], "descending"]}
+    refused = [e for e in report.errors() if "violates the following Content Security Policy" in e]
+    assert [e for e in report.errors() if e not in refused] == []
+    assert sum("Executing inline script" in e for e in refused) == 1
+    assert sum("Executing inline event handler" in e for e in refused) == 1
+    images = ((out / "x").as_uri(), "http://127.0.0.1:9/x.png")
+    assert sum(f"Loading the image '{u}'" in e for e in refused for u in images) == 2

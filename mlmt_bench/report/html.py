@@ -1,6 +1,7 @@
-"""``index.html``: the comparison as one self-contained page (no network, no script, no external
-style; figures embedded as a base64 PNG or inline SVG), written beside comparison.md by
-:func:`mlmt_bench.report.compare.build_comparison`.
+"""``index.html``: the comparison as one self-contained page (no network, no external style, one
+script of its own that sorts the tables (:mod:`mlmt_bench.report.page_script`, the only one its
+Content-Security-Policy lets run); figures embedded as a base64 PNG or inline SVG), written
+beside comparison.md by :func:`mlmt_bench.report.compare.build_comparison`.
 
 Sections: the method × metric table (mean ± std over seeds, 95% two-way bootstrap CIs over seeds
 and problems (METHOD.md v3), gains and differences with their bootstrap p-values, the differences
@@ -19,12 +20,13 @@ from __future__ import annotations
 import base64
 import html
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
 
 from mlmt_bench.metrics.stats import mean_std
-from mlmt_bench.report import analysis, downloads, figures, svg
+from mlmt_bench.report import analysis, downloads, figures, page_script, svg
 from mlmt_bench.report.episodes import Disagreement, Examples, find_disagreements
 from mlmt_bench.report.formatting import (
     CI_METRICS,
@@ -92,6 +94,9 @@ pre{white-space:pre-wrap;word-break:break-word;background:#f8f8fa;border:1px sol
  margin:.2em 0;font-size:.85em;max-height:22em;overflow:auto}
 code{background:#f4f4f5;padding:0 .25em;border-radius:3px;font-size:.9em}
 .note{background:#fff7ed;border-left:4px solid #fb923c;padding:.4em .8em}
+th.sort{cursor:pointer}th.sort:after{content:" \\2195";color:#999;font-weight:400}
+th[aria-sort=descending]:after{content:" \\25BE";color:#1d1d1f}
+th[aria-sort=ascending]:after{content:" \\25B4";color:#1d1d1f}
 """
 
 
@@ -118,10 +123,24 @@ def _figure(content: str | None, caption: str, missing: str) -> str:
     return f"<figure>{content}<figcaption>{caption}</figcaption></figure>"
 
 
-def _td(text: str, *, sub: list[str] | None = None, sig: str = "") -> str:
-    """A right-aligned cell; ``sig``: "up" or "down" for a significant change (shaded), else ""."""
+def _td(text: str, *, sub: list[str] | None = None, sig: str = "", key: float | None = None) -> str:
+    """A right-aligned cell; ``sig``: "up" or "down" for a significant change (shaded), else "";
+    ``key``: the value a table sorts the cell by (NaN: none) where it is not the number its text
+    starts with (:mod:`~mlmt_bench.report.page_script`)."""
     subs = "".join(f'<div class="sub">{esc(s)}</div>' for s in sub or [] if s)
-    return f'<td class="num{" sig " + sig if sig else ""}">{esc(text)}{subs}</td>'
+    return f'<td class="num{" sig " + sig if sig else ""}"{_data_v(key)}>{esc(text)}{subs}</td>'
+
+
+def _data_v(key: float | None) -> str:
+    """The ``data-v`` attribute of a cell's sort key ("" for no key; an empty value for NaN)."""
+    if key is None:
+        return ""
+    return ' data-v=""' if math.isnan(key) else f' data-v="{key!r}"'
+
+
+def _sort_th(text: str) -> str:
+    """A header cell that sorts its table when clicked (its text escaped)."""
+    return f"<th class=sort>{esc(text)}</th>"
 
 
 def _pp_ci(d: dict[str, Any]) -> str:
@@ -151,7 +170,7 @@ def _metrics_table(summary: dict[str, Any]) -> str:
     rows = []
     if summary.get("at_flops") is not None:
         cells = [_td(t := fmt_read_at(summary["arms"][a]), sig="down" if "UNTRAINED" in t else "") for a in arms]
-        rows.append(f"<tr><th>read at (last evaluation within {summary['at_flops']:.3g} FLOPs)</th>"
+        rows.append(f"<tr><th class=sort>read at (last evaluation within {summary['at_flops']:.3g} FLOPs)</th>"
                     f"{''.join(cells)}</tr>")
     for key, label, kind in TABLE_METRICS:
         if not any(key in summary["arms"][a]["metrics"] for a in arms):
@@ -166,10 +185,10 @@ def _metrics_table(summary: dict[str, Any]) -> str:
                 sub = [f"95% CI [{100 * ci['lo']:.1f}, {100 * ci['hi']:.1f}]{interval_tag(ci)}" if ci else "",
                        f"step 0: {fmt(arm['start'][key], 'pct')}" if key in arm["start"] else ""]
             cells.append(_td(fmt_mean_std(arm["metrics"].get(key), kind), sub=sub))
-        rows.append(f"<tr><th>{esc(label)}{badge}</th>{''.join(cells)}</tr>")
+        rows.append(f"<tr><th class=sort>{esc(label)}{badge}</th>{''.join(cells)}</tr>")
 
     cells = [_change(g, "mean") if (g := summary["arms"][a]["gain"]) else _td(DASH) for a in arms]
-    rows.append(f"<tr><th>gain in acc@t2 over its own step 0</th>{''.join(cells)}</tr>")
+    rows.append(f"<tr>{_sort_th('gain in acc@t2 over its own step 0')}{''.join(cells)}</tr>")
     if baseline is not None:
         cells = []
         for a in arms:
@@ -180,15 +199,27 @@ def _metrics_table(summary: dict[str, Any]) -> str:
                 cells.append(_td(DASH, sub=["no common problems"]))
             else:
                 cells.append(_change(p, "diff", "p_holm"))
-        rows.append(f"<tr><th>acc@t2 − {esc(baseline)}'s (seeds × problems)</th>{''.join(cells)}</tr>")
+        label = f"acc@t2 − {baseline}'s (seeds × problems)"
+        rows.append(f"<tr>{_sort_th(label)}{''.join(cells)}</tr>")
         target = summary["target_acc@t2"]
         for x_key, what, kind in (("gen_tokens", "tokens", "tok"), ("flops", "FLOPs", "flops")):
-            cells = [_td(fmt_reach((summary["arms"][a]["reach"] or {}).get(x_key), kind)) for a in arms]
-            rows.append(f"<tr><th>{what} to reach {esc(baseline)}'s final acc@t2 ({fmt(target, 'pct')}): "
-                        f"median over seeds</th>{''.join(cells)}</tr>")
-    rows.append("<tr><th>seeds × problems in the CIs</th>"
+            reach = [(summary["arms"][a]["reach"] or {}).get(x_key) for a in arms]
+            cells = [_td(fmt_reach(r, kind), key=_reach_key(r)) for r in reach]
+            label = f"{what} to reach {baseline}'s final acc@t2 ({fmt(target, 'pct')}): median over seeds"
+            rows.append(f"<tr>{_sort_th(label)}{''.join(cells)}</tr>")
+    rows.append(f"<tr>{_sort_th('seeds × problems in the CIs')}"
                 + "".join(_td(fmt_units(summary["arms"][a])) for a in arms) + "</tr>")
-    return f"<div class=wide><table>{head}{''.join(rows)}</table></div>"
+    return f"<div class=wide><table class=by-row>{head}{''.join(rows)}</table></div>"
+
+
+def _reach_key(reach: dict[str, Any] | None) -> float:
+    """A "to reach" cell's sort key: the median over seeds, 0 when every seed started there, NaN
+    when none reached it (or nothing was measured)."""
+    if reach is None:
+        return math.nan
+    if reach["at_start"] == reach["n"]:
+        return 0.0
+    return math.nan if reach["median"] is None else float(reach["median"])
 
 
 def _paired_table(summary: dict[str, Any]) -> str:
@@ -206,9 +237,9 @@ def _paired_table(summary: dict[str, Any]) -> str:
         rows.append(f"<tr><th>{esc(arm)}</th>{''.join(cells)}</tr>")
     if not rows:
         return "<p>(no other arm)</p>"
-    return ("<div class=wide><table><tr><th>arm</th><th>seeds × problems</th><th>difference (95% CI)</th><th>p</th>"
-            "<th>p (Holm)</th><th>MDE</th><th>per-seed differences (pp)</th>"
-            "<th>sign-flip p <span class='sub'>(secondary: conditional on these seeds)</span></th>"
+    head = "".join(_sort_th(h) for h in ("seeds × problems", "difference (95% CI)", "p", "p (Holm)", "MDE"))
+    return ("<div class=wide><table><tr><th>arm</th>" + head + "<th>per-seed differences (pp)</th>"
+            "<th class=sort>sign-flip p <span class='sub'>(secondary: conditional on these seeds)</span></th>"
             "<th>McNemar b/c per seed</th></tr>" + "".join(rows) + "</table></div>")
 
 
@@ -216,7 +247,7 @@ def _per_seed_table(summary: dict[str, Any], loaded: dict[str, list[RunRecord]])
     """Arms × seeds: each run's final acc@t1 → acc@t2 (%), linked to its run directory where the
     report holds it (a path inside the report's directory)."""
     seeds = sorted({r.seed for results in loaded.values() for r in results}, key=lambda s: (s is None, s))
-    head = "<tr><th>arm</th>" + "".join(f"<th>seed {esc(s)}</th>" for s in seeds) + "</tr>"
+    head = "<tr><th>arm</th>" + "".join(_sort_th(f"seed {s}") for s in seeds) + "</tr>"
     rows = []
     for arm, results in loaded.items():
         paths = summary["arms"].get(arm, {}).get("runs", [])
@@ -230,13 +261,15 @@ def _per_seed_table(summary: dict[str, Any], loaded: dict[str, list[RunRecord]])
             t1, t2 = r.final.get("acc@t1"), acc_t2(r.final)
             text = f"{fmt(t1, 'pct')} → {fmt(t2, 'pct')}" if is_num(t1) else fmt(t2, "pct")
             inside = path is not None and not path.startswith(("/", "..")) and ":" not in path
-            cells.append(f'<td class="num"><a href="{esc(path)}/">{esc(text)}</a></td>' if inside else _td(text))
+            key = float(t2) if is_num(t2) else math.nan  # acc@t2, not the acc@t1 the text starts with
+            cells.append(f'<td class="num"{_data_v(key)}><a href="{esc(path)}/">{esc(text)}</a></td>' if inside
+                         else _td(text, key=key))
         rows.append(f"<tr><th>{esc(arm)}</th>{''.join(cells)}</tr>")
     return f"<div class=wide><table>{head}{''.join(rows)}</table></div>"
 
 
 def _cost_table(loaded: dict[str, list[RunRecord]]) -> str:
-    head = "<tr><th>arm</th>" + "".join(f"<th>{h}</th>" for _, h, _ in COST) + "</tr>"
+    head = "<tr><th>arm</th>" + "".join(_sort_th(h) for _, h, _ in COST) + "</tr>"
     rows = []
     for arm, results in loaded.items():
         cells = []
@@ -321,7 +354,8 @@ def render_html(summary: dict[str, Any], loaded: dict[str, list[RunRecord]], acc
         f"<p class='lede'>Final evaluation of each run, refine-all protocol unless labelled otherwise "
         f"({proto or 'protocol not recorded'}). Seeds per arm: {seeds}. "
         f"{_md_inline(analysis.statistics_text(summary))} "
-        "A shaded cell marks the same (green: up, red: down). "
+        "A shaded cell marks the same (green: up, red: down). Click a metric (in the other tables, a column "
+        "header marked ↕) to sort the arms by it. "
         "Numbers marked <span class='badge'>oracle-gated</span> consult the verifier at test time (optimistic).</p>",
         "<nav><a href='#metrics'>metrics</a><a href='#per-seed'>per seed</a><a href='#curves'>curves</a>"
         "<a href='#transitions'>transitions</a>"
@@ -375,9 +409,10 @@ def render_html(summary: dict[str, Any], loaded: dict[str, list[RunRecord]], acc
                  + "".join(f"<li><b>{esc(a)}</b>: " + ", ".join(f"<code>{esc(p)}</code>" for p in s["runs"]) + "</li>"
                            for a, s in summary["arms"].items()) + "</ul>"]
     return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+            f"<meta http-equiv='Content-Security-Policy' content=\"{page_script.CSP}\">"
             "<meta name='viewport' content='width=device-width, initial-scale=1'>"
             f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>\n"
-            + "\n".join(sections) + "\n</body></html>\n")
+            + "\n".join(sections) + f"\n<script>{page_script.SORT_JS}</script>\n</body></html>\n")
 
 
 def write_html(summary: dict[str, Any], loaded: dict[str, list[RunRecord]], path: Path, *, acc_png: bytes) -> Path:
