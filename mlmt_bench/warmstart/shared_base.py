@@ -12,14 +12,17 @@ Reproducible: a base is a pure function of its :class:`BaseConfig` — seeded in
 data and order, and a number of torch CPU threads (the float summation order, hence the
 weights, depends on it), all in the cache key (a build with the default batch runs on 1 or 2 threads, as idle cores
 allow, which give the same weights: :mod:`mlmt_bench.warmstart.build_threads`); and, under the CPU pin of
-:mod:`mlmt_bench.reproducible` (on unless ``MLMT_BENCH_CPU_PIN=0``), the same on every x86-64
-machine with AVX2. ``base.json`` records the weights' sha256 and the build's environment (CPU,
+:mod:`mlmt_bench.reproducible` (on unless ``MLMT_BENCH_CPU_PIN=0``), the same on machines of
+one CPU vendor with AVX2 (not across vendors: an Intel Xeon and an AMD EPYC build other weights
+from one config, measured). ``base.json`` records the weights' sha256 and the build's environment (CPU,
 pin, library versions) so that a base built elsewhere is told apart. It is cached under
 ``<cache_dir>/<key>/`` with ``model/`` (an ordinary HF checkpoint with its tokenizer) and
 ``base.json`` (the config, what it was trained on, and its check on the validation split),
 written under a temporary name and renamed into place, so an entry is complete or absent; the
 temporary folder of a build that was killed is removed by the next build. The default cache is
-``$MLMT_BENCH_CACHE`` or ``~/.cache/mlmt-bench/bootstrap``.
+``$MLMT_BENCH_CACHE`` or ``~/.cache/mlmt-bench/bootstrap``. A base whose entry ships with the
+package (:mod:`mlmt_bench.warmstart.shipped_bases`: the quickstart's) is copied from it instead
+of being built.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from mlmt_bench.benchmarks.base import OracleBenchmark
 from mlmt_bench.errors import UserError
 from mlmt_bench.models.hf_quiet import quiet_transformers
 from mlmt_bench.notes import tell
+from mlmt_bench.warmstart import shipped_bases
 from mlmt_bench.warmstart.build_threads import ThreadGovernor
 
 #: Bumped whenever a change here would change the weights a config produces (part of the key).
@@ -238,6 +242,18 @@ def _ensure_built(cfg: BaseConfig, cache_dir: Path | None, progress: bool) -> Ba
     cached = _load(final)
     if cached is not None:
         return cached
+    shipped = shipped_bases.install(key, cache_dir)
+    if shipped is not None:
+        base = _load(shipped)
+        assert base is not None
+        if progress:
+            r, why = base.report, base.invalid_because()
+            cpu = (r.get("environment") or {}).get("cpu")
+            tell(f"shared base {key}: the copy shipped with mlmt-bench (built on {cpu}, weights sha256 "
+                 f"{str(r.get('sha256'))[:16]}, every file checked), installed at {final}: "
+                 f"{check_line(r.get('check') or {})}; "
+                 + ("INVALID testbed: " + "; ".join(why) if why else "valid testbed"))
+        return base
     bench = synthetic_benchmark(cfg.benchmark, cfg.benchmark_options)  # fail on a bad benchmark before any work
     cache_dir.mkdir(parents=True, exist_ok=True)
     _remove_abandoned(cache_dir)

@@ -1,0 +1,121 @@
+"""Shared bases shipped with mlmt-bench: a built base's cache entry (``base.json`` and ``model/``)
+copied into the package, so that every machine starts the quickstart from the same weights and
+its first run skips the build.
+
+Why not build it everywhere: the CPU pin (:mod:`mlmt_bench.reproducible`) makes a base the same
+on machines of one CPU vendor, but not across vendors (measured 2026-12-03: the default seed-0
+base built on an Intel Xeon with AMX has other weights than on an AMD EPYC, pinned alike, and
+fails the testbed check there: false alarms on gold solutions 11.0% against 1.0%). A copy
+shipped here is a base like any other in the cache: its ``base.json`` says where it was built.
+
+Layout: ``mlmt_bench/data/bases/<key>/`` with the entry's files and ``files.json`` (each file's
+sha256). :func:`install` copies a shipped entry into the cache only when every file matches (a
+copy that does not is refused in one line), under a temporary name renamed into place like a
+build. ``MLMT_BENCH_SHIPPED_BASES=0`` ignores shipped copies (every base is built here, e.g. to
+see whether this machine reproduces one). :func:`ship` makes a copy from a cache entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from mlmt_bench.errors import UserError
+
+#: where shipped entries live (package data)
+SHIPPED_DIR = Path(__file__).resolve().parents[1] / "data" / "bases"
+#: ``MLMT_BENCH_SHIPPED_BASES=0`` (or false/no/off) ignores shipped entries
+SWITCH = "MLMT_BENCH_SHIPPED_BASES"
+#: the manifest of a shipped entry: {path relative to the entry: sha256 of the file}
+MANIFEST = "files.json"
+
+
+def enabled() -> bool:
+    """Whether shipped bases are used (they are unless ``MLMT_BENCH_SHIPPED_BASES`` switches them off)."""
+    return os.environ.get(SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def find(key: str) -> Path | None:
+    """The shipped entry of base ``key``, or None (none shipped, or shipped bases switched off)."""
+    entry = SHIPPED_DIR / key
+    return entry if enabled() and (entry / MANIFEST).is_file() else None
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verify(entry: Path) -> dict[str, str]:
+    """The manifest of a shipped ``entry`` after checking every file it lists against its sha256
+    (and that it lists ``base.json`` and the weights); a missing or changed file is one UserError
+    naming it (a partial checkout, a Git LFS pointer, an edit)."""
+    try:
+        files = json.loads((entry / MANIFEST).read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"shipped base {entry.name}: {MANIFEST} cannot be read ({exc}); reinstall mlmt-bench, "
+                        f"or set {SWITCH}=0 to build the base here") from None
+    if not isinstance(files, dict) or not {"base.json", "model/model.safetensors"} <= set(files):
+        raise UserError(f"shipped base {entry.name}: {MANIFEST} does not list base.json and model/model.safetensors")
+    for rel, sha in files.items():
+        path = entry / rel
+        if Path(rel).is_absolute() or ".." in Path(rel).parts or not path.is_file() or _sha256(path) != sha:
+            raise UserError(f"shipped base {entry.name}: {rel} is missing or differs from its sha256 in {MANIFEST}; "
+                            f"reinstall mlmt-bench, or set {SWITCH}=0 to build the base here")
+    return files
+
+
+def install(key: str, cache_dir: Path) -> Path | None:
+    """Copy the shipped entry of base ``key`` (verified: :func:`verify`) to ``cache_dir/key`` and
+    return that directory; None when none is shipped. Another process that installs or builds
+    the same key first wins (its entry is kept)."""
+    entry = find(key)
+    if entry is None:
+        return None
+    files = verify(entry)
+    final = cache_dir / key
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-{os.getpid()}-", dir=cache_dir))  # as a build's
+    try:
+        for rel in files:
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(entry / rel, tmp / rel)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / "base.json").is_file():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def ship(cache_entry: Path, root: Path = SHIPPED_DIR) -> Path:
+    """Copy a built base's cache entry (``base.json`` and ``model/``) to ``root/<key>/`` with its
+    manifest; returns that directory. For maintainers: ``python -m mlmt_bench.warmstart.shipped_bases ENTRY``."""
+    key = json.loads((cache_entry / "base.json").read_text())["key"]
+    dest = root / key
+    if dest.exists():
+        shutil.rmtree(dest)
+    files = {}
+    for path in sorted([cache_entry / "base.json", *(cache_entry / "model").iterdir()]):
+        rel = path.relative_to(cache_entry).as_posix()
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, dest / rel)
+        files[rel] = _sha256(dest / rel)
+    (dest / MANIFEST).write_text(json.dumps(files, indent=2, sort_keys=True) + "\n")
+    return dest
+
+
+if __name__ == "__main__":
+    print(ship(Path(sys.argv[1])))
