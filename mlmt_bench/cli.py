@@ -494,7 +494,7 @@ trials/ with one run directory per trial, and <study>-best.yaml, the run spec wi
 def main() -> None:
     from mlmt_bench import reproducible
 
-    reproducible.apply()  # before anything loads torch: the same float results on every x86-64 machine
+    reproducible.apply()  # before anything loads torch: the same float results on every machine of a CPU vendor
     app()
 
 

@@ -1,4 +1,12 @@
-"""The same float results on every x86-64 machine: the CPU pin, its record, and weight hashes.
+"""The same float results on machines of one CPU vendor: the CPU pin, its record, and weight hashes.
+
+Not across vendors: pinned alike, an Intel Xeon (Sapphire Rapids, AVX-512 and AMX) and an AMD EPYC
+train different weights from the same seed (measured 2026-12-03 on the default shared base at
+150 SFT steps: sha256 36245e0d… on the Xeon with 1 or 2 threads, 94e33caf… on the EPYC;
+``MKL_ENABLE_INSTRUCTIONS=AVX2``, ``ONEDNN_MAX_CPU_ISA=AVX2``, ``MKL_CBWR=COMPATIBLE,STRICT`` and
+masking glibc's AVX-512 and AMX capabilities change nothing on the Xeon), so each run records
+the CPU, and a base meant to be the same everywhere ships as weights
+(:mod:`mlmt_bench.warmstart.shipped_bases`).
 
 Two things make a CPU's float results depend on the machine at a fixed seed and thread count
 (/work/shared/REPRODUCIBILITY.md, measured): torch's kernel dispatch (vector width, hence the
