@@ -101,7 +101,7 @@ def main() -> None:
     ap.add_argument("--quota", type=float, default=0.0, help="CPUs of the quota case (0: no such case)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "cpu": platform.processor() or platform.machine(),
+    results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "cpu": reproducible.cpu_model() or platform.machine(),
                                "cores": len(os.sched_getaffinity(0)), "steps": args.steps, "loads": {}}
     cases = [(f"{hogs} busy processes", hogs, None) for hogs in sorted({0, args.hogs})]
     cases += [(f"quota of {args.quota:g} CPU", 0, args.quota)] if args.quota else []
