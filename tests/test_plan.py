@@ -186,6 +186,7 @@ def test_activation_estimate_is_calibrated_against_autograd(preset, dtype):
     """What the plan counts per trained token (activations + the float32 log-softmax it keeps)
     against the bytes of the tensors autograd saves for backward in the trainer's forward."""
     from mlmt_bench.algorithms.update import TrainItem, sequence_logprobs
+    from mlmt_bench.models import cpu_attention
     from mlmt_bench.models.tiny import build_tiny_model
     from mlmt_bench.models.tokenizer import build_char_tokenizer
     from mlmt_bench.plan.memory import act_bytes_per_token
@@ -207,6 +208,13 @@ def test_activation_estimate_is_calibrated_against_autograd(preset, dtype):
     saved = sum(v for k, v in storages.items() if k not in params)
     b = torch.finfo(dtype).bits // 8
     estimate = rows * (prompt + new) * act_bytes_per_token(shape, b, False) + rows * (new + 1) * shape.vocab * 4
+    if dtype in cpu_attention._FAILED:
+        # this CPU's flash kernel cannot run in this dtype under the pin (models/cpu_attention.py): the
+        # math backend also keeps each head's T x T attention, in this dtype and in float32 (measured:
+        # 5.6 bytes an entry on the Xeon), which the plan, made for the flash kernel, does not count
+        entries = shape.layers * shape.heads * rows * (prompt + new) ** 2
+        assert (b + 2) * entries < saved - estimate <= (b + 4) * entries, (saved, estimate, entries)
+        return
     assert 1.0 <= estimate / saved <= 1.3, estimate / saved
 
 

@@ -124,6 +124,9 @@ def _load(path: str, dtype: str, device: str | None) -> tuple[Any, Any]:
     try:
         with quiet_transformers():
             tokenizer = AutoTokenizer.from_pretrained(str(local) if local.exists() else path)
+            from mlmt_bench.models import cpu_attention
+
+            cpu_attention.install()
             model = AutoModelForCausalLM.from_pretrained(str(local) if local.exists() else path, dtype=_DTYPES[dtype])
     except OSError as exc:
         raise UserError(f"model {path!r}: cannot load ({str(exc).splitlines()[0]})") from None

@@ -126,6 +126,10 @@ def build_tiny_model(preset: str | os.PathLike[str], tokenizer: Any, seed: int =
     import torch
     from transformers import LlamaForCausalLM
 
+    from mlmt_bench.models import cpu_attention
+
+    cpu_attention.install()
+
     config = tiny_config(preset, tokenizer)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -162,6 +166,9 @@ def load_checkpoint(directory: str | os.PathLike[str]) -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from mlmt_bench.models import cpu_attention
+
+    cpu_attention.install()
     model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(directory))
     return model, tokenizer
