@@ -95,6 +95,14 @@ def test_a_manifest_cannot_name_a_file_outside_its_entry(shipped, tmp_path):
         shipped_bases.install(cfg.key(), tmp_path / "cache")
 
 
+def test_an_entry_cannot_be_shipped_onto_itself(shipped):
+    _, entry = shipped
+    before = _files(entry)
+    with pytest.raises(UserError, match="is already the shipped entry of base"):
+        shipped_bases.ship(entry, entry.parent)
+    assert _files(entry) == before
+
+
 def test_the_switch_builds_instead(shipped, tmp_path, monkeypatch):
     cfg, _ = shipped
     monkeypatch.setenv(shipped_bases.SWITCH, "0")

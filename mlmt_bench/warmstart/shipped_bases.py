@@ -105,6 +105,8 @@ def ship(cache_entry: Path, root: Path = SHIPPED_DIR) -> Path:
     manifest; returns that directory. For maintainers: ``python -m mlmt_bench.warmstart.shipped_bases ENTRY``."""
     key = json.loads((cache_entry / "base.json").read_text())["key"]
     dest = root / key
+    if dest.resolve() == cache_entry.resolve():  # re-shipping an entry onto itself would delete it first
+        raise UserError(f"{cache_entry} is already the shipped entry of base {key}; ship from a cache entry")
     if dest.exists():
         shutil.rmtree(dest)
     files = {}
