@@ -181,20 +181,38 @@ def human_bytes(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 and n % (1 << 20) == 0 else f"{n} bytes"
 
 
-def read_text(path: Path | str, limit: int = MAX_FILE_BYTES) -> str:
-    """The UTF-8 text of a regular file of at most ``limit`` bytes; one-line UserError otherwise.
+def read_text(path: Path | str, limit: int = MAX_FILE_BYTES, *, follow_links: bool = True) -> str:
+    """The UTF-8 text of a regular file of at most ``limit`` bytes; one-line UserError otherwise
+    (:func:`read_bytes`)."""
+    data = read_bytes(path, limit, follow_links=follow_links)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not a text file (cannot decode as UTF-8)") from None
+
+
+def read_bytes(path: Path | str, limit: int = MAX_FILE_BYTES, *, follow_links: bool = True) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes; one-line UserError otherwise.
 
     Devices, FIFOs and sockets are refused from ``stat`` before they are opened (opening a
     FIFO blocks, reading /dev/zero never ends); the file is then opened non-blocking, checked
     again and read up to ``limit + 1`` bytes, so a file swapped or growing meanwhile is caught.
+    ``follow_links=False`` (a file in a directory from elsewhere: a published report, a run
+    directory being published): a symbolic link is refused, checked with ``lstat`` and again by
+    opening with ``O_NOFOLLOW``, so a link to a private key is never read through.
     """
     path = Path(path)
-    st = check_regular_file(path)
+    st = check_regular_file(path) if follow_links else check_plain_file(path)
     if st.st_size > limit:
         raise UserError(f"{path}: {st.st_size} bytes, more than the limit of {human_bytes(limit)}")
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    if not follow_links:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, flags)
     except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a link swapped in since the lstat
+            raise UserError(f"{path}: a symbolic link, refused (links are not followed here)") from None
         raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
     try:
         _check_regular(path, os.fstat(fd).st_mode)
@@ -211,10 +229,7 @@ def read_text(path: Path | str, limit: int = MAX_FILE_BYTES) -> str:
         os.close(fd)
     if size > limit:
         raise UserError(f"{path}: more than the limit of {human_bytes(limit)}")
-    try:
-        return b"".join(chunks).decode("utf-8")
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: not a text file (cannot decode as UTF-8)") from None
+    return b"".join(chunks)
 
 
 def check_regular_file(path: Path | str) -> os.stat_result:
@@ -227,6 +242,32 @@ def check_regular_file(path: Path | str) -> os.stat_result:
         raise UserError(f"{path}: cannot read ({why_unusable(exc)})") from None
     _check_regular(Path(path), st.st_mode)
     return st
+
+
+def check_plain_file(path: Path | str) -> os.stat_result:
+    """``os.lstat(path)``; UserError unless it is an existing regular file that is not a symbolic
+    link (a link in a directory from elsewhere could point anywhere: it is refused, not followed)."""
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        raise UserError(f"{path}: file not found") from None
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path}: cannot read ({why_unusable(exc)})") from None
+    refuse_link(path, st.st_mode)
+    _check_regular(Path(path), st.st_mode)
+    return st
+
+
+def refuse_link(path: Path | str, mode: int | None = None) -> None:
+    """A one-line UserError if ``path`` is a symbolic link (``lstat``; ``mode``: its ``st_mode``
+    when the caller has it)."""
+    if mode is None:
+        try:
+            mode = os.lstat(path).st_mode
+        except (OSError, ValueError):
+            return  # absent or unusable: the caller's own check says so
+    if stat.S_ISLNK(mode):
+        raise UserError(f"{shorten(str(path), 200)}: a symbolic link, refused (links are not followed here)")
 
 
 def _check_regular(path: Path, mode: int) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -80,11 +81,15 @@ class _Gunzip(io.RawIOBase):
                 return len(out)
 
 
-def open_jsonl(path: Path | str, max_total_bytes: int | None = None) -> BinaryIO:
+def open_jsonl(path: Path | str, max_total_bytes: int | None = None, *, follow_links: bool = True) -> BinaryIO:
     """``path`` opened to read its bytes, decompressed when it is gzip (its magic bytes). With
     ``max_total_bytes`` (the decompressed limit), no more compressed bytes are read than a gzip
-    of that much can hold (:class:`GzipTooLarge`): padding or garbage past it is never read."""
-    f = open(path, "rb")
+    of that much can hold (:class:`GzipTooLarge`): padding or garbage past it is never read.
+    ``follow_links=False``: opened with ``O_NOFOLLOW`` (a symbolic link raises OSError ELOOP)."""
+    if follow_links:
+        f = open(path, "rb")
+    else:
+        f = os.fdopen(os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)), "rb")
     try:
         gz = f.read(2) == b"\x1f\x8b"
         f.seek(0)

@@ -45,6 +45,10 @@ SAMPLES = "samples.jsonl"
 RUNS = "runs"
 #: a committed report should stay below this (issue 18): ``mlmt-bench report`` warns above it
 SIZE_LIMIT_BYTES = 25 * 10**6
+#: ``run --restore`` writes at most this many bytes in all (decompressed logs, manifests, specs):
+#: a report of a few MB whose logs each pass the per-file bound could otherwise fill a disk. The
+#: v3 headline's 110 runs decompress to 36 MB.
+MAX_RESTORE_BYTES = 256 << 20
 
 
 def _gzip(data: bytes) -> bytes:
@@ -55,12 +59,18 @@ def _gzip(data: bytes) -> bytes:
 def _read(path: Path) -> bytes:
     """The bytes of a run's log, decompressed; the report has read it within the limits of
     :func:`~mlmt_bench.bounded_input.jsonl_bounds` already, and a file that grew past
-    ``MAX_JSONL_BYTES`` since (or a gzip bomb) is a one-line error, read no further."""
+    ``MAX_JSONL_BYTES`` since (or a gzip bomb) is a one-line error, read no further. A symbolic
+    link is refused, never followed."""
     from mlmt_bench import bounded_input
 
-    bounded_input.check_regular_file(path)
+    bounded_input.check_plain_file(path)
     limit = bounded_input.MAX_JSONL_BYTES
-    with open_jsonl(path, limit) as f:  # not gzip.open: it skips NUL padding one byte per call (jsonl.py)
+    try:
+        f = open_jsonl(path, limit, follow_links=False)  # not gzip.open: it skips NUL padding one byte per call
+    except OSError as exc:
+        bounded_input.refuse_link(path)  # swapped for a link since the check
+        raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    with f:
         data = f.read(limit + 1)
     if len(data) > limit:
         raise UserError(f"{path}: more than the limit of {bounded_input.human_bytes(limit)} of JSON Lines "
@@ -84,11 +94,27 @@ def _kept_samples(path: Path, step: int | None, pids: set[str]) -> bytes:
     return b"".join(kept.values())
 
 
+def _check_sources(src_of: dict[str, Path]) -> None:
+    """Refuse, in one line and before anything is read or written, a run directory or a file that
+    :func:`_copy_run` would read which is a symbolic link (its target, e.g. a private key, would be
+    published), or a file there that is not a regular one."""
+    from mlmt_bench import bounded_input
+
+    for src in src_of.values():
+        bounded_input.refuse_link(src)
+        names = [*AS_IS, *(f for n in (*LOGS, SAMPLES) for f in (n, f"{n}.gz"))]
+        for name in names:
+            if os.path.lexists(src / name):
+                bounded_input.check_plain_file(src / name)
+
+
 def _copy_run(src: Path, dest: Path, used: tuple[int | None, set[str]] | None) -> None:
+    from mlmt_bench import bounded_input
+
     dest.mkdir(parents=True, exist_ok=True)
     for name in AS_IS:
-        if (src / name).is_file():
-            atomic_write_bytes(dest / name, (src / name).read_bytes())
+        if os.path.lexists(src / name):
+            atomic_write_bytes(dest / name, bounded_input.read_bytes(src / name, follow_links=False))
     for name in (*LOGS, SAMPLES):
         (dest / name).unlink(missing_ok=True)  # a plain log would shadow its .gz (runs.log_file)
         packed = dest / f"{name}.gz"
@@ -99,8 +125,9 @@ def _copy_run(src: Path, dest: Path, used: tuple[int | None, set[str]] | None) -
                 atomic_write_bytes(packed, _gzip(data))
             else:
                 packed.unlink(missing_ok=True)
-        elif source.is_file():
-            atomic_write_bytes(packed, _gzip(source.read_bytes()))
+        elif os.path.lexists(source):
+            limit = bounded_input.MAX_JSONL_BYTES
+            atomic_write_bytes(packed, _gzip(bounded_input.read_bytes(source, limit, follow_links=False)))
 
 
 def _check_target(out_dir: Path, names: set[str]) -> None:
@@ -140,6 +167,7 @@ def publish_runs(grouped: dict[str, list[Path]], out_dir: Path, *, record: dict[
                 raise UserError(f"two runs named {name} ({src_of[name]} and {d}); a report holds each run once "
                                 f"as {RUNS}/<run name>")
             src_of[name] = Path(d)
+    _check_sources(src_of)
     _check_target(out_dir, set(src_of))
     loaded = with_base_critic_arms({arm: [load_run(p, at_flops=at_flops) for p in dirs]
                                     for arm, dirs in grouped.items()})
@@ -180,33 +208,51 @@ def restore_runs(report_dir: Path, exp_dir: Path, experiment: str) -> list[str]:
     keeps it and runs only what is missing. A run already in ``exp_dir`` is left as it is.
     Returns the names of the runs restored.
 
-    The report is data from elsewhere: only plain directories and files are read, each within
-    the bounds the report reads them with; what the experiment then checks of a finished run
-    (its resolved spec equals the arm's, its base's hash equals the experiment's) applies to these
-    runs as to any other."""
+    The report is data from elsewhere: only plain directories and files are read (a symbolic
+    link anywhere in ``runs/`` is a one-line error, never followed), each within the bounds the
+    report reads them with, and :data:`MAX_RESTORE_BYTES` in all. Every input is read and checked
+    before anything is written, so a refused report leaves ``exp_dir`` as it was. What the
+    experiment then checks of a finished run (its resolved spec equals the arm's, its base's hash
+    equals the experiment's) applies to these runs as to any other."""
     from mlmt_bench import bounded_input
 
     runs = check_restorable(report_dir)
-    restored = []
+    bounded_input.refuse_link(runs)
+    planned: list[tuple[str, dict[str, bytes]]] = []
+    total = 0
     for src in sorted(runs.iterdir()):
-        if src.is_symlink() or not src.is_dir() or not (src / "manifest.json").is_file():
+        bounded_input.refuse_link(src)
+        if not src.is_dir() or not os.path.lexists(src / "manifest.json"):
             continue
+        bounded_input.check_plain_file(src / "manifest.json")
         manifest = bounded_input.read_json(src / "manifest.json")
         if not isinstance(manifest, dict) or manifest.get("experiment") != experiment \
                 or manifest.get("status") != "completed":
             continue
-        dest = exp_dir / src.name
-        if dest.exists():
+        if (exp_dir / src.name).exists():
             continue
-        tmp = exp_dir / f".restoring-{src.name}"
-        shutil.rmtree(tmp, ignore_errors=True)  # what a killed restore left
-        tmp.mkdir()
+        files: dict[str, bytes] = {}
         for name in (*LOGS, SAMPLES):
             packed = src / f"{name}.gz"
-            if packed.is_file() and not packed.is_symlink():
-                atomic_write_bytes(tmp / name, _read(packed))
-        for name in reversed(AS_IS):  # the manifest last: a directory without one is no run
-            atomic_write_bytes(tmp / name, bounded_input.read_text(src / name).encode("utf-8"))
-        tmp.rename(dest)  # whole, or not at all: a half-restored run is never taken for a finished one
-        restored.append(src.name)
+            if os.path.lexists(packed):
+                files[name] = _read(packed)
+        for name in AS_IS:
+            files[name] = bounded_input.read_text(src / name, follow_links=False).encode("utf-8")
+        total += sum(len(b) for b in files.values())
+        if total > MAX_RESTORE_BYTES:
+            raise UserError(f"--restore {report_dir}: its runs hold more than the limit of "
+                            f"{bounded_input.human_bytes(MAX_RESTORE_BYTES)} (decompressed) in all; nothing restored")
+        planned.append((src.name, files))
+    restored = []
+    for name, files in planned:
+        tmp = exp_dir / f".restoring-{name}"
+        shutil.rmtree(tmp, ignore_errors=True)  # what a killed restore left
+        tmp.mkdir()
+        for fname in (*LOGS, SAMPLES):
+            if fname in files:
+                atomic_write_bytes(tmp / fname, files[fname])
+        for fname in reversed(AS_IS):  # the manifest last: a directory without one is no run
+            atomic_write_bytes(tmp / fname, files[fname])
+        tmp.rename(exp_dir / name)  # whole, or not at all: a half-restored run is never taken for a finished one
+        restored.append(name)
     return restored
