@@ -98,13 +98,27 @@ def shorten(text: str, limit: int = MAX_ECHO_CHARS) -> str:
 
 
 def printable(text: str) -> str:
-    """``text`` with every character that is not printable escaped as Python writes it (``\\x1b``,
-    ``\\u202e``, ``\\udcff``): C0 / C1 controls, DEL, bidi controls and other format characters,
-    line / paragraph separators, surrogates. What a message shows the terminal cannot act on, and
-    a lone surrogate (an undecodable argument) cannot make writing it fail."""
+    """``text`` as a message may show it: every character that is not printable escaped as Python
+    writes it (``\\x1b``, ``\\u202e``, ``\\udcff``): C0 / C1 controls, DEL, bidi controls and other
+    format characters, line / paragraph separators, surrogates; and the password of every URL
+    masked (:func:`mask_credentials`). What a message shows the terminal cannot act on, a lone
+    surrogate (an undecodable argument) cannot make writing it fail, and no error line or note
+    prints a database password."""
+    text = mask_credentials(text)
     if text.isprintable():
         return text
     return "".join(ch if ch.isprintable() else _escape(ch) for ch in text)
+
+
+#: ``scheme://user:password@host``: the user kept, the password (up to the last ``@`` before the
+#: host's ``/``, so a password holding ``@`` is masked whole) replaced
+_URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*):[^/\s]*@")
+
+
+def mask_credentials(text: str) -> str:
+    """``text`` with the password of every ``scheme://user:password@host`` URL in it replaced by
+    ``***`` (``postgresql+psycopg2://admin:s3cret@db/mlflow`` → ``postgresql+psycopg2://admin:***@db/mlflow``)."""
+    return _URL_PASSWORD.sub(r"\1:***@", text) if "://" in text else text
 
 
 def _escape(ch: str) -> str:

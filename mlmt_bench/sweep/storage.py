@@ -4,12 +4,12 @@ the dead-trial retry, samplers, pruners and Optuna's logging."""
 from __future__ import annotations
 
 import contextlib
-import re
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mlmt_bench.bounded_input import mask_credentials
 from mlmt_bench.errors import UserError
 from mlmt_bench.sweep.space import check_grid_size, grid_values
 from mlmt_bench.sweep.sweep_file import Sweep, find_run_dir
@@ -35,7 +35,7 @@ def default_storage(sweep: Sweep) -> str:
 
 def redact(url: str) -> str:
     """The storage URL without its password (it is printed and stored in results)."""
-    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
+    return mask_credentials(url)
 
 
 def sqlite_path(url: str) -> Path | None:
