@@ -99,11 +99,18 @@ def _real(path: Path, what: str) -> str:
 
 
 def _check_pseudo(path: Path, real: str, what: str) -> None:
-    """UserError if ``path``, as written or resolved, is under /proc or /sys."""
+    """UserError if ``path``, as written or resolved (a symlink to /etc counts as /etc), is under
+    /proc or /sys, or in a system directory (``SYSTEM_DIRS``: /etc, /usr, /dev ...): the one guard
+    every output path and store goes through (:func:`check_output_file`, :func:`check_output_dir`)."""
     for p in (os.path.normpath(os.path.abspath(path)), real):
         top = next((d for d in _PSEUDO_FS if _inside(p, d)), None)
         if top is not None:
             raise UserError(f"{_label(what, path)}: under {top}, refused (only regular files are written)")
+    for p in (os.path.normpath(os.path.abspath(path)), real):
+        top = next((d for d in SYSTEM_DIRS if _inside(p, d)), None)
+        if top is not None:
+            raise UserError(f"{_label(what, path)}: in the system directory {top}, refused; write to a directory "
+                            "of your own")
 
 
 def _shown(path: Path | str) -> str:
@@ -173,6 +180,17 @@ def check_output_root(path: Path | str, what: str = "output_dir") -> Path:
         raise UserError(f"{shown}: a system directory, refused as the root of run outputs; use a directory of "
                         "your own")
     return check_output_dir(path, what)
+
+
+def cache_env_dir() -> Path | None:
+    """``$MLMT_BENCH_CACHE`` as a place to write caches (shared bases, converted pretrained
+    models), checked like a run's output root (:func:`check_output_root`: never ``/``, /tmp
+    itself or a system directory, where a cache entry would land beside other programs' files);
+    None when it is unset or empty."""
+    env = os.environ.get("MLMT_BENCH_CACHE")
+    if not env:
+        return None
+    return check_output_root(Path(env).expanduser(), "MLMT_BENCH_CACHE")
 
 
 @contextlib.contextmanager

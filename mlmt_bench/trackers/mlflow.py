@@ -113,10 +113,12 @@ class MLflowTracker(Tracker):
         if scheme == "sqlite" and db is None:
             raise UserError(f"tracking_uri: {uri!r} names no database file (sqlite:///relative.db or "
                             "sqlite:////absolute.db)")
-        if db is not None and db.parent.is_dir():  # a new directory is made when the run starts
-            from mlmt_bench.tracking import check_output_file
+        if db is not None:
+            from mlmt_bench.tracking import check_output_dir, check_output_file
 
-            check_output_file(db, "tracking_uri")
+            check_output_dir(db.parent, "tracking_uri")  # never in a system directory, made or not
+            if db.parent.is_dir():  # a new directory is made when the run starts
+                check_output_file(db, "tracking_uri")
 
     @classmethod
     def preflight(cls, options: MLflowOptions, root: Path) -> None:  # type: ignore[override]
