@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from mlmt_bench.cli import app
 from mlmt_bench.errors import UserError
-from mlmt_bench.tracking import cache_env_dir, check_output_dir, check_output_file
 from mlmt_bench.trackers.mlflow import MLflowOptions, MLflowTracker
+from mlmt_bench.tracking import cache_env_dir, check_output_dir, check_output_file
 
 
 def _cli(*args: str):

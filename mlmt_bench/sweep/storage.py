@@ -29,6 +29,11 @@ def is_surplus(trial: optuna.trial.FrozenTrial) -> bool:
     return bool(trial.user_attrs.get(SURPLUS_ATTR))
 
 
+#: seconds a database server (PostgreSQL, MySQL) may take to accept a connection and answer its
+#: start-up, before ``sweep --storage`` / ``report --sweep`` give up in one line
+SERVER_CONNECT_TIMEOUT_S = 10
+
+
 def default_storage(sweep: Sweep) -> str:
     return "sqlite:///" + str((sweep.output_dir / f"{sweep.spec.name}.db").resolve())
 
@@ -78,6 +83,8 @@ def open_storage(url: str, heartbeat_s: int | None = None,
     if db is not None:
         db.parent.mkdir(parents=True, exist_ok=True)
         engine_kwargs["connect_args"] = {"timeout": SQLITE_LOCK_TIMEOUT_S}
+    elif url.startswith(("postgres", "mysql")):  # a server that accepts and never answers must not hang a sweep
+        engine_kwargs["connect_args"] = {"connect_timeout": SERVER_CONNECT_TIMEOUT_S}
     heartbeat: dict[str, Any] = {}
     if heartbeat_s is not None:
         heartbeat = {"heartbeat_interval": heartbeat_s, "grace_period": GRACE_FACTOR * heartbeat_s,

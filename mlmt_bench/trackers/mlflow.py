@@ -43,7 +43,7 @@ MAX_METRICS, MAX_PARAMS, MAX_PARAM_CHARS = 1000, 100, 6000  # MLflow's limits pe
 class MLflowOptions(NoOptions):
     tracking_uri: str | None = Field(None, description="MLflow tracking URI; default sqlite:///<output_dir>/mlflow.db")
     experiment: str = Field("mlmt-bench", min_length=1, description="the MLflow experiment the runs go to")
-    timeout_s: int = Field(10, ge=1, description="seconds a request to a tracking server may take (no retries "
+    timeout_s: int = Field(10, ge=1, le=600, description="seconds a request to a tracking server may take (no retries "
                            "while checking that it answers)")
 
 
