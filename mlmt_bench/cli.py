@@ -175,11 +175,16 @@ def validate(
                                     f"{', '.join(result['parameters'])} (run spec {result['run']})"))
         return
     loaded = specs.load_any(spec, overrides or [])
+    from mlmt_bench import trackers
+
     if isinstance(loaded, tuple):
         exp, arms = loaded
+        for arm in arms.values():  # the stores on other machines answer (the README's promise)
+            trackers.reach(arm.tracking.report_to, arm.tracking.options, Path(arm.output_dir))
         result = {"spec": str(spec), "kind": "experiment", "name": exp.name, "arms": list(arms),
                   "seeds": exp.seeds, "valid": True}
     else:
+        trackers.reach(loaded.tracking.report_to, loaded.tracking.options, Path(loaded.output_dir))
         result = {"spec": str(spec), "kind": "run", "name": loaded.name, "valid": True}
     _emit(result, lambda: _echo(f"{spec}: valid {result['kind']} spec {result['name']!r}"))
 

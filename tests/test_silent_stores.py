@@ -58,3 +58,25 @@ def test_the_mlflow_request_timeout_is_bounded():
     assert MLflowOptions(timeout_s=600).timeout_s == 600
     with pytest.raises(ValidationError):
         MLflowOptions(timeout_s=1_000_000)
+
+
+@pytest.mark.timeout(120)
+def test_validate_asks_a_remote_mlflow_store_and_leaves_a_local_one_to_the_run(tiny_ckpt, silent_port, tmp_path,
+                                                                               write_spec):
+    from conftest import minimal_spec
+    from support import one_line_error
+
+    def spec(uri: str) -> dict:
+        return minimal_spec(policies={"solver": {"model": "tiny", "path": str(tiny_ckpt)}},
+                            output_dir=str(tmp_path / "runs"),
+                            tracking={"report_to": ["mlflow"], "options": {"mlflow": {"tracking_uri": uri,
+                                                                                     "timeout_s": 2}}})
+
+    t0 = time.monotonic()
+    one_line_error(["validate", str(write_spec(spec(f"http://admin:hunter2@127.0.0.1:{silent_port}")))],
+                   "tracking.report_to: mlflow", "does not answer", "admin:***@")
+    assert time.monotonic() - t0 < 60
+    local = tmp_path / "store" / "mlflow.db"
+    res = CliRunner().invoke(app, ["validate", str(write_spec(spec(f"sqlite:///{local}")))])
+    assert res.exit_code == 0, res.output
+    assert not local.parent.exists()  # validate creates nothing; the run makes its store

@@ -127,6 +127,12 @@ class Tracker:
         tracker cannot work (its store unreachable). Default: nothing to try."""
 
     @classmethod
+    def reach(cls, options: BaseModel, root: Path) -> None:
+        """At ``mlmt-bench validate``: a UserError if a store on another machine (a tracking
+        server, a database) does not answer, without creating anything on this one (a local store
+        is made when the run starts). Default: nothing to reach."""
+
+    @classmethod
     def open_group(cls, options: BaseModel, group: Group, config: dict[str, Any]) -> dict[str, Any]:
         """Once per experiment or sweep, in the scheduling process: whatever the group needs (a
         parent run) as JSON, handed to every run as ``run.group.state[<name>]``. Default: {}."""
@@ -239,6 +245,15 @@ def preflight(report_to: Iterable[str], options: dict[str, dict[str, Any]], root
     for name in report_to:
         try:
             _cls(name).preflight(tracker_options(name, options.get(name)), root)
+        except UserError as exc:
+            raise UserError(f"tracking.report_to: {name}: {exc}") from None
+
+
+def reach(report_to: Iterable[str], options: dict[str, dict[str, Any]], root: Path) -> None:
+    """:meth:`Tracker.reach` of each tracker: what ``validate`` checks of the stores a spec names."""
+    for name in report_to:
+        try:
+            _cls(name).reach(tracker_options(name, options.get(name)), root)
         except UserError as exc:
             raise UserError(f"tracking.report_to: {name}: {exc}") from None
 

@@ -135,6 +135,15 @@ class MLflowTracker(Tracker):
                 raise UserError(f"tracking_uri {uri}: the MLflow store does not answer ({_one_line(exc)})") from None
 
     @classmethod
+    def reach(cls, options: MLflowOptions, root: Path) -> None:  # type: ignore[override]
+        """A tracking server or database store is asked once (within ``timeout_s``); a local
+        SQLite file or directory store is left to the run, which creates it."""
+        uri = options.tracking_uri
+        if uri is None or _sqlite_file(uri) is not None or urlparse(uri).scheme in ("", "file"):
+            return
+        cls.preflight(options, root)
+
+    @classmethod
     def open_group(cls, options: MLflowOptions, group: Group,  # type: ignore[override]
                    config: dict[str, Any]) -> dict[str, Any]:
         uri = options.tracking_uri or default_uri(group.root)
