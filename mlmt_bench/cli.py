@@ -143,11 +143,13 @@ def list_components(
         from rich.markup import escape
         from rich.table import Table
 
+        from mlmt_bench.bounded_input import printable
+
         table = Table(title="mlmt-bench components")
         for col in ("kind", "name", "description", "source"):
             table.add_column(col)
         for r in rows:  # descriptions hold text such as "pip install .[gpu]": not rich markup
-            table.add_row(*(escape(r[c]) for c in ("kind", "name", "description", "source")))
+            table.add_row(*(escape(printable(r[c])) for c in ("kind", "name", "description", "source")))
         Console().print(table)
 
     _emit(rows, human)

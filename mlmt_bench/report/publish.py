@@ -222,6 +222,9 @@ def restore_runs(report_dir: Path, exp_dir: Path, experiment: str) -> list[str]:
     total = 0
     for src in sorted(runs.iterdir()):
         bounded_input.refuse_link(src)
+        if not src.name.isprintable() or src.name.startswith("."):  # it becomes a directory name here
+            raise UserError(f"--restore {report_dir}: a run named {bounded_input.printable(src.name)!r}, refused "
+                            "(control characters or a leading dot); nothing restored")
         if not src.is_dir() or not os.path.lexists(src / "manifest.json"):
             continue
         bounded_input.check_plain_file(src / "manifest.json")
