@@ -59,6 +59,11 @@ def _same(a: float, b: float) -> bool:
     return (math.isnan(a) and math.isnan(b)) or a == b
 
 
+def _same32(a: float, b: float) -> bool:
+    """Equal as TensorBoard stores a scalar (float32)."""
+    return (math.isnan(a) and math.isnan(b)) or struct.pack("f", a) == struct.pack("f", b)
+
+
 @pytest.fixture(scope="module")
 def tracked_run(tiny_ckpt, tmp_path_factory):
     """One tiny GRPO run reporting to every installed tracker, and its run directory."""
@@ -91,22 +96,23 @@ def test_every_tracker_follows_the_whole_run(tracked_run):
 
 
 def test_tensorboard_event_files_hold_every_metric_on_every_axis(tracked_run):
-    from tensorboard.backend.event_processing.plugin_event_accumulator import TENSORS, EventAccumulator
-    from tensorboard.util.tensor_util import make_ndarray
+    """Read with TensorBoard's own reader (the one ``tensorboard --inspect`` uses): every metric is
+    a scalar, on every axis, with the value metrics.jsonl has (as float32)."""
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, TENSORS, EventAccumulator
 
     run_dir = _run_of(tracked_run, "tensorboard")
     expected = _expected(run_dir)
     for axis, unit in (("step", "step"), ("tokens", "gen_tokens"), ("flops", "flops")):
-        acc = EventAccumulator(str(run_dir / "tensorboard" / axis), size_guidance={TENSORS: 0})
+        acc = EventAccumulator(str(run_dir / "tensorboard" / axis), size_guidance={SCALARS: 0})
         acc.Reload()
         want = _series(expected, unit)
-        tags = set(acc.Tags()["tensors"]) - {"spec/text_summary"}
+        tags = set(acc.Tags()["scalars"])
         assert tags == set(want), (axis, sorted(tags ^ set(want)))
         for key, points in want.items():
-            got = [(e.step, float(make_ndarray(e.tensor_proto))) for e in acc.Tensors(key)]
-            assert len(got) == len(points) and all(g[0] == p[0] and _same(g[1], p[1]) for g, p in zip(got, points)), \
+            got = [(e.step, e.value) for e in acc.Scalars(key)]
+            assert len(got) == len(points) and all(g[0] == p[0] and _same32(g[1], p[1]) for g, p in zip(got, points)), \
                 (axis, key, got, points)
-    spec_text = EventAccumulator(str(run_dir / "tensorboard" / "step"))
+    spec_text = EventAccumulator(str(run_dir / "tensorboard" / "step"), size_guidance={TENSORS: 0})
     spec_text.Reload()
     assert "spec/text_summary" in spec_text.Tags()["tensors"]
 
@@ -269,8 +275,7 @@ def test_a_resumed_run_continues_its_tracker_runs_and_tensorboard_draws_no_step_
     require(all(_have(t) for t in TRACKERS), "the trackers extra (pip install 'mlmt-bench[trackers]')")
     import shutil
 
-    from tensorboard.backend.event_processing.plugin_event_accumulator import TENSORS, EventAccumulator
-    from tensorboard.util.tensor_util import make_ndarray
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
 
     from mlmt_bench import runner
     from mlmt_bench.spec import validate_run
@@ -288,12 +293,12 @@ def test_a_resumed_run_continues_its_tracker_runs_and_tensorboard_draws_no_step_
     assert after["trackers"]["wandb"]["id"] == before["trackers"]["wandb"]["id"]
     expected = _expected(run_dir)  # steps 2 and 3 redone, once each in metrics.jsonl
     for axis, unit in (("step", "step"), ("tokens", "gen_tokens")):
-        acc = EventAccumulator(str(run_dir / "tensorboard" / axis), size_guidance={TENSORS: 0})
+        acc = EventAccumulator(str(run_dir / "tensorboard" / axis), size_guidance={SCALARS: 0})
         acc.Reload()
         for key, points in _series(expected, unit).items():
-            got = [(e.step, float(make_ndarray(e.tensor_proto))) for e in acc.Tensors(key)]
+            got = [(e.step, e.value) for e in acc.Scalars(key)]
             assert [g[0] for g in got] == [p[0] for p in points], (axis, key)  # the purged events are gone
-            assert all(_same(g[1], p[1]) for g, p in zip(got, points)), (axis, key)
+            assert all(_same32(g[1], p[1]) for g, p in zip(got, points)), (axis, key)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,13 +1,14 @@
 """TensorBoard: event files written by torch's ``SummaryWriter``, one per axis.
 
-``<run dir>/tensorboard/{step,tokens,flops}/`` each hold the same scalar tags (float64 tensor
-summaries, so a value reads back exactly as ``metrics.jsonl`` has it) (``train/reward_mean``,
-``eval/acc@t2`` ...), with the trainer's step, the generated tokens or the FLOPs (as an integer)
-as TensorBoard's step, so ``tensorboard --logdir <output_dir>`` draws every metric against each
-axis (filter runs by ``/step$``, ``/tokens$`` or ``/flops$``). The resolved spec and the run's
-tags are a text summary (``spec``). A resumed run purges, on each axis, the events after the
-checkpoint it continues from (``purge_step``: TensorBoard's data loader,
-``plugin_event_accumulator``, drops them), so a redone step is not drawn twice.
+``<run dir>/tensorboard/{step,tokens,flops}/`` each hold the same scalar tags
+(``train/reward_mean``, ``eval/acc@t2`` ...) as ordinary scalar summaries (float32, as TensorBoard
+stores scalars, so that ``tensorboard --inspect``, its scalars dashboard and
+``EventAccumulator(...).Tags()["scalars"]`` list them; ``metrics.jsonl`` keeps the exact values),
+with the trainer's step, the generated tokens or the FLOPs (as an integer) as TensorBoard's step,
+so ``tensorboard --logdir <output_dir>`` draws every metric against each axis (filter runs by
+``/step$``, ``/tokens$`` or ``/flops$``). The resolved spec and the run's tags are a text summary
+(``spec``). A resumed run purges, on each axis, the events after the checkpoint it continues from
+(``purge_step``: TensorBoard's readers drop them), so a redone step is not drawn twice.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class TensorBoardTracker(Tracker):
         for axis, writer in self.writers.items():
             at = axis_value(axes, axis)
             for key, value in metrics.items():
-                writer.add_scalar(key, value, global_step=at, new_style=True, double_precision=True)  # float64, exact
+                writer.add_scalar(key, value, global_step=at)  # a scalar summary (simple_value, float32)
 
     def close(self, status: str) -> None:
         for writer in self.writers.values():
