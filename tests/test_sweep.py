@@ -61,6 +61,11 @@ def test_study_finds_optimum_writes_best_and_resumes(tmp_path, fake, make_sweep)
     best = result["best"]
     assert abs(best["params"]["algorithm.params.lam"] - 0.3) < 0.1
     assert best["value"] == max(r["value"] for r in result["trials"])
+    import optuna  # the dashboard names the objective by the sweep's metric, not "Objective 0"
+
+    from mlmt_bench.sweep import load_sweep
+    study = optuna.load_study(study_name=result["study"], storage=result["storage"])
+    assert study.metric_names == [load_sweep(path, []).spec.metric]
 
     # each trial: sampled params applied, named <sweep>-t<N>, in <dir>/trials, manifest sweep/trial
     for spec, extra in fake.calls:

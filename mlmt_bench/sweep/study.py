@@ -312,6 +312,10 @@ def work(study: optuna.Study, sweep: Sweep, target: int, emit: Emit, *, seed: in
 
 def _check_study(study: optuna.Study, sweep: Sweep, url: str) -> None:
     """A resumed study must optimise the same metric in the same direction."""
+    import warnings
+
+    import optuna
+
     direction = study.direction.name.lower()
     if direction != sweep.spec.direction:
         raise UserError(f"{sweep.path}: direction: study {study.study_name!r} in {redact(url)} was created to "
@@ -322,6 +326,9 @@ def _check_study(study: optuna.Study, sweep: Sweep, url: str) -> None:
                         f"{attrs['metric']!r} (this sweep: {sweep.spec.metric!r}); use --study NAME for a new study")
     if "metric" not in attrs:  # a new study: what `report --sweep` needs to rebuild the best spec
         study.set_user_attr("metric", sweep.spec.metric)
+        with warnings.catch_warnings():  # experimental in Optuna 3.2+: the dashboard's name for the objective
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names([sweep.spec.metric])
         study.set_user_attr("run", str(sweep.run_path))
         study.set_user_attr("sweep", str(sweep.path.resolve()))
         study.set_user_attr("overrides", sweep.overrides)
