@@ -144,16 +144,29 @@ def load_plugins() -> None:
     from importlib.metadata import entry_points
 
     for ep in entry_points(group=PLUGIN_GROUP):
+        # a broken plugin is one line, never a traceback; SystemExit too (a plugin calling
+        # sys.exit(0) at import made `list` exit 0 with no output)
         try:
             register = ep.load()
-        except Exception as exc:  # a broken plugin must not break the tool
-            raise UserError(f"plugin {ep.name!r} ({ep.value}) failed to load: {exc}") from exc
+        except (Exception, SystemExit) as exc:
+            raise UserError(f"plugin {ep.name!r} ({ep.value}) failed to load: {_why(exc)}") from None
+        if not callable(register):
+            raise UserError(f"plugin {ep.name!r} ({ep.value}): its entry point is a {type(register).__name__}, not "
+                            "a register(registries) function")
         source = ep.dist.name if ep.dist is not None else ep.name
         _PluginView.current_source = source
         try:
             register({k: _PluginView(r, source) for k, r in REGISTRIES.items()})
+        except (Exception, SystemExit) as exc:  # e.g. re-registering a built-in name (ValueError)
+            raise UserError(f"plugin {ep.name!r} ({ep.value}): register() failed: {_why(exc)}") from None
         finally:
             _PluginView.current_source = "builtin"
+
+
+def _why(exc: BaseException) -> str:
+    """An exception as a few words: its type and the first line of its message."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 class _PluginView:
