@@ -15,11 +15,21 @@ from __future__ import annotations
 import copy
 import math
 import os
+import string
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, cast
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from mlmt_bench import bounded_input
 from mlmt_bench.errors import UserError
@@ -63,6 +73,11 @@ class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+#: the placeholders each template may use (:class:`mlmt_bench.types.PromptTemplates`)
+TEMPLATE_FIELDS = {"attempt": ("problem",), "feedback": ("problem", "attempt"), "refine": ("feedback",),
+                   "null_feedback": ()}
+
+
 class TemplateSpec(_Spec):
     """Overrides of a benchmark's prompt templates (see :class:`mlmt_bench.types.PromptTemplates`)."""
 
@@ -70,6 +85,29 @@ class TemplateSpec(_Spec):
     feedback: str | None = None
     refine: str | None = None
     null_feedback: str | None = None
+
+    @field_validator("attempt", "feedback", "refine", "null_feedback")
+    @classmethod
+    def _placeholders(cls, v: str | None, info: ValidationInfo) -> str | None:
+        """Only the template's own placeholders, bare: ``{prompt}`` in place of ``{problem}`` failed
+        with a KeyError when the run started, and ``{problem:>900000000}`` aborted it at 5 GB."""
+        if v is None:
+            return v
+        allowed = TEMPLATE_FIELDS[str(info.field_name)]
+        try:
+            parts = list(string.Formatter().parse(v))
+        except ValueError as exc:
+            raise ValueError(f"not a format template ({exc}; write a literal brace as {{{{ or }}}})") from None
+        for _, field, spec, conversion in parts:
+            if field is None:
+                continue
+            if field not in allowed:
+                known = ", ".join("{" + a + "}" for a in allowed) or "none"
+                raise ValueError(f"unknown placeholder {{{field}}} (this template's: {known}; a literal brace "
+                                 "is {{ or }})")
+            if spec or conversion:
+                raise ValueError(f"placeholder {{{field}}} takes no format spec or conversion")
+        return v
 
 
 class BenchmarkSpec(_Spec):
