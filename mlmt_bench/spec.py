@@ -229,8 +229,12 @@ class TrackingSpec(_Spec):
                                                "(its Options model: mlmt_bench/trackers/<name>.py)")
 
 
+#: a run directory is NAME-s<seed>-<UTC stamp>[-<n>]: within the 255 bytes of a file name
+MAX_NAME_CHARS = 200
+
+
 class RunSpec(_Spec):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$", max_length=MAX_NAME_CHARS)
     seed: Seed = 0
     output_dir: str = "runs"
     benchmark: BenchmarkSpec
@@ -252,13 +256,15 @@ class RunSpec(_Spec):
         out: dict[str, Any] = handler(self)
         if not self.tracking.report_to and not self.tracking.options:
             out.pop("tracking", None)
+        if self.feedback == FeedbackSpec():  # likewise ``feedback:`` at its defaults
+            out.pop("feedback", None)
         return out
 
 
 class ExperimentSpec(_Spec):
     """Several arms (run-spec overrides of one base) × seeds, compared in one report."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$", max_length=MAX_NAME_CHARS)
     base: dict[str, Any] | str = Field(description="a run spec, inline or as a path relative to this file")
     arms: dict[str, dict[str, Any]] = Field(min_length=1)
     seeds: list[Seed] = Field(default_factory=lambda: [0], min_length=1)
@@ -272,7 +278,7 @@ class ExperimentSpec(_Spec):
 class SweepSpec(_Spec):
     """An Optuna study over a run spec: ``space`` maps dotted field paths to distributions."""
 
-    name: str
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$", max_length=MAX_NAME_CHARS)
     run: str = Field(description="path of the run spec to tune, relative to this file")
     metric: str = "acc@t2"
     direction: Literal["maximize", "minimize"] = "maximize"
