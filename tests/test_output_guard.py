@@ -59,9 +59,10 @@ def test_an_mlflow_sqlite_store_in_etc_is_refused(tmp_path):
             MLflowTracker.check(MLflowOptions(tracking_uri=uri), tmp_path)
 
 
-@pytest.mark.parametrize("value", ["/", "/tmp", "/etc", "/usr/lib/mlmt"])
-def test_the_cache_is_never_rooted_in_a_system_directory(value, monkeypatch):
-    monkeypatch.setenv("MLMT_BENCH_CACHE", value)
+@pytest.mark.parametrize("value", ["/", "/tmp", "/etc", "/usr/lib/mlmt", "/proc/self/cache", "FILE", "FILE/sub"])
+def test_the_cache_is_never_rooted_in_a_system_directory_or_a_file(value, monkeypatch, tmp_path):
+    (tmp_path / "FILE").write_text("a file")
+    monkeypatch.setenv("MLMT_BENCH_CACHE", value.replace("FILE", str(tmp_path / "FILE")))
     with pytest.raises(UserError, match="MLMT_BENCH_CACHE"):
         cache_env_dir()
 
