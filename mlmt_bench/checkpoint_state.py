@@ -118,6 +118,29 @@ def load_state(directory: Path) -> Any:
         raise UserError(f"{path}: malformed checkpoint state ({type(exc).__name__}: {_short(exc)})") from None
 
 
+def recorded_step(directory: Path) -> int | None:
+    """The step the trainer state in ``directory`` was saved at (its ``counters.step``), read from
+    the file's metadata alone (no tensor is loaded); None when it cannot be read."""
+    from safetensors import safe_open
+
+    class _NoTensors(dict):  # type: ignore[type-arg]
+        def __missing__(self, key: str) -> None:
+            return None
+
+    path = Path(directory) / STATE_FILE
+    try:
+        _check_regular(path)
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            meta = (f.metadata() or {}).get(_META_KEY)
+        if meta is None or len(meta) > MAX_STATE_JSON_BYTES:
+            return None
+        state = _decode(json.loads(meta), _NoTensors())
+        step = state["counters"]["step"]
+    except Exception:  # noqa: BLE001 - anything unreadable is "unknown", for the caller to skip
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
 STATE_KEYS = ("counters", "optimizers", "algorithm", "rng")
 
 

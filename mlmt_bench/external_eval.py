@@ -46,8 +46,13 @@ def resolve_checkpoint(path: Path | str, policy: str = "solver") -> Path:
     if (path / policy).is_dir():
         return resolve_checkpoint(path / policy, policy)
     steps = sorted(p for p in (path / "checkpoints").glob("step-*") if (p / policy).is_dir())
+    from mlmt_bench.checkpoint_state import recorded_step
+
+    for step in reversed(steps):  # the newest whose trainer state is at the step its name says: not a planted one
+        if step.name[5:].isdigit() and recorded_step(step) == int(step.name[5:]):
+            return resolve_checkpoint(step / policy, policy)
     if steps:
-        return resolve_checkpoint(steps[-1] / policy, policy)
+        raise UserError(f"{path}: no checkpoint whose trainer state matches its step (newest: {steps[-1].name})")
     raise UserError(f"{path}: not a model directory, a checkpoint step or a run directory with a "
                     f"{policy!r} checkpoint")
 

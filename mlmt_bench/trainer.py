@@ -378,11 +378,16 @@ class Trainer:
         for role, policy in self.policies.items():
             if policy is not None and id(policy) not in seen and (role in trained or (ckpt / role).exists()):
                 check_weights(ckpt / role, policy.is_lora)
+                policy.check_weights_fit(ckpt / role)  # names, shapes and dtypes of this run's model
                 seen.add(id(policy))
         try:
-            return state, Counters(**state["counters"])
+            counters = Counters(**state["counters"])
         except TypeError:
             raise UserError(f"{ckpt}: malformed counters in the checkpoint state") from None
+        named = ckpt.name.removeprefix("step-")
+        if not named.isdigit() or counters.step != int(named):  # a state moved or planted under another step
+            raise UserError(f"{ckpt}: its trainer state is at step {counters.step}, not the step its name says")
+        return state, counters
 
     # helpers ----------------------------------------------------------------------------------
     def _trainable(self) -> list[Policy]:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from mlmt_bench.errors import UserError
 from mlmt_bench.external_eval import harness_model_args, resolve_checkpoint, summarise
@@ -106,10 +107,16 @@ def test_the_harness_scores_our_checkpoint_as_an_independent_computation_does(ha
 
 
 def test_resolve_checkpoint_accepts_run_step_and_model_dirs(tiny_ckpt, tmp_path):
+    from mlmt_bench.checkpoint_state import save_state
+
     run = tmp_path / "run"
     for step in ("step-000002", "step-000010"):
         shutil.copytree(tiny_ckpt, run / "checkpoints" / step / "solver")
+        save_state(run / "checkpoints" / step, {"counters": {"step": int(step[5:])}, "w": torch.zeros(2)})
     (run / "checkpoints" / "step-000011").mkdir()  # no solver/: skipped
+    assert resolve_checkpoint(run) == run / "checkpoints" / "step-000010" / "solver"
+    # a planted step-000099 (a copy of step 2, its state at step 2) is not the run's latest (issue 34)
+    shutil.copytree(run / "checkpoints" / "step-000002", run / "checkpoints" / "step-000099")
     assert resolve_checkpoint(run) == run / "checkpoints" / "step-000010" / "solver"
     assert resolve_checkpoint(run / "checkpoints" / "step-000002") == run / "checkpoints" / "step-000002" / "solver"
     assert resolve_checkpoint(tiny_ckpt) == tiny_ckpt

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: a torch dtype as a safetensors header names it
+_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
+                       torch.int64: "I64", torch.int32: "I32", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
 
 
 @dataclass
@@ -64,6 +67,48 @@ class Policy:
             self.ref_model = ref.to(first.dtype).eval()
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
+
+    def check_weights_fit(self, directory: Path) -> None:
+        """A one-line UserError unless the weights in ``directory`` (what :meth:`load_weights`
+        reads) fit this policy exactly, read from the safetensors headers without loading them:
+        the same tensor names (a full model's tied ``lm_head`` may be absent), shapes and dtypes.
+        A wrong-shape, missing or extra tensor, or weights cast to another dtype, would otherwise
+        be a long traceback mid-resume or a silently different run."""
+        from safetensors import safe_open
+
+        expected = {k: (tuple(v.shape), v.dtype) for k, v in self._saved_state().items()}
+        files = [directory / "adapter_model.safetensors"] if self.is_lora else sorted(directory.glob("*.safetensors"))
+        found: dict[str, tuple[tuple[int, ...], str]] = {}
+        for f in files:
+            with safe_open(str(f), framework="pt", device="cpu") as st:
+                for k in st.keys():
+                    sl = st.get_slice(k)
+                    found[k] = (tuple(sl.get_shape()), sl.get_dtype())
+        extra = sorted(set(found) - set(expected))
+        missing = sorted(k for k in set(expected) - set(found) if self.is_lora or "lm_head" not in k)
+        if extra or missing:
+            raise UserError(f"{directory}: the weights do not fit the {self.role} policy ("
+                            + "; ".join(x for x in (f"extra tensors {extra[:2]}" if extra else "",
+                                                    f"missing {missing[:2]}" if missing else "") if x) + ")")
+        for k, (shape, dtype) in found.items():
+            want_shape, want_dtype = expected[k]
+            if shape != want_shape:
+                raise UserError(f"{directory}: tensor {k} has shape {list(shape)}, the {self.role} policy's is "
+                                f"{list(want_shape)}")
+            if dtype != _SAFETENSORS_DTYPES.get(want_dtype, str(want_dtype)):
+                raise UserError(f"{directory}: tensor {k} is {dtype}, the {self.role} policy's is "
+                                f"{_SAFETENSORS_DTYPES.get(want_dtype, want_dtype)}")
+
+    def _saved_state(self) -> dict[str, torch.Tensor]:
+        """The tensors :meth:`save` writes, by the names it writes them under."""
+        if self.is_lora:
+            from peft import get_peft_model_state_dict
+
+            from mlmt_bench.models.adapters import adapter_target
+
+            peft_model, adapter = adapter_target(self.model)
+            return dict(get_peft_model_state_dict(peft_model, adapter_name=adapter))
+        return dict(self.model.state_dict())
 
     def load_weights(self, directory: Path) -> None:
         """Weights from a directory :meth:`save` wrote (adapter weights only, with LoRA)."""
