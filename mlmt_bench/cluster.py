@@ -42,7 +42,7 @@ class RayExecutor:
 
         self._ray = ray
         self.num_cpus, self.num_gpus, self.max_retries = num_cpus, num_gpus, max_retries
-        env = dict(reproducible.PIN) if reproducible.enabled() else {reproducible.SWITCH: "0"}  # as this process
+        env = reproducible.child_env()  # as this process: pinned, switched off, or not needed
         try:
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False,
                      runtime_env={"env_vars": env})

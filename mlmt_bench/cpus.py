@@ -101,6 +101,78 @@ def cpu_budget(group: CpuGroup | None = None, cpus: list[int] | None = None) -> 
     return max(1, n)
 
 
+#: /proc/cpuinfo flags of bfloat16 matrix instructions: Intel's AMX, AVX512-BF16 (Intel Cooper
+#: Lake and later, AMD Zen 4 and later). oneDNN runs bfloat16 matmuls on them.
+BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+def bf16_instructions(cpuinfo: str | None = None) -> list[str]:
+    """The :data:`BF16_FLAGS` this CPU has, from the ``flags`` line of ``cpuinfo`` (default:
+    ``/proc/cpuinfo``; [] where it cannot be read)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            return []
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags.update(line.partition(":")[2].split())
+            break
+    return [f for f in BF16_FLAGS if f in flags]
+
+
+def resolve_cpu_dtype(setting: str, bf16: list[str], pinned_run: bool) -> str:
+    """What CPU matmuls run in: ``setting`` (``train.cpu_dtype``) itself unless it is ``auto``,
+    which is ``bfloat16`` on a CPU with bfloat16 instructions (``bf16``: :func:`bf16_instructions`)
+    for a run that needs no CPU pin (``pinned_run`` False: its models load pretrained weights),
+    else ``float32`` (tiny models stay bit-identical; a CPU without those instructions emulates
+    bfloat16 slowly)."""
+    if setting != "auto":
+        return setting
+    return "bfloat16" if bf16 and not pinned_run else "float32"
+
+
+#: OpenMP's wait settings (GNU, LLVM/Intel): one the user set is left alone.
+WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+
+
+def oversubscribed(load: float, threads: int, cpus: int) -> bool:
+    """Whether ``threads`` more busy threads oversubscribe ``cpus`` CPUs whose 1-minute load
+    average is ``load`` (runnable threads): ``load + threads > cpus + 0.5`` (the half a thread of
+    slack keeps an idle machine's background load, 0.0-0.4, from counting)."""
+    return load + threads > cpus + 0.5
+
+
+def passive_wait_when_busy(env: dict[str, str] | None = None, load: float | None = None,
+                           cpus: int | None = None) -> str | None:
+    """``OMP_WAIT_POLICY=PASSIVE`` in ``env`` (default: this process's environment; call it before
+    torch loads, OpenMP reads it then) when the machine is already busy: its 1-minute load average
+    (``load``, default ``os.getloadavg()``) plus the threads torch will use (``min(cpus, 8)``, as
+    ``runner.configure_torch``) oversubscribe its ``cpus`` (default :func:`cpu_budget`). Returns
+    why it was set, else None (an idle machine, or a wait variable the user set).
+
+    Why: libgomp's default wait spins (~300k iterations) at every barrier. When another process
+    holds a core, a spinning thread burns its time slice waiting for a partner thread that is not
+    running: measured 2026-12-04 on a 2-core AMD EPYC at load 16-18 (``perf/pin_cost.py``,
+    SmolLM2-135M generate, 2 threads), 0.3-0.4 tok/s with the default wait against 8.7-15.2 tok/s
+    passive. The policy changes how idle threads wait, never what they compute (the same floats),
+    so it is set only where it helps: an idle machine keeps the spinning wait's quick hand-offs."""
+    env_ = os.environ if env is None else env
+    if any(v in env_ for v in WAIT_VARIABLES):
+        return None
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except OSError:
+            return None
+    cpus = cpu_budget() if cpus is None else cpus
+    if not oversubscribed(load, min(cpus, 8), cpus):
+        return None
+    env_["OMP_WAIT_POLICY"] = "PASSIVE"
+    return f"load average {load:.2f} on {cpus} CPUs"
+
+
 def _mount(mounts: list[str], fstype: str, controller: str | None) -> tuple[Path, str] | None:
     """(mount point, the hierarchy's root as seen there) of the first ``fstype`` mount (with
     ``controller`` among its super options for v1), from ``/proc/self/mountinfo`` lines."""

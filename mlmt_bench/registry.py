@@ -202,7 +202,8 @@ def _builtin() -> None:
     v("synthetic", "mlmt_bench.verifiers.synthetic:SyntheticVerifier", "exact integer answer of a synthetic problem")
     # Policies (mlmt_bench/models/): ModelFactory objects (models/factory.py: what each needs).
     m = models.register
-    m("hf", "mlmt_bench.models.factory:hf", "any HF causal LM from a hub name or local directory")
+    m("hf", "mlmt_bench.models.factory:hf", "any HF causal LM from a hub name, a local directory or a shipped alias "
+      "(smollm2-135m-instruct: mlmt_bench/models/pretrained.py)")
     m("tiny", "mlmt_bench.models.factory:tiny", "tiny Llama-architecture LM built from a preset config")
     # Generation backends (mlmt_bench/rollout/).
     k = backends.register

