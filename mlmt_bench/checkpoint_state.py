@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import warnings
 from collections.abc import Callable
@@ -118,12 +119,30 @@ def load_state(directory: Path) -> Any:
         raise UserError(f"{path}: malformed checkpoint state ({type(exc).__name__}: {_short(exc)})") from None
 
 
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def os_error_of(exc: BaseException) -> OSError | None:
+    """The OSError inside a safetensors error (its Rust I/O error names the errno as ``(os error
+    28)``), so that a full disk while weights are written is the run's one ``no space left`` line,
+    not a 55-line traceback; None for any other exception."""
+    from safetensors import SafetensorError
+
+    if isinstance(exc, OSError):
+        return exc
+    m = _OS_ERROR.search(str(exc)) if isinstance(exc, SafetensorError) else None
+    if m is None:
+        return None
+    code = int(m.group(1))
+    return OSError(code, os.strerror(code))
+
+
 def recorded_step(directory: Path) -> int | None:
     """The step the trainer state in ``directory`` was saved at (its ``counters.step``), read from
     the file's metadata alone (no tensor is loaded); None when it cannot be read."""
     from safetensors import safe_open
 
-    class _NoTensors(dict):  # type: ignore[type-arg]
+    class _NoTensors(dict[str, Any]):
         def __missing__(self, key: str) -> None:
             return None
 

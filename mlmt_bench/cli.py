@@ -236,6 +236,7 @@ def run(
     from mlmt_bench import runner, spec as specs
 
     loaded = specs.load_any(spec, overrides or []) if spec is not None else None
+    _apply_cpu_pin(loaded, resume)
     if isinstance(loaded, tuple):
         from mlmt_bench import experiment
 
@@ -325,7 +326,7 @@ def base(
 
     def human() -> None:
         from mlmt_bench.report.bases import critic_line
-        from mlmt_bench.warmstart.shared_base import check_line
+        from mlmt_bench.warmstart.shared_base import check_line, gate_line
 
         for b in result:
             c = b.get("check") or {}
@@ -335,6 +336,10 @@ def base(
                 line = critic_line(part or {})
                 if line:
                     typer.echo(f"  critic, {label}: {line}")
+            for label, d in (("greedy", (b.get("gate") or {}).get("greedy")),
+                             ("sampled", (b.get("gate") or {}).get("sampled"))):
+                if d:
+                    typer.echo(f"  critic gate, {gate_line(label, d)}")
             verdict = "INVALID testbed: " + "; ".join(b["invalid_because"]) if b["invalid_because"] else "valid testbed"
             typer.echo(f"  {verdict}")
 
@@ -357,9 +362,10 @@ def report(
     sweep: str | None = typer.Option(None, "--sweep", metavar="STORAGE", help="Report on an Optuna sweep instead: "
                                         "its storage URL or SQLite .db file (history, importances, best spec)."),
     study: str | None = typer.Option(None, "--study", help="With --sweep: the study, if the storage holds several."),
-    at_flops: float | None = typer.Option(None, "--at-flops", metavar="FLOPS", help="Compare every run at its last "
-                                             "evaluation within this many FLOPs, e.g. 3e11 (equal FLOPs from runs "
-                                             "with a token budget); a run that never got inside it is flagged."),
+    at_flops: float | None = typer.Option(None, "--at-flops", metavar="FLOPS", help="Compare every run at its "
+                                             "evaluation nearest this many FLOPs within ±10%, e.g. 3e11 (equal FLOPs "
+                                             "from runs with a token budget); a run with none there is read below "
+                                             "it and flagged, and a budget no run has one near is refused."),
     raw: bool = typer.Option(False, "--raw", help="Publish: copy each run's manifest, resolved spec, metrics, "
                              "per-problem outcomes and the episodes the page shows (gzip) into OUT/runs/ with an "
                              "experiment.json relative to OUT, then report on the copies; `mlmt-bench report OUT` "
@@ -498,10 +504,141 @@ trials/ with one run directory per trial, and <study>-best.yaml, the run spec wi
         raise typer.Exit(1)
 
 
-def main() -> None:
-    from mlmt_bench import reproducible
+probe_app = typer.Typer(help="Probes of a spec's policies: what the refinement reads.", no_args_is_help=True)
+app.add_typer(probe_app, name="probe")
 
-    reproducible.apply()  # before anything loads torch: the same float results on every machine of a CPU vendor
+
+@probe_app.command("feedback")
+@_user_errors
+def probe_feedback(
+    spec: Path = typer.Argument(..., metavar="SPEC|RUN_DIR", help="Run spec (YAML) whose solver and critic are "
+                                "probed at step 0, or a run directory (its newest checkpoint: a finished run's "
+                                "final policies)."),
+    split: str = typer.Option("test", "--split", help="Split of the spec's benchmark: test or validation."),
+    limit: int | None = typer.Option(None, "--limit", "-n", min=1, metavar="N", help="Only the first N problems."),
+    redact: bool | None = typer.Option(None, "--redact/--no-redact", help="Redact every row's feedback before the "
+                                       "refiner sees it (default: the spec's feedback.redact)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Also write probe.json and probe.md here."),
+    overrides: list[str] | None = SetOption,
+) -> None:
+    """The feedback perturbation probe (METHOD v4): identical attempts refined after the critic's own
+    feedback and after edits of it (values removed, last value shifted, approve-all with gold or own
+    values, the oracle's, g∅); acc@t2 and the share of refinements that copy a value of the feedback."""
+    from mlmt_bench import runner, spec as specs
+    from mlmt_bench.probe import table_rows, write_probe
+    from mlmt_bench.progress import print_table
+
+    if out is not None:
+        from mlmt_bench.tracking import check_output_dir
+
+        check_output_dir(out, "--out")
+    if spec.is_dir():
+        if overrides:
+            raise UserError("--set applies to a SPEC; a run directory is probed with its own spec")
+        result = runner.probe_from_run_dir(spec, split=split, limit=limit, redact=redact, progress=not state.quiet)
+    else:
+        loaded = specs.load_any(spec, overrides or [])
+        if isinstance(loaded, tuple):
+            raise UserError(f"{spec}: an experiment spec; the probe takes a run spec (one of its arms) or a run "
+                            "directory")
+        result = runner.probe_from_spec(loaded, split=split, limit=limit, redact=redact, progress=not state.quiet)
+    result["command"] = " ".join(["mlmt-bench probe feedback", str(spec), "--split", split,
+                                  *(["--limit", str(limit)] if limit else []),
+                                  *([] if redact is None else ["--redact" if redact else "--no-redact"]),
+                                  *(f"--set {o}" for o in overrides or [])])
+    files = write_probe(result, out) if out is not None else []
+
+    def human() -> None:
+        header, rows = table_rows(result)
+        print_table(f"feedback probe: {result['spec']} (seed {result['seed']}"
+                    f"{', step ' + str(result['step']) if 'step' in result else ''}), {result['n']} {split} problems, "
+                    f"acc@t1 {100 * result['acc@t1']:.1f}%{', redacted' if result['redact'] else ''}", header, rows,
+                    [f"wrote {f}" for f in files])
+
+    _emit({k: v for k, v in result.items() if k != "per_problem"}, human)
+
+
+@probe_app.command("value")
+@_user_errors
+def probe_value(
+    spec: Path = typer.Argument(..., help="Run spec (YAML) whose starting solver and critic roll out."),
+    rows: int = typer.Option(4096, "--rows", min=2, help="Rollouts to fit on (METHOD v4: at least 4,000)."),
+    steps: int = typer.Option(1000, "--steps", min=1, help="Adam steps of each fit."),
+    overrides: list[str] | None = SetOption,
+) -> None:
+    """The value probe (METHOD v4, "Value gate"): the learned value fitted on rollouts of the
+    spec's starting policies (training problems, training temperatures), its held-out explained
+    variance (80/20 by problem) with the v3 features (last token) and the v4 ones (+ the feedback
+    pooled)."""
+    from mlmt_bench import runner, spec as specs
+    from mlmt_bench.warmstart.value_probe import MIN_ROWS
+
+    loaded = specs.load_any(spec, overrides or [])
+    if isinstance(loaded, tuple):
+        raise UserError(f"{spec}: an experiment spec; the probe takes a run spec (one of its arms)")
+    result = runner.value_probe_from_spec(loaded, rows=rows, steps=steps, progress=not state.quiet)
+
+    def human() -> None:
+        def ev(v: Any) -> str:
+            return "–" if v is None else f"{v:+.3f}"
+
+        typer.echo(f"value probe: {result['spec']} (seed {result['seed']}), {result['rows']:,} rollouts on "
+                   f"{result['problems']} training problems, mean r2 {result['r2_mean']:.3f}, "
+                   f"{result['seconds']:.0f} s" + ("" if result["rows"] >= MIN_ROWS
+                                                   else f" (fewer than METHOD v4's {MIN_ROWS:,})"))
+        for name, r in result["features"].items():
+            typer.echo(f"  {name} ({r['width']} features): held-out explained variance {ev(r['explained_variance'])} "
+                       f"on {r['n_test']} rows (fitted on {r['n_train']}: {ev(r['train_ev'])})")
+
+    _emit(result, human)
+
+
+def _apply_cpu_pin(loaded: Any, resume: Path | None) -> None:
+    """The CPU pin for ``run`` (:mod:`mlmt_bench.reproducible`), once the spec says what the runs
+    build: on when some run makes weights from a seed (a tiny model, the shared base), off
+    (recorded, with its reason) when every model loads pretrained weights from a checkpoint. A
+    resumed run keeps what its manifest recorded; a run that cannot be read is pinned."""
+    from mlmt_bench import reproducible, runner
+
+    why_not = "every model of this run loads pretrained weights from a checkpoint"
+    if loaded is None and resume is not None:
+        try:
+            env = json.loads((resume / "manifest.json").read_text()).get("environment") or {}
+        except (OSError, ValueError, AttributeError):
+            env = {}
+        skipped = str(env.get("unpinned_because") or "")
+        if skipped.startswith("not needed: "):
+            return reproducible.apply(needed=False, why_not=skipped.removeprefix("not needed: "))
+        return reproducible.apply()
+    runs = list(loaded[1].values()) if isinstance(loaded, tuple) else [loaded] if loaded is not None else []
+    need = [runner.needs_cpu_pin(r) for r in runs]
+    if not runs or any(need):
+        if any(runner.pretrained_roles(r) for r in runs) and reproducible.enabled():
+            from mlmt_bench.notes import note
+
+            note("the CPU pin is on (a model of this run is made from a seed: a tiny model or the shared base), "
+                 "pretrained models included: their generation runs slower (measured 1.7-2.4x)")
+        return reproducible.apply()
+    return reproducible.apply(needed=False, why_not=why_not if len(runs) == 1 else why_not.replace(
+        "of this run", "of these runs"))
+
+
+#: Commands that apply the CPU pin once their spec is read (:func:`_apply_cpu_pin`); every other
+#: command applies it first thing.
+_PIN_AFTER_SPEC = ("run",)
+
+
+def _command(argv: list[str]) -> str | None:
+    """The command name of a command line (the first argument that is not an option)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def main() -> None:
+    from mlmt_bench import cpus, reproducible
+
+    cpus.passive_wait_when_busy()  # before torch loads: no spinning OpenMP waits on a busy machine
+    if _command(sys.argv[1:]) not in _PIN_AFTER_SPEC:
+        reproducible.apply()  # before anything loads torch: the same float results on every machine of a CPU vendor
     app()
 
 

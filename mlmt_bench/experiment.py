@@ -1,8 +1,8 @@
 """Experiments: every arm × seed of an :class:`ExperimentSpec`, then one comparison report.
 
 Writes ``<output_dir>/<name>-<UTC stamp>/`` with ``experiment.json`` (rewritten atomically after
-each run, so a crash keeps the list of finished runs), the runs themselves, ``comparison.md``
-and ``acc_vs_tokens.png``.
+each run, so a crash keeps the list of finished runs; it records whether every seed starts from
+one base, :func:`base_seeds`), the runs themselves, ``comparison.md`` and ``acc_vs_tokens.png``.
 """
 
 from __future__ import annotations
@@ -40,6 +40,28 @@ def check_equal_budgets(exp: ExperimentSpec, arms: dict[str, RunSpec]) -> None:
     if extra:
         raise UserError(f"experiment {exp.name}: budget: {exp.budget}, but train.{other} is set in {extra}; "
                         f"set it to null")
+
+
+def base_seeds(arms: dict[str, RunSpec]) -> dict[str, Any]:
+    """Whether the experiment's seeds share one shared base (METHOD v4, "One checkpoint for every
+    seed"), as ``experiment.json`` records it.
+
+    An arm's base follows the run's seed unless its ``base:`` section names one (``base.seed: 10``,
+    :meth:`BaseConfig.with_seed`); with a fixed base seed every seed of the arm starts from the same
+    weights and the run's seed varies only RL sampling, data order and the value model's
+    initialisation. Returns ``{"base_per_seed": bool, "base_seed": int | None}``: ``base_per_seed``
+    is true when some arm's base follows the run's seed; ``base_seed`` is the one fixed base seed of
+    every arm with a base (None when they follow the run's seed, differ, or no arm has a base: then
+    every seed starts from the same given checkpoints). Arms whose fixed seeds differ add
+    ``"base_seeds": {arm: seed, or None for the run's}``."""
+    per_arm = {arm: (int(spec.base["seed"]) if spec.base.get("seed") is not None else None)
+               for arm, spec in arms.items() if spec.base is not None}  # validated: spec.validate_run
+    fixed = set(per_arm.values())
+    out: dict[str, Any] = {"base_per_seed": None in fixed,
+                           "base_seed": fixed.pop() if len(fixed) == 1 and None not in fixed else None}
+    if len(set(per_arm.values())) > 1:
+        out["base_seeds"] = per_arm
+    return out
 
 
 def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool = True, *,
@@ -167,7 +189,8 @@ def _open_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec],
         Path(exp.output_dir).mkdir(parents=True, exist_ok=True)
         exp_dir = fresh_stamped_dir(Path(exp.output_dir), exp.name)
         record: dict[str, Any] = {"name": exp.name, "seeds": exp.seeds, "arms": {a: [] for a in arms},
-                                  "started": _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ"), "wall_s": {}}
+                                  "started": _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ"), "wall_s": {},
+                                  **base_seeds(arms)}
         atomic_write_text(exp_dir / "experiment.json", json.dumps(record, indent=2))
         return exp_dir, record
     exp_dir = Path(resume)
@@ -179,6 +202,8 @@ def _open_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec],
         raise UserError(f"--resume {exp_dir}: it holds experiment {record.get('name')!r} with arms "
                         f"{sorted(record.get('arms', {}))}, the spec is {exp.name!r} with arms {sorted(arms)}")
     record["seeds"] = sorted(set(record.get("seeds", [])) | set(exp.seeds))
+    record.pop("base_seeds", None)
+    record.update(base_seeds(arms))  # its finished runs are kept only if their specs are these arms'
     record.pop("comparison", None)
     return exp_dir, record
 

@@ -197,6 +197,20 @@ class TrainSpec(_Spec):
                                                                "counting: prompts, trained sequences, extra passes)")
     deterministic: bool = True
     threads: int | None = Field(None, ge=1, le=MAX_THREADS, description="torch CPU threads; default all cores")
+    cpu_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="what CPU matmuls run in (training and generation; weights stay in the policy's dtype): "
+        "bfloat16 = bfloat16 autocast, float32 = none; auto = bfloat16 on a CPU with bfloat16 instructions (AMX, "
+        "AVX512-BF16) for a run whose models all load pretrained weights (no CPU pin), else float32. The "
+        "manifest's cpu_dtype says what ran")
+
+    @model_serializer(mode="wrap")
+    def _drop_default_cpu_dtype(self, handler: Any) -> dict[str, Any]:
+        """``cpu_dtype: auto`` is left out of dumps, so that a resolved spec (and its hash) of a
+        run without it reads as before the field existed."""
+        out: dict[str, Any] = handler(self)
+        if self.cpu_dtype == "auto":
+            out.pop("cpu_dtype", None)
+        return out
 
 
 EvalProtocol = Literal["refine_all", "oracle_gated"]
@@ -218,6 +232,28 @@ class EvalSpec(_Spec):
     base_critic: bool = Field(False, description="equal test-time compute (METHOD v3): an arm that answers in one "
                               "turn is also evaluated in the refine protocol with the frozen shared base as its "
                               "critic (the report's `<arm> + base critic` row)")
+    probe_problems: int = Field(0, ge=0, description="after training, a run with a critic runs the feedback "
+                                "perturbation probe (METHOD v4; `mlmt-bench probe feedback`) on its final solver "
+                                "and critic on this many validation problems and writes probe.json; 0: none (the "
+                                "default: about one evaluation's generation time, ~10% of a tiny test run)")
+
+
+class FeedbackSpec(_Spec):
+    """What the refiner is shown of a feedback (METHOD v4, "Feedback, not answers")."""
+
+    redact: bool = Field(False, description="answer-free feedback: the refiner sees every critic or oracle feedback "
+                         "through the benchmark's redaction rule (Benchmark.redact_feedback: maths, numbers in "
+                         "neither problem nor attempt; code, code blocks and inline code; multiple choice, option "
+                         "letters and texts), at training and at evaluation; the critic's reward is computed on "
+                         "those refinements")
+    eval_unredacted: bool = Field(False, description="with redact: also evaluate the final checkpoint with redaction "
+                                  "off (the report's `<arm> without redaction` row)")
+
+    @model_validator(mode="after")
+    def _unredacted_needs_redact(self) -> FeedbackSpec:
+        if self.eval_unredacted and not self.redact:
+            raise ValueError("eval_unredacted: needs redact: true (without it every evaluation is unredacted)")
+        return self
 
 
 class TrackingSpec(_Spec):
@@ -248,6 +284,8 @@ class RunSpec(_Spec):
     description: str = ""
     tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="experiment trackers (TensorBoard, "
                                    "MLflow, W&B); they change nothing the run computes")
+    feedback: FeedbackSpec = Field(default_factory=FeedbackSpec, description="what the refiner is shown of a "
+                                   "feedback (METHOD v4: feedback.redact)")
 
     @model_serializer(mode="wrap")
     def _drop_default_tracking(self, handler: Any) -> dict[str, Any]:
@@ -626,6 +664,7 @@ def _validate_run(data: dict[str, Any], source: str) -> RunSpec:
             raise UserError(f"{source}: policies.{role}: required by algorithm {spec.algorithm.name} ({role} {mode})")
     if spec.policies.share_base:
         _check_share_base(spec, roles.built() if roles is not None else ["solver"], source)
+    _check_model_paths(spec, source)
     if spec.tracking.report_to or spec.tracking.options:
         from mlmt_bench.trackers import check_tracking
 
@@ -634,6 +673,19 @@ def _validate_run(data: dict[str, Any], source: str) -> RunSpec:
         except UserError as exc:
             raise UserError(f"{source}: {exc}") from None
     return spec
+
+
+def _check_model_paths(spec: RunSpec, source: str) -> None:
+    """A role's ``path`` that looks local (absolute, ``./``, ``../``, ``~``, or under a folder that
+    exists here) and does not exist: one line now, not a hub lookup at load time
+    (:func:`mlmt_bench.models.hub.missing_local`). Hub names are not looked up here."""
+    from mlmt_bench.models.hub import missing_local
+
+    for role in ("solver", "critic"):
+        policy = getattr(spec.policies, role)
+        problem = missing_local(policy.path) if policy is not None and policy.path else None
+        if problem:
+            raise UserError(f"{source}: policies.{role}.path: {bounded_input.echo_path(policy.path)}: {problem}")
 
 
 #: what every role's spec must agree on when the roles share one base model

@@ -38,13 +38,14 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import socket
 import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
@@ -180,6 +181,46 @@ def check_output_root(path: Path | str, what: str = "output_dir") -> Path:
         raise UserError(f"{shown}: a system directory, refused as the root of run outputs; use a directory of "
                         "your own")
     return check_output_dir(path, what)
+
+
+def rename_into_place(tmp: Path, final: Path, complete: Callable[[Path], bool]) -> None:
+    """Rename the finished temporary folder ``tmp`` to ``final`` (a cache entry is complete or
+    absent); when another process got there first (the rename fails and ``complete(final)``),
+    keep theirs and remove ``tmp``."""
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        if not complete(final):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user's counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_abandoned_temporaries(directory: Path, pattern: re.Pattern[str]) -> None:
+    """Remove the temporary folders in ``directory`` that a killed process left (SIGKILL runs no
+    cleanup): only those named as ``pattern`` (a full match, group 1 the pid of the process that
+    made it) that are real directories (not links), owned by this uid, whose process is gone. In a
+    shared cache such as /tmp another program's ``.tmp-x-123-y`` is not ours to delete."""
+    for tmp in directory.glob(".tmp-*"):
+        m = pattern.fullmatch(tmp.name)
+        if m is None:
+            continue
+        try:
+            st = os.lstat(tmp)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not pid_alive(int(m.group(1))):
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def cache_env_dir() -> Path | None:

@@ -23,10 +23,12 @@ from mlmt_bench import memory
 from mlmt_bench.algorithms.base import Algorithm, Credit, CreditInputs, verdict_matches
 from mlmt_bench.algorithms.update import LossConfig, update_policy
 from mlmt_bench.dist import Dist
-from mlmt_bench.evaluate import evaluate
+from mlmt_bench.evaluate import evaluate, generated_clipped, redaction_metrics
 from mlmt_bench.fsdp import Sharding
-from mlmt_bench.metrics.cost import forward_flops, generation_flops, training_flops
+from mlmt_bench.metrics.completions import truncation_warnings
+from mlmt_bench.metrics.cost import forward_flops, rollout_flops, training_flops
 from mlmt_bench.models.forward import last_hidden_states
+from mlmt_bench.notes import warn
 from mlmt_bench.progress import announce, duration
 from mlmt_bench.rollout.backend import backend_class
 from mlmt_bench.rollout.episodes import Actors, Program, Rollout, Sampling, merge_rollouts, rollout
@@ -63,6 +65,7 @@ class Trainer:
     on_eval: Callable[[dict[str, Any]], None] | None = None  # e.g. a sweep's pruning callback
     dist: Dist = field(default_factory=Dist)  # data parallelism under `accelerate launch`
     base_critic: Policy | None = None  # eval.base_critic: a frozen critic for the single-turn arm's refine evaluation
+    after_train: Callable[[Trainer], None] | None = None  # run by the main process on the final policies (a probe)
 
     def __post_init__(self) -> None:
         t = self.spec.train
@@ -73,15 +76,15 @@ class Trainer:
             opt = torch.optim.AdamW(policy.trainable_parameters(), lr=policy.lr, weight_decay=t.weight_decay)
             self.optimizers[id(policy)] = (opt, _schedule(opt, t.schedule, t.warmup_steps, max(t.steps, 1),
                                                          self.algorithm.params.loss_terms().epochs))
-        b = self.spec.backend
-        temps = training_temperatures(self.spec)
-        self.sampling = Sampling(temps["solver"], b.top_p, b.max_new_tokens,
-                                 b.feedback_max_new_tokens or b.max_new_tokens, b.stop,
-                                 feedback_temperature=temps["critic"])
-        self.eval_sampling = Sampling(self.spec.eval.temperature, 1.0, b.max_new_tokens,
-                                      b.feedback_max_new_tokens or b.max_new_tokens, b.stop)
+        self.sampling = train_sampling(self.spec)
+        self.eval_sampling = eval_sampling(self.spec)
+        self._warned: set[str] = set()  # the truncation warnings said (each once a run)
         self.loss_cfg = LossConfig(**dataclasses.asdict(self.algorithm.params.loss_terms()), grad_accum=t.grad_accum,
                                    grad_clip=t.grad_clip, micro_batch_tokens=t.micro_batch_tokens)
+        value = self.algorithm.value_model
+        if value is not None:  # the run's seed initialises the value model and draws its minibatches (METHOD v4:
+            value.seed = self.spec.seed  # with one base for every seed, the seed varies everything after it)
+            value.gen.manual_seed(self.spec.seed)  # before its first fit; a resume restores its generator's state
 
     # ------------------------------------------------------------------------------------------
     def train(self, progress: Any = None) -> dict[str, Any]:
@@ -126,7 +129,8 @@ class Trainer:
             t0 = time.perf_counter()
             updated, update_stats = self.update(credit, self.algorithm.updates(step))
             train_s = time.perf_counter() - t0
-            stats = {**credit.stats, **self.fit_value(ro, feats), **resampled}
+            stats = {**credit.stats, **self.fit_value(ro, feats), **resampled, **redaction_metrics(ro),
+                     **generated_clipped(ro)}
             stats = self.dist.mean_each(stats)  # over the processes that have each statistic
 
             gen = self.count_cost(ro, update_stats, value_tokens)
@@ -144,6 +148,7 @@ class Trainer:
                 **memory.TRACKER.take(memory.TRAIN_PHASES, self.dist.max),
             })
             say(f"train step {self.counters.step} r={stats.get('reward_mean', 0):.2f} tok={self.counters.gen_tokens}")
+            self.warn_truncation(trained, stats)
             last = self.done()
             if last or (self.spec.eval.every and self.counters.step % self.spec.eval.every == 0):
                 run_eval(final=last)
@@ -153,7 +158,22 @@ class Trainer:
         evals = [r for r in final if r["kind"] == "eval"]
         summary = {**evals[-1], "kind": "final"} if evals else {"kind": "final", **self._counters()}
         self.run_dir.log_metrics(summary)
+        if self.after_train is not None:  # e.g. the feedback probe on the final solver and critic (runner.py)
+            with self.sharding.full_params():
+                if self.dist.is_main:
+                    self.after_train(self)
+                self.dist.barrier()
         return summary
+
+    def warn_truncation(self, trained: float, stats: dict[str, Any]) -> None:
+        """Say once a run, one line each, that a step trained no token or that more than half of
+        its completions hit the length limit (:func:`~mlmt_bench.metrics.completions.truncation_warnings`)."""
+        if not self.dist.is_main:
+            return
+        for key, line in truncation_warnings(self.counters.step, trained, stats).items():
+            if key not in self._warned:
+                self._warned.add(key)
+                warn(line)
 
     # ------------------------------------------------------------------------------------------
     def dynamic_sampling(self, step: int, ro: Rollout) -> tuple[Rollout, dict[str, float]]:
@@ -185,7 +205,7 @@ class Trainer:
         assert solver is not None
         with memory.phase("value"):
             feats = last_hidden_states(solver.model, solver.tokenizer.pad_token_id, contexts,
-                                       self.spec.train.micro_batch_tokens)
+                                       self.spec.train.micro_batch_tokens, spans=self.algorithm.value_spans(ro))
         return feats, model.predict(feats), sum(len(c) for c in contexts)
 
     def fit_value(self, ro: Rollout, feats: torch.Tensor | None) -> dict[str, Any]:
@@ -207,8 +227,7 @@ class Trainer:
         c = self.counters
         gen_by_role = {role: int(self.dist.sum(n)) for role, n in sorted(ro.gen_tokens.items())}
         prompt_by_role = {role: int(self.dist.sum(n)) for role, n in sorted(ro.prompt_tokens.items())}
-        flops = sum(generation_flops(self._params(role), prompt_by_role.get(role, 0), n)
-                    for role, n in gen_by_role.items() if n)
+        flops = rollout_flops({role: self._params(role) for role in gen_by_role}, prompt_by_role, gen_by_role)
         for role, s in update_stats.items():
             p = self._params(role)
             flops += (training_flops(p, int(s.get("sequence_tokens", 0)))
@@ -275,8 +294,13 @@ class Trainer:
                            protocols=e.protocols,
                            micro_batch_tokens=self.spec.train.micro_batch_tokens)
             extra, rows = self._evaluate_with_base_critic(res.per_problem)
+            unredacted, rows = self._evaluate_unredacted(rows, final)
+            extra = {**extra, **unredacted}
         self.counters.wall_s = time.perf_counter() - started
-        record = {"kind": "eval", **self._counters(), **res.metrics, **extra, **memory.TRACKER.take(("eval",))}
+        test_flops = rollout_flops({role: self._params(role) for role in res.gen_tokens}, res.prompt_tokens,
+                                   res.gen_tokens)  # METHOD v4: test-time compute beside training's
+        record = {"kind": "eval", **self._counters(), **res.metrics, "test_flops_eval": test_flops, **extra,
+                  **memory.TRACKER.take(("eval",))}
         self.run_dir.log_metrics(record)
         self.run_dir.log_eval_problems([{"step": self.counters.step, "gen_tokens": self.counters.gen_tokens, **row}
                                         for row in rows])
@@ -299,7 +323,29 @@ class Trainer:
                        feedback_metrics=e.feedback_metrics, n_samples=0,
                        protocols=e.protocols, micro_batch_tokens=self.spec.train.micro_batch_tokens)
         extra = {f"base_critic/{k}": v for k, v in res.metrics.items() if k != "n"}
-        return extra, [{**row, "t2_base_critic": bc["t2"]} for row, bc in zip(rows, res.per_problem)]
+        extra["base_critic/test_flops_eval"] = rollout_flops(
+            {"solver": self._params("solver"), "critic": self.base_critic.n_params}, res.prompt_tokens, res.gen_tokens)
+        return extra, [{**row, "t2_base_critic": bc["t2"],
+                        **({"t2_base_critic_solver": bc["t2_critic_solver"]} if "t2_critic_solver" in bc else {})}
+                       for row, bc in zip(rows, res.per_problem)]
+
+    def _evaluate_unredacted(self, rows: list[dict[str, Any]],
+                             final: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """METHOD v4 (``feedback.eval_unredacted``): the final evaluation repeated with redaction
+        off, on the same policies and problems (the report's ``<arm> without redaction`` row). Its
+        metrics are logged under ``unredacted/``; each problem row gains ``t2_unredacted``."""
+        program = self.algorithm.eval_program()
+        if not (final and self.spec.feedback.eval_unredacted and self.actors.redact is not None
+                and program.feedback in ("critic", "oracle")):
+            return {}, rows
+        e = self.spec.eval
+        res = evaluate(program, dataclasses.replace(self.actors, redact=None), self.eval_problems, self.eval_sampling,
+                       feedback_metrics=e.feedback_metrics, n_samples=0, protocols=e.protocols,
+                       micro_batch_tokens=self.spec.train.micro_batch_tokens)
+        extra = {f"unredacted/{k}": v for k, v in res.metrics.items() if k != "n"}
+        extra["unredacted/test_flops_eval"] = rollout_flops({role: self._params(role) for role in res.gen_tokens},
+                                                            res.prompt_tokens, res.gen_tokens)
+        return extra, [{**row, "t2_unredacted": u["t2"]} for row, u in zip(rows, res.per_problem)]
 
     # checkpoints ------------------------------------------------------------------------------
     def save_checkpoint(self) -> Path | None:
@@ -311,8 +357,13 @@ class Trainer:
         tmp = self.run_dir.begin_checkpoint(self.counters.step)
         try:
             self._write_checkpoint(tmp, states)
-        except BaseException:
+        except BaseException as exc:
             self.run_dir.discard_checkpoint(tmp)  # a full disk leaves no half checkpoint behind
+            from mlmt_bench.checkpoint_state import os_error_of
+
+            os_error = os_error_of(exc)
+            if os_error is not None and os_error is not exc:  # safetensors' own error for a full disk
+                raise os_error from None
             raise
         path = self.run_dir.commit_checkpoint(tmp, self.counters.step)
         self.run_dir.prune_checkpoints(self.spec.train.keep_checkpoints, self.counters.step)
@@ -432,6 +483,22 @@ def training_temperatures(spec: RunSpec) -> dict[str, float]:
     solver, critic = spec.policies.solver, spec.policies.critic
     return {"solver": default if solver.temperature is None else solver.temperature,
             "critic": default if critic is None or critic.temperature is None else critic.temperature}
+
+
+def train_sampling(spec: RunSpec) -> Sampling:
+    """How training rollouts sample: each role at its training temperature
+    (:func:`training_temperatures`), the backend's top-p, token limits and stop strings."""
+    b = spec.backend
+    temps = training_temperatures(spec)
+    return Sampling(temps["solver"], b.top_p, b.max_new_tokens, b.feedback_max_new_tokens or b.max_new_tokens,
+                    b.stop, feedback_temperature=temps["critic"])
+
+
+def eval_sampling(spec: RunSpec) -> Sampling:
+    """How evaluation samples (both roles): ``eval.temperature`` (default greedy), top-p 1, the
+    backend's token limits and stop strings."""
+    b = spec.backend
+    return Sampling(spec.eval.temperature, 1.0, b.max_new_tokens, b.feedback_max_new_tokens or b.max_new_tokens, b.stop)
 
 
 def _schedule(opt: Any, kind: str, warmup: int, total_steps: int, epochs: int) -> Any:

@@ -82,6 +82,28 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class Redaction:
+    """What the refiner is shown of one feedback under a benchmark's redaction rule (METHOD v4,
+    ``feedback.redact``; :meth:`Benchmark.redact_feedback`).
+
+    text:    the feedback after the rule, each removed span replaced by a placeholder ("?" for a
+             number, "[…]" for a code block, inline code, an option letter or an option text).
+    removed: number of spans removed (numbers, code blocks, option letters / texts).
+    share:   redacted share of the feedback's characters, in [0, 1]: characters of the removed
+             spans / characters of the feedback (0.0 for an empty feedback).
+    """
+
+    text: str
+    removed: int
+    share: float
+
+
+#: What every feedback template asks the critic to end with: a verdict line that
+#: :func:`mlmt_bench.benchmarks.base.verdict_line` reads strictly.
+VERDICT_INSTRUCTION = 'End your feedback with a last line of the form "Verdict: correct" or "Verdict: incorrect".'
+
+
+@dataclass(frozen=True)
 class PromptTemplates:
     """Text of the user messages of the three turns of METHOD.md, as str.format templates.
 
@@ -95,7 +117,8 @@ class PromptTemplates:
     """
 
     attempt: str = "{problem}"
-    feedback: str = "Problem:\n{problem}\n\nAttempt:\n{attempt}\n\nPoint out the first error in the attempt, if any."
+    feedback: str = ("Problem:\n{problem}\n\nAttempt:\n{attempt}\n\nPoint out the first error in the attempt, if any. "
+                     + VERDICT_INSTRUCTION)
     refine: str = "Feedback: {feedback}\nGive a corrected solution."
     null_feedback: str = "Check your answer."
 

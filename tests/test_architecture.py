@@ -84,7 +84,7 @@ FLOORS: list[tuple[str, set[str]]] = [
                     "cpus"}),
     ("components", {"verifiers", "rollout", "models", "metrics", "benchmarks", "fsdp"}),
     ("algorithms", {"algorithms"}),
-    ("training", {"evaluate", "trainer", "warmstart"}),
+    ("training", {"evaluate", "trainer", "probe", "warmstart"}),
     ("composition", {"spec", "runner", "plan"}),
     ("experiments", {"sweep", "experiment", "report", "external_eval"}),
     ("interface", {"cli"}),

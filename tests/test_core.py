@@ -24,6 +24,7 @@ from mlmt_bench.algorithms.core import (
     progress_bonus_reward,
     token_logprobs,
     value_penalty_reward,
+    value_sigma,
     verdict_reward,
     zero_std_mask,
 )
@@ -337,11 +338,11 @@ def test_value_penalty_gives_same_advantages(scale):
         a_h = group_advantages(higher_level_reward(u, v, lam), g, scale=scale)
         a_p = group_advantages(value_penalty_reward(u, v, lam, g), g, scale=scale)
         assert torch.allclose(a_h, a_p, atol=1e-12, rtol=0)
-        # v3, the value after standardisation: centring the penalty's value part -lam (V* - V)
-        # gives lam (V - mean V), the value term of critic_advantages
+        # v3/v4, the value after standardisation: centring the penalty's value part -lam (V* - V)
+        # gives lam (V - mean V), the value term of critic_advantages before its division by sigma_V
         penalty_part = value_penalty_reward(u, v, lam, g) - u
-        a_v3 = group_advantages(u, g, scale=scale) + group_advantages(penalty_part, g, scale="none")
-        assert torch.allclose(critic_advantages(u, v, lam, g, scale=scale), a_v3, atol=1e-12, rtol=0)
+        a_v4 = group_advantages(u, g, scale=scale) + group_advantages(penalty_part, g, scale="none") / v.std()
+        assert torch.allclose(critic_advantages(u, v, lam, g, scale=scale), a_v4, atol=1e-12, rtol=0)
 
 
 def test_critic_advantages_flat_u_bar_trains_nothing_without_value_signal():
@@ -352,29 +353,41 @@ def test_critic_advantages_flat_u_bar_trains_nothing_without_value_signal():
         assert torch.equal(a, torch.zeros(3, dtype=D))
 
 
-def test_critic_advantages_flat_u_bar_gets_exactly_the_centred_value():
-    # ū = [1, 1] flat; V = [0.2, 0.6], mean 0.4; λ = 0.5 -> 0.5 * [-0.2, 0.2] = [-0.1, 0.1],
-    # not standardised (the value is never divided by a std)
+def test_critic_advantages_flat_u_bar_gets_exactly_the_centred_value_over_sigma_v():
+    # ū = [1, 1] flat; V = [0.2, 0.6], mean 0.4, batch sample std sqrt(0.08) = 0.282843 (v4: the
+    # value term in units of the standardised advantage); λ = 0.5 -> 0.5 * [-0.2, 0.2] / 0.282843
+    # = [-0.353553, 0.353553]: never divided by the rewards' std
     a = critic_advantages(t([1.0, 1.0]), t([0.2, 0.6]), 0.5, ids([0, 0]))
-    assert torch.allclose(a, t([-0.1, 0.1]), atol=1e-12, rtol=0)
+    assert torch.allclose(a, t([-0.353553, 0.353553]), atol=1e-6, rtol=0)
+    # the unit is the batch's sigma_V, not the group's: a second group with V spread 10x wider
+    # ([0.0, 0.8] around 0.4) makes sigma_V = std([0.2, 0.6, 0.0, 0.8]) = sqrt(0.4 / 3) = 0.365148,
+    # so the first group's term is 0.5 * 0.2 / 0.365148 = 0.273861
+    a = critic_advantages(t([1.0, 1.0, 1.0, 1.0]), t([0.2, 0.6, 0.0, 0.8]), 0.5, ids([0, 0, 1, 1]))
+    assert torch.allclose(a[:2], t([-0.273861, 0.273861]), atol=1e-6, rtol=0)
 
 
 def test_critic_advantages_by_hand():
+    # sigma_V: V = [0.2, 0.5, 0.8, 0.9, 0.1], mean 0.5, squared deviations .09 0 .09 .16 .16 sum 0.5,
+    #   sample var 0.5 / 4 = 0.125, sigma_V = 0.353553; λ / sigma_V = 1.414214
     # group 7: ū = [1, 0, 0]: mean 1/3, deviations [2/3, -1/3, -1/3], sum sq 2/3, sample var 1/3,
     #   std 0.577350; std part = [1.154700, -0.577350, -0.577350]
-    #   V = [0.2, 0.5, 0.8], mean 0.5, λ = 0.5 -> [-0.15, 0, 0.15]
-    #   A = [1.004700, -0.577350, -0.427350]
-    # group 3: ū = [0, 1]: ∓0.707107; V = [0.9, 0.1], mean 0.5 -> 0.5 * [0.4, -0.4] = [0.2, -0.2]
-    #   A = [-0.507107, 0.507107]
+    #   V = [0.2, 0.5, 0.8], mean 0.5 -> [-0.3, 0, 0.3] * 1.414214 = [-0.424264, 0, 0.424264]
+    #   A = [0.730436, -0.577350, -0.153086]
+    # group 3: ū = [0, 1]: ∓0.707107; V = [0.9, 0.1], mean 0.5 -> [0.4, -0.4] * 1.414214 = ±0.565685
+    #   A = [-0.141422, 0.141422]
     u, v, g = t([1.0, 0.0, 0.0, 0.0, 1.0]), t([0.2, 0.5, 0.8, 0.9, 0.1]), ids([7, 7, 7, 3, 3])
+    assert value_sigma(v) == pytest.approx(0.353553, abs=1e-6)
     a = critic_advantages(u, v, 0.5, g)
-    assert torch.allclose(a, t([1.004700, -0.577350, -0.427350, -0.507107, 0.507107]), atol=2e-6, rtol=0)
-    # scale none (Dr.GRPO): ū only centred: [2/3, -1/3, -1/3] + [-0.15, 0, 0.15]; [-0.5, 0.5] + [0.2, -0.2]
+    assert torch.allclose(a, t([0.730436, -0.577350, -0.153086, -0.141422, 0.141422]), atol=2e-6, rtol=0)
+    # scale none (Dr.GRPO): ū only centred: [2/3, -1/3, -1/3] + [-0.424264, 0, 0.424264];
+    # [-0.5, 0.5] + [0.565685, -0.565685]
     a = critic_advantages(u, v, 0.5, g, scale="none")
-    assert torch.allclose(a, t([2 / 3 - 0.15, -1 / 3, -1 / 3 + 0.15, -0.3, 0.3]), atol=1e-12, rtol=0)
+    assert torch.allclose(a, t([2 / 3 - 0.424264, -1 / 3, -1 / 3 + 0.424264, 0.065685, -0.065685]), atol=2e-6,
+                          rtol=0)
     # λ = 0 is group_advantages of ū; a singleton group gets 0 from both terms
     assert torch.equal(critic_advantages(u, v, 0.0, g), group_advantages(u, g))
     assert critic_advantages(t([1.0]), t([0.7]), 0.5, ids([0])).item() == 0.0
+    assert value_sigma(t([0.7])) == 0.0 and value_sigma(t([0.3, 0.3])) == 0.0  # no spread: no value term
 
 
 def test_verdict_reward_by_hand():

@@ -93,14 +93,15 @@ def test_mlmt_lower_and_higher_level_credit():
     assert adv(c, ro, "refine") == [0.5, 0.5, 0.5, -1.5]
     # critic: ū = [1, .5]; R_H = ū + λ V = [1 + .1, .5 + .45] = [1.1, .95] (logged)
     assert r_h(c, ro) == [1.1, 0.95]
-    # A_H = std(ū) + λ (V − mean V) (METHOD.md v3) = ±0.7071 + 0.5 * [-.35, .35] = [0.5321, -0.5321]
-    assert adv(c, ro, "feedback") == [0.5321, -0.5321]
+    # A_H = std(ū) + λ (V − mean V) / σ_V (METHOD.md v4; σ_V the batch sample std of V, .7/√2 = .4950)
+    #     = ±0.7071 + 0.5 * [-.35, .35] / .4950 = ±0.7071 ∓ 0.3536 = [0.3536, -0.3536]
+    assert adv(c, ro, "feedback") == [0.3536, -0.3536]
     assert len(c.items["critic"]) == 2 and len(c.items["solver"]) == 6
     assert c.sampled == {"solver": 6, "critic": 2}
-    # the value can reverse the ranking: λ = 2, V = [0, 1] -> ±0.7071 + 2 * [-.5, .5] = [-0.2929, 0.2929]
+    # the value can reverse the ranking: λ = 2, V = [0, 1] (σ_V 1/√2) -> ±0.7071 + 2 * [-.7071, .7071]
     c = MLMT(p.model_copy(update={"lam": 2.0}), 10).credit(
         ro, 0, CreditInputs(1.0, values=torch.tensor([0.0, 1.0], dtype=torch.float64)))
-    assert r_h(c, ro) == [1.0, 2.5] and adv(c, ro, "feedback") == [-0.2929, 0.2929]
+    assert r_h(c, ro) == [1.0, 2.5] and adv(c, ro, "feedback") == [-0.7071, 0.7071]
     with pytest.raises(ValueError, match="predictions"):
         MLMT(p, 10).credit(ro, 0, DONE)
 
@@ -151,10 +152,11 @@ def test_mlmt_k_feedbacks_grouped_by_attempt():
     c = MLMT(MLMTParams(group_size=2, feedbacks=2, value="none"), 10).credit(ro, 0, DONE)
     # attempt 0's feedbacks: ū = [1, 0] -> ±0.7071; attempt 1's: [1, 1] -> 0, 0
     assert adv(c, ro, "feedback") == [0.7071, -0.7071, 0, 0]
-    # the value is centred in the same groups: V = [0.4, 0.8 | 0.2, 0.2], λ 0.5 -> + [-0.1, 0.1 | 0, 0]
+    # the value is centred in the same groups: V = [0.4, 0.8 | 0.2, 0.2] -> [-0.2, 0.2 | 0, 0], over the
+    # batch's σ_V (mean .4, squared deviations .24 / 3 -> .2828) x λ 0.5 -> + [-0.3536, 0.3536 | 0, 0]
     c = MLMT(MLMTParams(group_size=2, feedbacks=2, lam=0.5), 10).credit(
         ro, 0, CreditInputs(1.0, values=torch.tensor([0.4, 0.8, 0.2, 0.2], dtype=torch.float64)))
-    assert adv(c, ro, "feedback") == [0.6071, -0.6071, 0, 0]
+    assert adv(c, ro, "feedback") == [0.3536, -0.3536, 0, 0]
 
 
 # --------------------------------------------------------------------------- v3: the value after standardisation
@@ -178,26 +180,27 @@ def test_mlmt_flat_u_bar_with_constant_value_trains_nothing():
 
 
 def test_mlmt_flat_u_bar_with_varying_value_gets_exactly_lambda_centred_value():
-    # ū = [1, 1]; V = [0.2, 0.6], mean 0.4; λ = 0.5 -> [-0.1, 0.1] (never standardised)
+    # ū = [1, 1]; V = [0.2, 0.6], mean 0.4, σ_V .4/√2 = .2828; λ = 0.5 -> 0.5 * [-.2, .2] / .2828
+    # = [-0.3536, 0.3536] (the value term alone, in units of the standardised advantage)
     ro = tree([[(1, [1]), (0, [1])]])
     c = MLMT(MLMTParams(group_size=2, lam=0.5), 10).credit(ro, 0, CreditInputs(1.0, values=values(0.2, 0.6)))
-    assert adv(c, ro, "feedback") == [-0.1, 0.1] and len(c.items["critic"]) == 2
+    assert adv(c, ro, "feedback") == [-0.3536, 0.3536] and len(c.items["critic"]) == 2
     assert c.stats["frac_zero_std_critic"] == 1.0
     assert r_h(c, ro) == [1.1, 1.3]
 
 
 def test_mlmt_non_flat_group_gets_standardised_u_bar_plus_centred_value():
     # three attempts of one problem, M = 1: ū = [1, 0, 0]: mean 1/3, sample std 0.57735 ->
-    # [1.1547, -0.57735, -0.57735]; V = [0.2, 0.5, 0.8] centred [-0.3, 0, 0.3] x λ 0.5 ->
-    # A_H = [1.004700, -0.577350, -0.427350] (the std's eps of 1e-6 moves the 6th decimal)
+    # [1.1547, -0.57735, -0.57735]; V = [0.2, 0.5, 0.8] centred [-0.3, 0, 0.3] over σ_V 0.3 x λ 0.5 ->
+    # + [-0.5, 0, 0.5]: A_H = [0.654700, -0.577350, -0.077350] (the std's eps of 1e-6 moves the 6th decimal)
     ro = tree([[(0, [1]), (0, [0]), (1, [0])]])
     c = MLMT(MLMTParams(group_size=3, lam=0.5), 10).credit(ro, 0, CreditInputs(1.0, values=values(0.2, 0.5, 0.8)))
-    assert adv_raw(c, ro, "feedback") == pytest.approx([1.004700, -0.577350, -0.427350], abs=2e-6)
+    assert adv_raw(c, ro, "feedback") == pytest.approx([0.654700, -0.577350, -0.077350], abs=2e-6)
     assert c.stats["frac_zero_std_critic"] == 0.0
-    # Dr.GRPO (scale none): ū centred [2/3, -1/3, -1/3] + [-0.15, 0, 0.15]
+    # Dr.GRPO (scale none): ū centred [2/3, -1/3, -1/3] + [-0.5, 0, 0.5]
     c = MLMT(MLMTParams(group_size=3, lam=0.5, scale="none"), 10).credit(
         ro, 0, CreditInputs(1.0, values=values(0.2, 0.5, 0.8)))
-    assert adv(c, ro, "feedback") == [0.5167, -0.3333, -0.1833]
+    assert adv(c, ro, "feedback") == [0.1667, -0.3333, 0.1667]
 
 
 # --------------------------------------------------------------------------- critic_reward: helpfulness+verdict
@@ -205,12 +208,12 @@ def test_mlmt_non_flat_group_gets_standardised_u_bar_plus_centred_value():
 
 def test_verdict_reward_is_standardised_with_u_bar_then_the_value_added():
     # ū = [1, 0, 1]; verdict matches [1, 1, 0]; ν = 0.5 -> R = [1.5, 0.5, 1.0]: mean 1, deviations
-    # [.5, -.5, 0], sample std 0.5 -> [1, -1, 0]; V = [0.2, 0.5, 0.8], λ 0.5 -> + [-0.15, 0, 0.15]
+    # [.5, -.5, 0], sample std 0.5 -> [1, -1, 0]; V = [0.2, 0.5, 0.8] (σ_V 0.3), λ 0.5 -> + [-0.5, 0, 0.5]
     ro = tree([[(1, [1]), (0, [0]), (0, [1])]])
     p = MLMTParams(group_size=3, lam=0.5, critic_reward="helpfulness+verdict", nu=0.5)
     inputs = CreditInputs(1.0, values=values(0.2, 0.5, 0.8), verdict_match=values(1, 1, 0))
     c = MLMT(p, 10).credit(ro, 0, inputs)
-    assert adv(c, ro, "feedback") == [0.85, -1.0, 0.15]
+    assert adv(c, ro, "feedback") == [0.5, -1.0, 0.5]
     assert r_h(c, ro) == [1.6, 0.75, 1.4]  # R + λ V
     assert c.stats["critic_verdict_match"] == pytest.approx(2 / 3)
     # equally helpful feedbacks (ū = [1, 1]) are ranked by their verdicts: R = [1, 1.5] -> ∓0.7071

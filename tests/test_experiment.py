@@ -205,6 +205,9 @@ def test_workers_build_each_shared_base_once_before_the_runs_that_need_it(tmp_pa
         for seed, name in zip((0, 1), names):
             manifest = json.loads(open(f"{out['run_dir']}/{name}/manifest.json").read())
             assert manifest["seed"] == seed and manifest["base"]["key"] in built, (manifest["base"], built)
+    # a base per seed: recorded so, and the comparison names no checkpoint shared by every seed
+    assert out["experiment"]["base_per_seed"] is True and out["experiment"]["base_seed"] is None
+    assert "One checkpoint for every seed" not in open(f"{out['run_dir']}/comparison.md").read()
 
 
 def test_resuming_a_finished_experiment_is_refused_and_rewrites_nothing(exp_spec, tmp_path):
@@ -229,3 +232,106 @@ def test_resume_of_an_experiment_directory_as_a_run_says_how_to_resume_it(exp_sp
     with pytest.raises(UserError, match=r"an experiment directory, not a run: continue it with `mlmt-bench run "
                                          r"EXPERIMENT_SPEC --resume"):
         resume_run(exp_dir)
+
+
+# --------------------------------------------------------------------------- one checkpoint for every seed
+
+
+def _base_exp(tmp_path, base_section, arms=None, seeds=(0, 1)):
+    return {"name": "exp", "seeds": list(seeds), "budget": "none", "output_dir": str(tmp_path / "runs"),
+            "base": {"name": "b", "benchmark": {"name": "synthetic-arith", "eval_limit": 4},
+                     "policies": {"solver": {"model": "tiny"}},
+                     "algorithm": {"name": "grpo", "params": {"group_size": 2}},
+                     "train": {"steps": 2, "problems_per_step": 2}, "eval": {"every": 0}, "base": base_section},
+            "arms": arms or {"a": {}}}
+
+
+def test_experiment_json_records_whether_every_seed_shares_one_base(tmp_path, write_spec):
+    from mlmt_bench.experiment import base_seeds
+
+    def seeds_of(base_section, arms=None):
+        return base_seeds(load_experiment(write_spec(_base_exp(tmp_path, base_section, arms), "e.yaml"))[1])
+
+    assert seeds_of({"seed": 10}) == {"base_per_seed": False, "base_seed": 10}
+    assert seeds_of({}) == {"base_per_seed": True, "base_seed": None}
+    assert seeds_of({"seed": 10}, {"a": {}, "b": {"base": {"seed": None}}}) == {
+        "base_per_seed": True, "base_seed": None, "base_seeds": {"a": 10, "b": None}}
+    assert seeds_of({"seed": 10}, {"a": {}, "b": {"base": {"seed": 3}}}) == {
+        "base_per_seed": False, "base_seed": None, "base_seeds": {"a": 10, "b": 3}}
+
+
+def test_a_fixed_base_seed_gives_every_seed_the_same_base_and_its_own_training(tmp_path, write_spec, monkeypatch):
+    """base.seed: 7 with seeds 0 and 1: one base is built, both runs' manifests name the same weights
+    (sha256), experiment.json says so, and the runs' seeds still make their training samples differ;
+    the comparison says its claim is conditional on that checkpoint."""
+    from support import TINY
+
+    monkeypatch.setenv("MLMT_BENCH_CACHE", str(tmp_path / "cache"))
+    exp, arms = load_experiment(write_spec(_base_exp(tmp_path, {**TINY, "seed": 7}), "exp.yaml"))
+    out = run_experiment(exp, arms, progress=False)
+    record = json.loads((Path(out["run_dir"]) / "experiment.json").read_text())
+    assert record["base_per_seed"] is False and record["base_seed"] == 7
+    assert len(list((tmp_path / "cache").iterdir())) == 1
+    runs = [Path(out["run_dir"]) / name for name in record["arms"]["a"]]
+    manifests = [json.loads((r / "manifest.json").read_text()) for r in runs]
+    assert [m["seed"] for m in manifests] == [0, 1]
+    assert manifests[0]["base"]["seed"] == manifests[1]["base"]["seed"] == 7
+    assert manifests[0]["base"]["sha256"] == manifests[1]["base"]["sha256"] is not None
+    # the sampled attempts differ (their mean length per step; an 8-step base rarely earns a reward,
+    # so the weights may not move: the samples are what the seed must change)
+    trains = [[r["len/attempt"] for r in map(json.loads, (d / "metrics.jsonl").open()) if r["kind"] == "train"]
+              for d in runs]
+    assert len(trains[0]) == 2 and trains[0] != trains[1]
+    md = (Path(out["run_dir"]) / "comparison.md").read_text()
+    assert "**One checkpoint for every seed (METHOD v4)**" in md
+    key = manifests[0]["base"]["key"]
+    assert f"- base `{key}` (tiny-0.5m, seed 7): the start of every seed's runs of a (2 seeds)" in md
+
+
+def test_the_run_seed_still_initialises_the_value_model(tiny_ckpt, tmp_path):
+    """With one base for every seed, the value model's initialisation must come from the run's seed
+    (it was seed 0 for every run): two seeds predict differently on the same features, one seed
+    the same twice."""
+    import torch
+
+    from support import build_trainer, make_spec
+
+    feats = torch.linspace(-1, 1, 3 * 16).reshape(3, 16)
+    preds = {}
+    for seed, name in ((1, "a"), (2, "b"), (1, "c")):
+        spec = make_spec(tmp_path / name, tiny_ckpt, "mlmt", {"value": "learned"}).model_copy(update={"seed": seed})
+        value = build_trainer(spec, tmp_path / name).algorithm.value_model
+        assert value is not None and value.seed == seed
+        preds[name] = value.predict(feats)
+    assert not torch.equal(preds["a"], preds["b"]) and torch.equal(preds["a"], preds["c"])
+
+
+def test_a_report_names_the_checkpoint_every_seed_shared(tmp_path):
+    """Hand-made runs: two seeds of grpo (with its `+ base critic` row) and of mlmt from one base
+    key: one line naming it and the two arms (not the derived row); with a base per seed, none."""
+    from mlmt_bench.report.compare import build_comparison
+    from support import make_run
+
+    def runs(keys):
+        out = {}
+        for arm in ("grpo", "mlmt"):
+            out[arm] = []
+            for seed, key in enumerate(keys):
+                d = make_run(tmp_path / str(keys), f"{arm}{seed}-20250101T000000Z", seed=seed, arm=arm,
+                             curve=[(0, 0, 0.0, .25, .25), (5, 100, 1e9, .5, .5)], t1=[1, 1, 0, 0], t2=[1, 1, 0, 0],
+                             extra={"base_critic/acc@t2": .75} if arm == "grpo" else None)
+                manifest = json.loads((d / "manifest.json").read_text())
+                manifest["base"] = {"key": key, "seed": 10 if len(set(keys)) == 1 else seed, "preset": "tiny-0.5m"}
+                (d / "manifest.json").write_text(json.dumps(manifest))
+                out[arm].append(d)
+        return out
+
+    summary = build_comparison(runs(("k10", "k10")), tmp_path / "one")
+    assert summary["shared_bases"] == ["base `k10` (tiny-0.5m, seed 10): the start of every seed's runs of grpo, mlmt "
+                                       "(2 seeds)"]
+    md = (tmp_path / "one" / "comparison.md").read_text()
+    assert md.index("**One checkpoint for every seed (METHOD v4)**: every seed of these arms starts from") < md.index(
+        "## Final metrics") and "conditional on that checkpoint" in md
+    assert "One checkpoint for every seed" in (tmp_path / "one" / "index.html").read_text()
+    assert build_comparison(runs(("k0", "k1")), tmp_path / "per-seed")["shared_bases"] == []
+    assert "One checkpoint" not in (tmp_path / "per-seed" / "comparison.md").read_text()

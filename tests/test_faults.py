@@ -184,7 +184,8 @@ def test_a_full_disk_is_one_line_the_run_marked_failed_and_no_temporary_left(tin
 
         monkeypatch.setattr(checkpoint_state, "save_state", save_state)
     spec = _write(tmp_path, _spec(tiny_ckpt, tmp_path / "runs", checkpoint_every=1))
-    one_line_error(["-q", "run", str(spec)], "no space left on device", "the run is marked failed", "--resume")
+    one_line_error(["-q", "run", str(spec)], "no space left on device", "the run is marked failed", "--resume",
+                   after_warnings=True)
     (run,) = (tmp_path / "runs").iterdir()
     assert _manifest(run)["status"] == "failed" and _manifest(run)["end_time"]
     assert _temporaries(run) == []
@@ -342,3 +343,25 @@ def test_a_folder_this_user_cannot_write_is_one_line_naming_it_and_the_user(tiny
     err = one_line_error(args, str(out), f"permission denied for this process (uid {os.getuid()})")
     assert "Traceback" not in err
     assert list(out.iterdir()) == []
+
+
+def test_a_full_disk_while_weights_are_written_is_one_line(tiny_ckpt, tmp_path, monkeypatch):
+    """safetensors reports a full disk as its own error (issue 34: a 55-68-line SafetensorError traceback at
+    1-24 MB tmpfs sizes); it is the run's one 'no space left' line, with nothing half-written left."""
+    from safetensors import SafetensorError
+
+    from mlmt_bench.models.policy import Policy
+
+    real_save = Policy.save
+
+    def save(policy, directory, state_dict=None):
+        real_save(policy, directory, state_dict)
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(Policy, "save", save)
+    spec = _write(tmp_path, _spec(tiny_ckpt, tmp_path / "runs", checkpoint_every=1))
+    one_line_error(["-q", "run", str(spec)], "no space left on device", "the run is marked failed", "--resume",
+                   after_warnings=True)
+    (run,) = (tmp_path / "runs").iterdir()
+    assert _manifest(run)["status"] == "failed"
+    assert _temporaries(run) == [] and not list((run / "checkpoints").iterdir())

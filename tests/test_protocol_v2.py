@@ -191,10 +191,13 @@ def test_mlmt_logs_value_skill_and_verdict_match_every_step(tiny_ckpt, tmp_path)
     for r in rows:  # explained variance is undefined (absent) on a step whose r2 are all equal
         assert isinstance(r.get("value/explained_variance"), float) == (0.0 < r["r2"] < 1.0)
         assert 0.0 <= r["critic_verdict_match"] <= 1.0 and "value/mse_before" in r
+        assert r["value/sigma"] >= 0.0  # METHOD v4: the unit of the value term, logged every step
     assert sum("value/explained_variance" in r for r in rows) >= 2
     # the buffer holds the last two steps' refinements only: 2 problems x 4 attempts x 1 x 1 per step
     model = trainer.algorithm.value_model
     assert model.sizes == [8, 8] and len(model.targets) == 16
+    # value_features: feedback_pool (the default): the last token's state and the feedback's mean, [N, 2H]
+    assert model.feats.shape[1] == 2 * trainer.policies["solver"].model.config.hidden_size
     # the checkpoint carries the buffer and its per-step bookkeeping (resume stays bit-identical)
     resumed = _trainer(spec)
     resumed.load_checkpoint(trainer.run_dir.latest_checkpoint())

@@ -382,24 +382,33 @@ def test_the_accuracy_figure_legend_covers_no_plot_area(tmp_path):
 
 
 def test_reading_runs_at_a_flops_budget(tmp_path):
-    """--at-flops B: each run's last evaluation with flops <= B stands in for its final one
-    (metrics, per-problem outcomes, curve), and the report says where each run was read."""
+    """--at-flops B: each run's evaluation nearest B within ±10% (else its last one below B, flagged)
+    stands in for its final one (metrics, per-problem outcomes, curve), and the report says where
+    each run was read."""
     curve = [(0, 0, 0.0, .1, .1), (5, 100, 1e9, .2, .25), (10, 200, 2e9, .5, .5)]
     a = make_run(tmp_path, "a-20250101T000000Z", seed=0, arm="grpo", curve=curve, t1=[1, 1, 0, 0], t2=[1, 1, 0, 0],
                  feedback=False)
     b = make_run(tmp_path, "b-20250101T000000Z", seed=0, arm="sc", curve=curve, t1=[1, 1, 1, 0], t2=[1, 1, 1, 1],
                  spec="name: sc\nalgorithm: {name: self_correct}\n")
-    r = load_run(a, at_flops=1.5e9)
-    assert r.read_at == {"flops_budget": 1.5e9, "step": 5, "flops": 1e9, "gen_tokens": 100, "reached": True}
+    r = load_run(a, at_flops=1.05e9)
+    assert r.read_at == {"flops_budget": 1.05e9, "step": 5, "flops": 1e9, "gen_tokens": 100, "reached": True,
+                         "ratio": 1e9 / 1.05e9, "within": True}
     assert r.final["step"] == 5 and r.final["acc@t2"] == .25 and [c["step"] for c in r.curve] == [0, 5]
     assert r.outcomes("t2") == {f"p{i}": 0.0 for i in range(4)}  # step 5's rows (all wrong), not the final step's
+    # 1.5e9: no evaluation within ±10% (1e9 is 0.67x): the last one below, flagged
+    assert load_run(a, at_flops=1.5e9).read_at == {"flops_budget": 1.5e9, "step": 5, "flops": 1e9, "gen_tokens": 100,
+                                                   "reached": True, "ratio": 1e9 / 1.5e9, "within": False}
+    # 1.9e9: step 10's 2e9 is within ±10%, above the budget (as a run stopped by train.flop_budget ends)
+    above = load_run(a, at_flops=1.9e9)
+    assert above.read_at["step"] == 10 and above.read_at["within"] and above.final["step"] == 10
     assert load_run(a, at_flops=5e9).read_at["reached"] is False and load_run(a, at_flops=0.0).final["step"] == 0
     assert load_run(a).read_at is None and load_run(a).final["kind"] == "final"
 
-    summary = build_comparison({"grpo": [a], "sc": [b]}, tmp_path / "out", at_flops=1.5e9)
-    assert summary["at_flops"] == 1.5e9 and summary["arms"]["grpo"]["metrics"]["acc@t2"]["mean"] == .25
+    summary = build_comparison({"grpo": [a], "sc": [b]}, tmp_path / "out", at_flops=1.05e9)
+    assert summary["at_flops"] == 1.05e9 and summary["arms"]["grpo"]["metrics"]["acc@t2"]["mean"] == .25
     text = (tmp_path / "out" / "comparison.md").read_text()
-    assert "Read at equal FLOPs (1.5e+09)" in text and "grpo read at s0: step 5, 1e+09 FLOPs, 100 tokens" in text
+    assert "**Read at 1.05e+09 FLOPs**" in text and "grpo read at s0: step 5, 1e+09 FLOPs, 100 tokens" in text
+    assert "NOT WITHIN" not in text
     assert "sc: self_correct changes what a step does with the share of its budget" in text
     assert "grpo: self_correct" not in text
     assert "has no final record" not in text
@@ -419,17 +428,17 @@ def test_a_run_untrained_within_the_flops_budget_is_flagged_in_the_table(tmp_pat
     a = make_run(tmp_path, "a-20250101T000000Z", seed=0, arm="grpo", curve=early, t1=[1, 1, 0, 0], t2=[1, 1, 0, 0],
                  feedback=False)
     b = make_run(tmp_path, "b-20250101T000000Z", seed=0, arm="mlmt", curve=late, t1=[1, 1, 1, 0], t2=[1, 1, 1, 1])
-    summary = build_comparison({"grpo": [a], "mlmt": [b]}, tmp_path / "out", at_flops=1.5e9)
+    summary = build_comparison({"grpo": [a], "mlmt": [b]}, tmp_path / "out", at_flops=1.05e9)
     text = (tmp_path / "out" / "comparison.md").read_text()
     row = next(line for line in text.splitlines() if line.startswith("| read at"))
-    assert row == ("| read at (last evaluation within 1.5e+09 FLOPs) | s0: step 5, 1.00e+09 FLOPs "
-                   "| s0: UNTRAINED (step 0) |")
-    assert summary["notes"][0].startswith("UNTRAINED within 1.5e+09 FLOPs: mlmt had no evaluation after step 0")
+    assert row == ("| read at (evaluation nearest 1.05e+09 FLOPs within ±10%, else below it) | s0: step 5, 1.00e+09 "
+                   "FLOPs | s0: UNTRAINED (step 0) (0.00× the budget: NOT WITHIN 10%) |")
+    assert summary["notes"][0].startswith("UNTRAINED within 1.05e+09 FLOPs: mlmt had no evaluation after step 0")
     page = (tmp_path / "out" / "index.html").read_text()
     assert "s0: UNTRAINED (step 0)" in page and "s0: step 5, 1.00e+09 FLOPs" in page
-    plain = build_comparison({"grpo": [a], "mlmt": [b]}, tmp_path / "out2", at_flops=5e9)
+    plain = build_comparison({"grpo": [a], "mlmt": [b]}, tmp_path / "out2", at_flops=3.1e9)
     assert "UNTRAINED" not in (tmp_path / "out2" / "comparison.md").read_text()
     assert not any(n.startswith("UNTRAINED") for n in plain["notes"])
-    res = CliRunner().invoke(app, ["report", str(a), str(b), "--at-flops", "1.5e9", "-o", str(tmp_path / "cli")])
+    res = CliRunner().invoke(app, ["report", str(a), str(b), "--at-flops", "1.05e9", "-o", str(tmp_path / "cli")])
     assert res.exit_code == 0, res.stderr
-    assert "warning: mlmt: no evaluation after step 0 within 1.5e+09 FLOPs" in res.stderr
+    assert "warning: mlmt: no evaluation after step 0 within 1.05e+09 FLOPs" in res.stderr

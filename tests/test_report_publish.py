@@ -196,10 +196,10 @@ def test_only_the_episodes_the_report_reads_are_shipped(experiment, tmp_path):
 
 def test_a_report_read_at_equal_flops_rerenders_with_its_recorded_budget(experiment, tmp_path):
     pub = tmp_path / "pub"
-    _published(experiment, pub, "--at-flops", "1.5e12", "--baseline", "mlmt")
+    _published(experiment, pub, "--at-flops", "2e12", "--baseline", "mlmt")
     first = _bytes(pub)
-    assert json.loads((pub / "experiment.json").read_text())["report"]["at_flops"] == 1.5e12
-    assert "Read at equal FLOPs (1.5e+12)" in first["comparison.md"].decode() and "## Against mlmt" in first[
+    assert json.loads((pub / "experiment.json").read_text())["report"]["at_flops"] == 2e12
+    assert "**Read at 2e+12 FLOPs**" in first["comparison.md"].decode() and "## Against mlmt" in first[
         "comparison.md"].decode()
     for name in RENDERED:
         (pub / name).unlink()

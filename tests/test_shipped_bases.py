@@ -44,6 +44,8 @@ def shipped(tmp_path, monkeypatch) -> tuple[sb.BaseConfig, Path]:
     def no_build(*args, **kwargs):
         raise AssertionError("built a base that is shipped")
     monkeypatch.setattr(sb, "_build", no_build)
+    # its made-up weights cannot generate: the critic gate (tests/test_gates.py) is measured as recorded here
+    monkeypatch.setattr(sb, "gate_check", lambda *a, **k: {"greedy": {}, "sampled": {}})
     return cfg, tmp_path / "package" / cfg.key()
 
 
@@ -58,8 +60,10 @@ def test_a_shipped_base_is_installed_instead_of_built(shipped, tmp_path):
     cache = tmp_path / "cache"
     base = sb.ensure_base(cfg, cache, progress=False, require_valid=False)
     assert base.directory == cache / cfg.key() and base.report["environment"] == {"cpu": "Some CPU"}
-    # the entry's files byte for byte, no manifest, nothing temporary left; the weights as recorded
-    assert _files(base.directory) == {k: v for k, v in _files(entry).items() if k != shipped_bases.MANIFEST}
+    # the entry's files byte for byte, no manifest, nothing temporary left; the weights as recorded; beside
+    # them the critic gate's record (METHOD v4), measured on first use
+    assert _files(base.directory) == {**{k: v for k, v in _files(entry).items() if k != shipped_bases.MANIFEST},
+                                      sb.GATE_FILE: (base.directory / sb.GATE_FILE).read_bytes()}
     assert [p.name for p in cache.iterdir()] == [cfg.key()]
     assert reproducible.weights_sha256(base.model_dir) == base.report["sha256"]
     # a second use reads the cache (the shipped copy could be gone by then)
@@ -111,10 +115,12 @@ def test_the_switch_builds_instead(shipped, tmp_path, monkeypatch):
         sb.ensure_base(cfg, tmp_path / "cache", progress=False)
 
 
-def test_the_quickstarts_base_ships_intact_and_is_a_valid_testbed(monkeypatch):
+def test_the_quickstarts_base_ships_intact_and_runs_as_allowed_invalid(monkeypatch):
     """Every seed of the quickstart names a shipped entry (so no newcomer builds it, and every
     machine starts from the same weights), whose files match its manifest and whose weights are
-    the ones its base.json records, a valid testbed by its own check."""
+    the ones its base.json records, valid by METHOD v3's thresholds on its own check. It fails
+    METHOD v4's critic gate (measured by `mlmt-bench base`: J -0.026 greedy, +0.047 with the critic
+    at T=0.5), so its spec runs it with ``allow_invalid`` and every report says so at its top."""
     monkeypatch.delenv(shipped_bases.SWITCH, raising=False)
     for name, value in reproducible.PIN.items():  # the CLI runs pinned: the key says so
         monkeypatch.setenv(name, value)
@@ -129,4 +135,5 @@ def test_the_quickstarts_base_ships_intact_and_is_a_valid_testbed(monkeypatch):
         report = json.loads((entry / "base.json").read_text())
         assert report["key"] == key and report["config"]["seed"] == seed
         assert reproducible.weights_sha256(entry / "model") == report["sha256"]
-        assert sb.Base(entry, report).invalid_because() == []
+        assert sb.validity_failures(report["check"]) == []
+        assert {base_config(arm.model_copy(update={"seed": seed})).allow_invalid for arm in arms.values()} == {True}

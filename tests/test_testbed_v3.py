@@ -96,6 +96,7 @@ def test_critic_diagnostics_by_hand():
     assert d["miss_rate"] == pytest.approx(1 / 3)
     assert d["exact_correction_rate"] == pytest.approx(1 / 3)
     assert d["verdict_accuracy"] == pytest.approx(2 / 5)  # right/ok and wrong/wrong; unreadable is a mismatch
+    assert d["verdict_unparsed"] == pytest.approx(1 / 5)
     none = critic_diagnostics([True], [True])
     assert none["miss_rate"] is None and none["exact_correction_rate"] is None and none["false_alarm_rate"] == 0
     with pytest.raises(ValueError):
@@ -136,7 +137,7 @@ def test_feedback_verdicts():
     s = SyntheticArith()
     assert s.feedback_verdict("9-6>3 9-6=3 ok;3+9>12 3+9=12 ok;12+1>13 12+1=13 ok;answer ok") is True
     assert s.feedback_verdict("9-6>3 9-6=3 ok;3+9>12 3+9=11 wrong") is False and s.feedback_verdict("zz") is False
-    b = Benchmark()
+    b = Benchmark(verdict_fallback="keywords")  # free text read by keywords: the labelled fallback
     assert b.feedback_verdict("The answer is correct.") is True
     assert b.feedback_verdict("This is not correct: step 2 has an error") is False
     assert b.feedback_verdict("Let me look at it.") is None
@@ -164,6 +165,7 @@ def test_mlmt_evaluations_log_the_critic_diagnostics(tiny_ckpt, tmp_path, one_to
         assert "verdict_accuracy" in rec and ("false_alarm_rate" in rec or "miss_rate" in rec)
         assert ("miss_rate" in rec) == ("exact_correction_rate" in rec)
         assert 0 <= rec["verdict_accuracy"] <= 1
+        assert 0 <= rec["critic/verdict_unparsed"] <= 1 and "critic/verdict_keywords" not in rec  # no fallback
 
 
 def test_grpo_with_the_base_critic_gets_a_refine_evaluation_and_a_report_row(tiny_ckpt, tmp_path, one_torch_thread):

@@ -130,6 +130,11 @@ class Algorithm:
         """Token-id contexts the value model predicts for (one per value in ``CreditInputs.values``)."""
         return []
 
+    def value_spans(self, rollout: Rollout) -> list[tuple[int, int]] | None:
+        """A token span ``(start, end)`` per value context whose hidden states the value's features
+        also pool (mean) beside the last token's; None: the last token's state alone."""
+        return None
+
     def value_targets(self, rollout: Rollout) -> tuple[list[int], torch.Tensor]:
         """(index into :meth:`value_contexts` of each target, targets) the value model is fitted on."""
         return [], torch.zeros(0)

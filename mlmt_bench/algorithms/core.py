@@ -434,6 +434,18 @@ def verdict_reward(u_bar: Tensor, verdict_match: Tensor, nu: float) -> Tensor:
     return u_bar + nu * verdict_match.to(u_bar)
 
 
+def value_sigma(value: Tensor) -> float:
+    """sigma_V: the batch standard deviation of the value model's predictions (sample std, n - 1, as
+    `group_advantages` standardises), the unit of the value term of `critic_advantages`.
+
+    value:   [F] predictions V_L(x, z, g) of one step's feedbacks (reward units).
+    returns: sigma_V >= 0 (reward units); 0.0 for fewer than two predictions. Logged as `value/sigma`.
+    """
+    if value.numel() < 2:
+        return 0.0
+    return float(value.detach().double().std(unbiased=True))
+
+
 def critic_advantages(
     rewards: Tensor,
     value: Tensor,
@@ -442,34 +454,46 @@ def critic_advantages(
     scale: Literal["std", "none"] = "std",
     eps: float = 1e-6,
 ) -> Tensor:
-    """Higher-level advantage A_H(g) = std_group(R)(g) + lam * (sg[V](g) - mean_group sg[V]) (METHOD.md v3).
+    """Higher-level advantage A_H(g) = std_group(R)(g) + lam * (sg[V](g) - mean_group sg[V]) / sigma_V
+    (METHOD.md v4, "Value gate").
 
     rewards:   [F] the critic's reward before the value: u_bar (`critic_reward: helpfulness`) or
                u_bar + nu * verdict match (`helpfulness+verdict`, see `verdict_reward`).
     value:     [F] the value model's predictions V_L(x, z, g) (detached); zeros when lam = 0.
-    lam:       lambda >= 0 (unitless).
+    lam:       lambda >= 0 (unitless): the weight of the value term in units of the standardised
+               advantage, so lam = 0.5 moves A_H by half a standard deviation of the first term
+               per standard deviation of V.
     group_ids: [F] long; sibling feedbacks (same attempt when K > 1, else same problem) share an id.
     scale, eps: as in `group_advantages`, which computes the first term: "std" standardises
                the rewards, "none" (Dr.GRPO) only centres them.
-    returns:   [F] advantages: the first term unitless ("std") or in reward units ("none"), the
-               value term in reward units.
+    returns:   [F] advantages: the first term unitless ("std") or in reward units ("none"); the
+               value term unitless (V's deviation from its group mean over sigma_V).
+
+    sigma_V (`value_sigma`) is the std of V over the whole batch, not within the group: a group
+    whose values barely differ keeps a small value term. In v3 the term was lam * (V - mean V) in
+    reward units, and a value whose predictions spread over 0.06 contributed 0.03 against 1.0
+    for the standardised u_bar (the v3 audit): lam could not matter. Guards: sigma_V <= eps (a
+    constant or single prediction) gives no value term.
 
     The value enters *after* standardisation, so it is never divided by the rewards' std and
     cannot make a flat group look informative: a group whose rewards are all equal gets 0 from
     the first term (exactly, as `group_advantages` sets it), and then exactly
-    lam * (V - mean_group V), which is set to exactly 0 when V is constant in the group (as
-    `group_advantages` does for flat rewards, so float rounding in the mean cannot leave a
+    lam * (V - mean_group V) / sigma_V, which is set to exactly 0 when V is constant in the group
+    (as `group_advantages` does for flat rewards, so float rounding in the mean cannot leave a
     1e-17 that a flat group with no value signal would train on). A singleton group gets 0
     from both terms.
 
     The penalty form of `value_penalty_reward` gives the same advantages: its value part
-    -lam * (V* - V) differs from lam * V by the group constant -lam * V*, which centring removes.
+    -lam * (V* - V) differs from lam * V by the group constant -lam * V*, which centring removes
+    (and sigma_V is one number for the batch).
     """
     if rewards.shape != value.shape:
         raise ValueError(f"shape mismatch {tuple(rewards.shape)} vs {tuple(value.shape)}")
     v = value.detach().to(rewards)
     centred = torch.where(zero_std_mask(v, group_ids), torch.zeros_like(v), v - group_mean(v, group_ids))
-    return group_advantages(rewards, group_ids, scale, eps) + lam * centred
+    sigma = value_sigma(v)
+    term = centred / sigma if sigma > eps else torch.zeros_like(v)
+    return group_advantages(rewards, group_ids, scale, eps) + lam * term
 
 
 def value_penalty_reward(u_bar: Tensor, value: Tensor, lam: float, group_ids: Tensor) -> Tensor:
@@ -487,7 +511,7 @@ def value_penalty_reward(u_bar: Tensor, value: Tensor, lam: float, group_ids: Te
     The same holds for the v3 advantage, where the value enters after standardisation
     (`critic_advantages`): its value term is the group-centred lam * V, and centring the
     penalty's value part -lam * (V* - V) gives the same lam * (V - mean_group V), so
-    group_advantages(u_bar) + centred(this - u_bar) == critic_advantages(u_bar, value, lam, ...).
+    group_advantages(u_bar) + centred(this - u_bar) / sigma_V == critic_advantages(u_bar, value, lam, ...).
     """
     if u_bar.shape != value.shape:
         raise ValueError(f"shape mismatch {tuple(u_bar.shape)} vs {tuple(value.shape)}")

@@ -25,7 +25,8 @@ def critic_credit(algo: Algorithm, rollout: Rollout, u_bar: torch.Tensor, values
     """The critic's credit: its reward R(g) = ū(g) (``critic_reward: helpfulness``) or
     ū(g) + ν·match(g) (``helpfulness+verdict``) is standardised among the K feedbacks of an
     attempt when K > 1, else among the feedbacks of the problem, and λ·sg[V_L(x, z, g)] centred in
-    the same group is added after it (:func:`core.critic_advantages`). The verdict term is a
+    the same group, over σ_V (the batch std of V, logged as ``value/sigma``), is added after it
+    (:func:`core.critic_advantages`, METHOD v4). The verdict term is a
     reward, standardised with ū: within a group of equally helpful feedbacks, the one whose verdict
     is right ranks higher.
 
@@ -55,6 +56,7 @@ def critic_credit(algo: Algorithm, rollout: Rollout, u_bar: torch.Tensor, values
     stats = {"critic_reward": float(r_h.mean()), "frac_zero_std_critic": core.frac_zero_std(reward, gid)}
     if values is not None:
         stats["value_mean"] = float(value.mean())
+        stats["value/sigma"] = core.value_sigma(value)  # the unit of the value term (v4)
     if verdict_match is not None and len(verdict_match):
         stats["critic_verdict_match"] = float(verdict_match.double().mean())
     return Credit({"critic": algo.items(rollout, feedbacks, adv_h, p.beta)}, {"critic": len(feedbacks)},

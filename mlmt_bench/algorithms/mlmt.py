@@ -6,9 +6,11 @@ Credit (METHOD.md "MLMT-RL"):
 - solver, turn 3: group-relative advantage of r2 over all refinements of the problem;
 - critic: R_H(g) = ū(g) + λ·sg[V_L(x, z, g)], group-relative among the K feedbacks of the same
   attempt when K > 1, else among all feedbacks of the problem, with the value added *after*
-  standardisation (v3): A_H = std_group(ū) + λ·(V − mean_group V) (core.critic_advantages), so
-  a flat-ū group carries no standardised noise. ``value: learned`` takes V_L from a value model
-  (algorithms/value.py) whose predictions the trainer computes and passes in; ``none`` sets
+  standardisation (v3) and in units of the standardised advantage (v4):
+  A_H = std_group(ū) + λ·(V − mean_group V)/σ_V, σ_V the batch std of V (core.critic_advantages),
+  so a flat-ū group carries no standardised noise and λ = 0.5 can matter. ``value: learned``
+  takes V_L from a value model (algorithms/value.py, on the features ``value_features`` names)
+  whose predictions the trainer computes and passes in; ``none`` sets
   λ = 0. The penalty form ū − λ·(V* − V) gives the same advantages (core.value_penalty_reward;
   tested). ``critic_reward: helpfulness+verdict`` (Critique-RL) standardises ū + ν·match instead
   of ū, match = 1 where the feedback's verdict on z agrees with the verifier (the trainer reads
@@ -37,7 +39,7 @@ from mlmt_bench.algorithms.base import (
 )
 from mlmt_bench.algorithms.critic_credit import critic_credit, feedback_means
 from mlmt_bench.algorithms.params import MLMTParams
-from mlmt_bench.algorithms.value import ValueModel
+from mlmt_bench.algorithms.value import ValueModel, refinement_contexts
 from mlmt_bench.rollout.episodes import Program, Rollout
 
 
@@ -72,7 +74,12 @@ class MLMT(Algorithm):
 
     def value_contexts(self, rollout: Rollout) -> list[list[int]]:
         """The solver's context (x, z, g) of each feedback's refinements."""
-        return [rollout.turns[rollout.turns[f].children[0]].prompt_ids for f in rollout.of_kind("feedback")]
+        return refinement_contexts(rollout, self.params.value_features)[0]
+
+    def value_spans(self, rollout: Rollout) -> list[tuple[int, int]] | None:
+        """The feedback message's tokens in each of :meth:`value_contexts` (``value_features:
+        feedback_pool``), None with ``last``."""
+        return refinement_contexts(rollout, self.params.value_features)[1]
 
     def value_targets(self, rollout: Rollout) -> tuple[list[int], torch.Tensor]:
         f_pos = {f: n for n, f in enumerate(rollout.of_kind("feedback"))}

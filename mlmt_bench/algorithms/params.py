@@ -240,8 +240,14 @@ class MLMTParams(LossParams):
     refinements: int = Field(1, ge=1, le=MAX_SAMPLES_PER_PROBLEM, description="M: refinements per feedback")
     eta: float = Field(1.0, ge=0.0, description="(decision) turn-1 reward r1 + η·r2")
     lam: float = Field(0.5, ge=0.0, description="λ: weight of the lower-level value in the critic's advantage, "
-                                                "added after standardisation: std_group(R) + λ·(V − mean_group V)")
+                                                "added after standardisation in its units (METHOD v4): "
+                                                "std_group(R) + λ·(V − mean_group V)/σ_V, σ_V the batch std of V")
     value: Literal["learned", "none"] = Field("learned", description="V_L: a learned value model, or none (λ = 0)")
+    value_features: Literal["feedback_pool", "last"] = Field(
+        "feedback_pool", description="what the value model reads of the solver's refinement context (x, z, g): "
+                                     "feedback_pool = its last-layer hidden state at the last token concatenated "
+                                     "with their mean over the feedback message's tokens (METHOD v4: features that "
+                                     "see g); last = the last token's state alone (v3)")
     value_lr: float = Field(1e-3, gt=0.0, description="Adam learning rate of the value model")
     value_hidden: int = Field(64, ge=1, le=MAX_VALUE_HIDDEN, description="hidden width of the value model's MLP")
     value_fit_steps: int = Field(32, ge=1, le=MAX_VALUE_FIT_STEPS,

@@ -6,8 +6,10 @@ import random
 import re
 from typing import Any, ClassVar
 
+from mlmt_bench.benchmarks.perturbations import none_apply
+from mlmt_bench.benchmarks.redaction import redact_numbers, stated_math_answer
 from mlmt_bench.errors import UserError
-from mlmt_bench.types import Problem, PromptTemplates
+from mlmt_bench.types import Problem, PromptTemplates, Redaction
 
 
 class Benchmark:
@@ -22,11 +24,18 @@ class Benchmark:
     splits: ClassVar[tuple[str, ...]] = ("train", "validation", "test")
     templates: ClassVar[PromptTemplates] = PromptTemplates()
 
-    def __init__(self, path: str | None = None, seed: int = 0, **options: Any) -> None:
+    def __init__(self, path: str | None = None, seed: int = 0, verdict_fallback: str | None = None,
+                 **options: Any) -> None:
         self.path = path
         self.seed = seed
         if options:
             raise UserError(f"benchmark {self.name}: unknown option(s) {', '.join(sorted(options))}")
+        if verdict_fallback not in VERDICT_FALLBACKS:
+            raise UserError(f"benchmark {self.name}: verdict_fallback must be one of "
+                            f"{', '.join(map(str, VERDICT_FALLBACKS))}, got {verdict_fallback!r}")
+        #: how :meth:`feedback_verdict` reads a feedback without a verdict line: None (it has no
+        #: verdict, the default) or "keywords" (free text, a labelled fallback)
+        self.verdict_fallback = verdict_fallback
 
     def load(self, split: str) -> list[Problem]:
         raise NotImplementedError
@@ -36,16 +45,45 @@ class Benchmark:
         (no verdict can be read). The critic diagnostics and ``critic_reward:
         helpfulness+verdict`` compare it with the verifier.
 
-        This default reads free text: a wrong-word (wrong, incorrect, error, mistake, not
-        correct) is a False verdict, else a right-word (correct, right) is True, else None.
-        A benchmark with a structured feedback format overrides it (``synthetic-arith``).
+        This default reads the verdict line the feedback templates ask for, strictly
+        (:func:`verdict_line`: the last line ``Verdict: correct`` or ``Verdict: incorrect``).
+        A feedback without one has no verdict, unless the benchmark option ``verdict_fallback:
+        keywords`` reads its free text instead (:func:`keyword_verdict`; evaluation then reports
+        the share read so, ``critic/verdict_keywords``). A benchmark with a structured feedback
+        format overrides it (``synthetic-arith``).
         """
-        text = feedback.lower()
-        if _WRONG_WORDS.search(text):
-            return False
-        if _RIGHT_WORDS.search(text):
-            return True
-        return None
+        verdict = verdict_line(feedback)
+        if verdict is None and self.verdict_fallback == "keywords":
+            return keyword_verdict(feedback)
+        return verdict
+
+    def verdict_by_keywords(self, feedback: str) -> bool:
+        """Whether :meth:`feedback_verdict` read ``feedback``'s verdict by the keyword fallback
+        (on, no verdict line, and a keyword found)."""
+        return (self.verdict_fallback == "keywords" and verdict_line(feedback) is None
+                and keyword_verdict(feedback) is not None)
+
+    def redact_feedback(self, problem: Problem, attempt: str, feedback: str) -> Redaction:
+        """What the refiner is shown of ``feedback`` on ``attempt`` under ``feedback.redact``
+        (METHOD v4, "Feedback, not answers"): the benchmark's declared redaction rule. Pure.
+
+        This default is the rule for arithmetic and free-text maths: every number that occurs in
+        neither the problem nor the attempt becomes ``?`` (the critic may locate and quote a step,
+        not supply a value; :func:`mlmt_bench.benchmarks.redaction.redact_numbers` says how numbers
+        are read: whole tokens, signs, decimals, fractions). A benchmark whose answers are not
+        numbers overrides it (code: ``mbpp``; multiple choice: ``gpqa-*``).
+        """
+        return redact_numbers(feedback, (problem.prompt, attempt))
+
+    def stated_answer(self, feedback: str) -> str | None:
+        """The final answer ``feedback`` states (what a refiner that copies it would write), as a
+        response this benchmark's verifier scores (the "critic as second solver" row); None when
+        it states none. Pure.
+
+        This default reads free-text maths: the last ``\\boxed{...}`` of the feedback, else its
+        last number, returned boxed. Benchmarks with other answers override it.
+        """
+        return stated_math_answer(feedback)
 
     def full_response(self, problem: Problem, attempt: str, refinement: str) -> str:
         """The refinement of ``attempt`` as a complete answer to ``problem`` alone: what
@@ -65,6 +103,26 @@ class Benchmark:
     def check_split(self, split: str) -> None:
         if split not in self.splits:
             raise UserError(f"benchmark {self.name}: unknown split {split!r} (known: {', '.join(self.splits)})")
+
+    def feedback_perturbations(self, problem: Problem, attempt: str, feedback: str, *,
+                               answer: str | None = None) -> dict[str, str | None]:
+        """The feedback perturbation probe's edits of ``feedback`` (the critic's own, on
+        ``attempt``; METHOD v4): ``{row: text}`` for the rows of
+        :data:`mlmt_bench.benchmarks.perturbations.PERTURBATIONS` (``values_removed``,
+        ``last_shifted``, ``approve_gold``, ``approve_own``, ``oracle``), None for a row that
+        does not apply. ``answer``: the attempt's final answer as the benchmark's verifier read
+        it (None: none). Pure.
+
+        This default declares none (every row None); benchmarks override it with their rule
+        (:mod:`mlmt_bench.benchmarks.perturbations` has the free-text ones).
+        """
+        return none_apply()
+
+    def stated_values(self, feedback: str) -> list[str] | None:
+        """The values ``feedback`` states, in order, as the verifier's extracted answers are
+        written (the probe's ``copy_rate``: a refinement whose final answer is one of them);
+        None where a benchmark's answers are not values it can read (this default)."""
+        return None
 
 
 class OracleBenchmark(Benchmark):
@@ -91,6 +149,41 @@ class OracleBenchmark(Benchmark):
         """The refinement that follows ``feedback`` on ``attempt`` exactly (the curriculum's target)."""
         raise NotImplementedError
 
+    def feedback_perturbations(self, problem: Problem, attempt: str, feedback: str, *,
+                               answer: str | None = None) -> dict[str, str | None]:
+        """The base's rows (:meth:`Benchmark.feedback_perturbations`) and ``oracle``: the oracle's
+        feedback on ``attempt``."""
+        return {**super().feedback_perturbations(problem, attempt, feedback, answer=answer),
+                "oracle": self.oracle_feedback(problem, attempt)}
 
+
+#: the values of the benchmark option ``verdict_fallback``
+VERDICT_FALLBACKS: tuple[str | None, ...] = (None, "keywords")
+_VERDICT_LINE = re.compile(r"\s*verdict\s*:\s*(correct|incorrect)\s*", re.IGNORECASE)
 _WRONG_WORDS = re.compile(r"\b(wrong|incorrect|error|errors|mistake|mistakes|not correct|not right)\b")
 _RIGHT_WORDS = re.compile(r"\b(correct|right)\b")
+
+
+def verdict_line(feedback: str) -> bool | None:
+    """The verdict of a feedback's verdict line, read strictly: the last line that is
+    ``Verdict: correct`` (True) or ``Verdict: incorrect`` (False), in any case, with whitespace
+    around its words; None when no line is exactly that (a sentence, markdown around it, a
+    trailing period, or a prompt's instruction quoted in a line of its own are no verdict). Pure."""
+    for line in reversed(feedback.splitlines()):
+        m = _VERDICT_LINE.fullmatch(line)
+        if m:
+            return m.group(1).lower() == "correct"
+    return None
+
+
+def keyword_verdict(feedback: str) -> bool | None:
+    """The labelled fallback (``verdict_fallback: keywords``): free text read by keywords, a
+    wrong-word (wrong, incorrect, error, mistake, not correct) is False, else a right-word
+    (correct, right) is True, else None. It misreads approvals ("There are no errors" is False)
+    and prompts echoed back: never the default. Pure."""
+    text = feedback.lower()
+    if _WRONG_WORDS.search(text):
+        return False
+    if _RIGHT_WORDS.search(text):
+        return True
+    return None

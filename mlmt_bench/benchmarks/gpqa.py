@@ -28,8 +28,10 @@ import random
 from typing import Any
 
 from mlmt_bench.benchmarks.data import DataSpec, HeldOutSplitBenchmark, HubSource, ZipMember, stable_hash
+from mlmt_bench.benchmarks.perturbations import choice_perturbations, option_letters
+from mlmt_bench.benchmarks.redaction import last_option_letter, redact_choice
 from mlmt_bench.errors import UserError
-from mlmt_bench.types import Problem, PromptTemplates
+from mlmt_bench.types import VERDICT_INSTRUCTION, Problem, PromptTemplates, Redaction
 
 LETTERS = "ABCD"
 #: Published in the idavidrein/gpqa README so that programs can read the archive.
@@ -44,7 +46,7 @@ CHOICE_TEMPLATES = PromptTemplates(
         "Here is a multiple-choice question and an attempted answer.\n\nQuestion:\n{problem}\n\n"
         "Attempted answer:\n{attempt}\n\n"
         "Check the reasoning. Point out the first mistake, if any, and explain it. "
-        "Do not say which option is correct."
+        "Do not say which option is correct. " + VERDICT_INSTRUCTION
     ),
     refine=(
         "Feedback on your answer:\n{feedback}\n\n"
@@ -115,6 +117,28 @@ class _GPQA(HeldOutSplitBenchmark):
                 "duplicate_options": len(set(options)) < len(options),
             },
         )
+
+    def redact_feedback(self, problem: Problem, attempt: str, feedback: str) -> Redaction:
+        """Multiple choice (METHOD v4): the option texts of ``problem`` and the option letters
+        used as answers become ``[…]`` (:func:`~mlmt_bench.benchmarks.redaction.redact_choice`)."""
+        options = problem.metadata.get("options") if isinstance(problem.metadata, dict) else None
+        return redact_choice(feedback, [str(o) for o in options] if isinstance(options, list) else [])
+
+    def stated_answer(self, feedback: str) -> str | None:
+        """The last option letter the feedback states as an answer, as ``Answer: X``; None if none."""
+        letter = last_option_letter(feedback, len(LETTERS))
+        return None if letter is None else f"Answer: {letter}"
+
+    def feedback_perturbations(self, problem: Problem, attempt: str, feedback: str, *,
+                               answer: str | None = None) -> dict[str, str | None]:
+        """Multiple-choice edits, option letters as the values
+        (:func:`~mlmt_bench.benchmarks.perturbations.choice_perturbations`)."""
+        letters = LETTERS[: len(problem.metadata.get("options") or LETTERS)]
+        return choice_perturbations(feedback, problem.answer, answer, letters)
+
+    def stated_values(self, feedback: str) -> list[str] | None:
+        """The option letters the feedback names (:func:`~mlmt_bench.benchmarks.perturbations.option_letters`)."""
+        return option_letters(feedback, LETTERS)
 
 
 class GPQADiamond(_GPQA):

@@ -13,6 +13,7 @@ from typing import Any
 
 from mlmt_bench.benchmarks.data import DataSpec, HeldOutSplitBenchmark, HubSource
 from mlmt_bench.benchmarks.math500 import MATH_TEMPLATES
+from mlmt_bench.benchmarks.perturbations import math_perturbations, numbers
 from mlmt_bench.errors import UserError
 from mlmt_bench.types import Problem
 
@@ -58,3 +59,12 @@ class GSM8K(HeldOutSplitBenchmark):
             answer=gold,
             metadata={"solution": solution},
         )
+
+    def feedback_perturbations(self, problem: Problem, attempt: str, feedback: str, *,
+                               answer: str | None = None) -> dict[str, str | None]:
+        """Free-text maths edits (:func:`~mlmt_bench.benchmarks.perturbations.math_perturbations`)."""
+        return math_perturbations(problem.prompt, attempt, feedback, problem.answer, answer)
+
+    def stated_values(self, feedback: str) -> list[str] | None:
+        """The numbers the feedback writes (:func:`~mlmt_bench.benchmarks.perturbations.numbers`)."""
+        return numbers(feedback)

@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from mlmt_bench.benchmarks.data import DataSpec, HeldOutSplitBenchmark, HubSource
+from mlmt_bench.benchmarks.perturbations import math_perturbations, numbers
 from mlmt_bench.errors import UserError
-from mlmt_bench.types import Problem, PromptTemplates
+from mlmt_bench.types import VERDICT_INSTRUCTION, Problem, PromptTemplates
 
 #: Prompts for final-answer maths (MATH-500, GSM8K). Literal braces are doubled for str.format.
 MATH_TEMPLATES = PromptTemplates(
@@ -21,7 +22,7 @@ MATH_TEMPLATES = PromptTemplates(
         "Here is a math problem and an attempted solution.\n\nProblem:\n{problem}\n\n"
         "Attempted solution:\n{attempt}\n\n"
         "Check the attempt step by step. Point out the first error, if any, and explain how to "
-        "fix it. Do not state the final answer."
+        "fix it. Do not state the final answer. " + VERDICT_INSTRUCTION
     ),
     refine=(
         "Feedback on your solution:\n{feedback}\n\n"
@@ -64,3 +65,12 @@ class Math500(HeldOutSplitBenchmark):
                 "solution": row.get("solution"),
             },
         )
+
+    def feedback_perturbations(self, problem: Problem, attempt: str, feedback: str, *,
+                               answer: str | None = None) -> dict[str, str | None]:
+        """Free-text maths edits (:func:`~mlmt_bench.benchmarks.perturbations.math_perturbations`)."""
+        return math_perturbations(problem.prompt, attempt, feedback, problem.answer, answer)
+
+    def stated_values(self, feedback: str) -> list[str] | None:
+        """The numbers the feedback writes (:func:`~mlmt_bench.benchmarks.perturbations.numbers`)."""
+        return numbers(feedback)

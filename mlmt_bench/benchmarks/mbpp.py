@@ -35,8 +35,10 @@ from typing import Any, ClassVar
 
 from mlmt_bench.benchmarks.base import Benchmark
 from mlmt_bench.benchmarks.data import DataSpec, HubSource, load_records
+from mlmt_bench.benchmarks.perturbations import code_perturbations
+from mlmt_bench.benchmarks.redaction import last_code_block, redact_code
 from mlmt_bench.errors import UserError
-from mlmt_bench.types import Problem, PromptTemplates
+from mlmt_bench.types import VERDICT_INSTRUCTION, Problem, PromptTemplates, Redaction
 
 CODE_TEMPLATES = PromptTemplates(
     attempt=(
@@ -47,7 +49,7 @@ CODE_TEMPLATES = PromptTemplates(
         "Here is a programming task and an attempted solution.\n\nTask:\n{problem}\n\n"
         "Attempted solution:\n{attempt}\n\n"
         "Review the code. Point out the first bug, if any, and explain how to fix it. "
-        "Do not write the corrected code."
+        "Do not write the corrected code. " + VERDICT_INSTRUCTION
     ),
     refine=(
         "Feedback on your solution:\n{feedback}\n\n"
@@ -179,6 +181,22 @@ class _MBPPBase(Benchmark):
     def load(self, split: str) -> list[Problem]:
         self.check_split(split)
         return [p for p in self.all_problems() if p.metadata["split"] == split]
+
+    def redact_feedback(self, problem: Problem, attempt: str, feedback: str) -> Redaction:
+        """Code (METHOD v4): fenced code blocks and inline code become ``[…]``
+        (:func:`~mlmt_bench.benchmarks.redaction.redact_code`)."""
+        return redact_code(feedback)
+
+    def stated_answer(self, feedback: str) -> str | None:
+        """The feedback's last fenced code block, as a ```` ```python ```` block; None if none."""
+        code = last_code_block(feedback)
+        return None if code is None else f"```python\n{code}\n```"
+
+    def feedback_perturbations(self, problem: Problem, attempt: str, feedback: str, *,
+                               answer: str | None = None) -> dict[str, str | None]:
+        """Code's rows (:func:`~mlmt_bench.benchmarks.perturbations.code_perturbations`): code is
+        the value a code feedback can supply; ``last_shifted`` and ``oracle`` do not apply."""
+        return code_perturbations(feedback, problem.metadata.get("code") or None)
 
 
 def _hub_full(row: dict[str, Any]) -> dict[str, Any]:

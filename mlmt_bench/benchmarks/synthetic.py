@@ -74,6 +74,9 @@ _FEEDBACK_STEP_RE = re.compile(r"^((?:[^;]*\bok\s*;)*)\s*(-?\d+)\s*([+\-*])\s*(-
 _OK_RE = re.compile(r"\bok\b")
 _FEEDBACK_ANSWER_RE = re.compile(r"answer wrong:\s*#\s*(-?\d+)")
 _PROBLEM_RE = re.compile(r"^\s*(\d+)((?:\s*[+\-*]\s*\d+)+)\s*$")
+#: a value the feedback supplies as an answer: after ``>`` or in ``answer wrong: #N`` (group 1), or
+#: a redacted one (``?``: group 1 None)
+_STATED_RE = re.compile(r"(?:>|answer wrong:\s*#)\s*(?:(-?\d+)|\?)")
 
 
 # --------------------------------------------------------------------------- arithmetic
@@ -232,6 +235,55 @@ def oracle_feedback(problem: Problem, attempt: str) -> str:
         if i >= len(steps) or steps[i] != g:
             return step_feedback(gold, i + 1, g, steps)
     return "".join(check_step(g, g, STEP_OK) + STEP_SEP for g in gold) + f"answer wrong: {ANSWER_MARK}{gold[-1][3]}"
+
+
+#: a value the feedback supplies: a step's recomputed result (after ``>``) or a final line (after ``#``)
+_SUPPLIED_RE = re.compile(r"([>#]\s*)(\d+)")
+_CHECKED_RE = re.compile(r"(>\s*)(\d+)")
+_WRONG_ANSWER_RE = re.compile(r"(answer wrong:\s*#\s*)(\d+)")
+
+
+def feedback_edits(problem: Problem, attempt: str, feedback: str) -> dict[str, str]:
+    """The probe's edits of a feedback in the checking format of :func:`oracle_feedback` (the
+    feedback perturbation probe, METHOD v4; :mod:`mlmt_bench.benchmarks.perturbations`)::
+
+        attempt   9-6=3;3+9=11;11+1=12;#12
+        feedback  9-6>3 9-6=3 ok;3+9>12 3+9=11 wrong
+        values_removed  9-6>3 9-6=3 ok;3+9>11 3+9=11 wrong    (each > value: the attempt's step result)
+        last_shifted    9-6>3 9-6=3 ok;3+9>13 3+9=11 wrong    (the last > or # value + 1)
+        approve_gold    9-6>3 9-6=3 ok;3+9>12 3+9=12 ok;12+1>13 12+1=13 ok;answer ok
+        approve_own     9-6>3 9-6=3 ok;3+9>11 3+9=11 ok;11+1>12 11+1=12 ok;answer ok
+
+    ``values_removed``: the value after ``>`` in the feedback's ``j``-th check (``;``-separated)
+    becomes the attempt's result at step ``j`` (its final answer where that step is missing or
+    unreadable; nothing where it has none either), and ``answer wrong: #N`` the attempt's final
+    answer: what is left states only the attempt's own values. ``last_shifted``: the last value
+    after ``>`` or ``#`` + 1 (no modulus; unchanged when there is none). ``approve_gold`` is
+    :func:`approve_all` of the gold steps, ``approve_own`` of the attempt's readable steps (only
+    ``answer ok`` when none is readable). Pure; never raises.
+    """
+    steps, answer = parse_attempt(attempt)
+    final = "" if answer is None else str(answer)
+
+    def own(j: int) -> str:
+        step = steps[j] if j < len(steps) else None
+        return final if step is None else str(step[3])
+
+    parts = feedback.split(STEP_SEP)
+    removed = _put(_WRONG_ANSWER_RE, STEP_SEP.join(_put(_CHECKED_RE, part, own(j)) for j, part in enumerate(parts)),
+                   final)
+    supplied = list(_SUPPLIED_RE.finditer(feedback))
+    shifted = feedback
+    if supplied:
+        m = supplied[-1]
+        shifted = feedback[: m.start(2)] + str(int(m.group(2)) + 1) + feedback[m.end(2):]
+    return {"values_removed": removed, "last_shifted": shifted, "approve_gold": approve_all(_gold_steps(problem)),
+            "approve_own": approve_all([s for s in steps if s is not None])}
+
+
+def _put(pattern: re.Pattern[str], text: str, value: str) -> str:
+    """``text`` with the value (group 2) of every match of ``pattern`` replaced by ``value``."""
+    return pattern.sub(lambda m: m.group(1) + value, text)
 
 
 def apply_feedback(problem: Problem, attempt: str, feedback: str, *, revision: bool = False,
@@ -527,3 +579,28 @@ class SyntheticArith(OracleBenchmark):
         """The solver's refinements are revisions (the base's curriculum teaches that form): the
         revision spliced into its attempt (:func:`full_response`)."""
         return full_response(problem, attempt, refinement)
+
+    def stated_answer(self, feedback: str) -> str | None:
+        """The last value the feedback supplies, as a final line ``#N``: the recomputed result
+        after its last ``>``, or the ``N`` of ``answer wrong: #N`` where that comes later; None
+        when it supplies none (or the last one was redacted to ``?``). Its redaction rule is the
+        base's numeric one (:meth:`Benchmark.redact_feedback`): ``3+9>12 3+9=11 wrong`` reads
+        ``3+9>? 3+9=11 wrong`` unless the attempt wrote 12, which :func:`corrected_step` and
+        :func:`apply_feedback` read as no correction (the attempt is kept)."""
+        found = list(_STATED_RE.finditer(feedback))
+        if not found or found[-1].group(1) is None:
+            return None
+        return f"{ANSWER_MARK}{int(found[-1].group(1))}"
+
+    def feedback_perturbations(self, problem: Problem, attempt: str, feedback: str, *,
+                               answer: str | None = None) -> dict[str, str | None]:
+        """The probe's rows on the checking format (:func:`feedback_edits`) and the oracle's
+        feedback; ``answer`` is not needed (the attempt's steps are read here)."""
+        return {**super().feedback_perturbations(problem, attempt, feedback, answer=answer),
+                **feedback_edits(problem, attempt, feedback)}
+
+    def stated_values(self, feedback: str) -> list[str] | None:
+        """The values the feedback states as results, in order: each recomputed step result (after
+        ``>``) and a final line (after ``#``), canonical (``"07"`` -> ``"7"``). Operands and the
+        quoted results after ``=`` are the problem's and the attempt's, not the feedback's."""
+        return [str(int(m.group(2))) for m in _SUPPLIED_RE.finditer(feedback)]

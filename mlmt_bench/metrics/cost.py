@@ -11,9 +11,15 @@ Every token every model processes is counted, with ``P`` the parameters of the m
   ``2·P·tokens`` over the tokens it reads.
 
 Token counts are integers ≥ 0; results are FLOPs as floats.
+
+The same count prices test time (METHOD v4, "Budgets that are budgets"): an evaluation's turns
+(attempt, feedback, refinement) cost :func:`rollout_flops` of its tokens per role, reported per
+problem beside the training FLOPs.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 
 def _check(params: int, *tokens: int) -> None:
@@ -37,3 +43,20 @@ def forward_flops(params: int, tokens: int) -> float:
     """FLOPs of one extra forward pass over ``tokens`` (old / reference log-probs, value features)."""
     _check(params, tokens)
     return 2.0 * params * tokens
+
+
+def rollout_flops(params: Mapping[str, int], prompt_tokens: Mapping[str, int],
+                  generated_tokens: Mapping[str, int]) -> float:
+    """FLOPs of a rollout's generation: ``Σ_role 2·P_role·(prompt_role + generated_role)``.
+
+    params: role ("solver", "critic") -> parameters of the model that played it; prompt_tokens,
+    generated_tokens: role -> tokens over all its sequences (``Rollout.prompt_tokens`` /
+    ``gen_tokens``). A role that generated nothing (rule-written feedback) costs nothing, whatever
+    its prompt count; a role that generated tokens needs its ``params``."""
+    total = 0.0
+    for role, n in sorted(generated_tokens.items()):
+        if n:
+            if role not in params:
+                raise ValueError(f"no parameter count for role {role!r}, which generated {n} tokens")
+            total += generation_flops(params[role], prompt_tokens.get(role, 0), n)
+    return total

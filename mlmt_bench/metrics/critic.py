@@ -14,6 +14,11 @@ right value.
 | ``miss_rate`` | P(verdict right │ attempt wrong) |
 | ``exact_correction_rate`` | P(feedback is the oracle's │ attempt wrong) |
 | ``verdict_accuracy`` | P(verdict matches the verifier); an unreadable verdict is a mismatch |
+| ``verdict_unparsed`` | P(verdict unreadable): evaluation's ``critic/verdict_unparsed`` |
+
+METHOD v4's critic gate reads :func:`detection` instead: there a feedback *flags* an attempt only
+when its verdict says it is wrong, so an unreadable verdict counts as "not flagged" (an
+unreadable critic detects nothing, and it cannot pass the gate by false alarms either).
 """
 
 from __future__ import annotations
@@ -30,8 +35,9 @@ def _rate(hits: Sequence[bool]) -> float | None:
 
 def critic_diagnostics(says_right: Sequence[bool | None], correct: Sequence[bool],
                        exact: Sequence[bool] | None = None) -> dict[str, Any]:
-    """The four diagnostics of ``F`` feedbacks (see the module docstring), plus the counts they
-    rest on: ``n_right`` and ``n_wrong`` attempts. ``exact`` None: no oracle, so no
+    """The four diagnostics of ``F`` feedbacks (see the module docstring), the share of
+    unreadable verdicts ``verdict_unparsed`` (None for no feedback), plus the counts they rest
+    on: ``n_right`` and ``n_wrong`` attempts. ``exact`` None: no oracle, so no
     ``exact_correction_rate`` (it is None)."""
     if len(says_right) != len(correct) or (exact is not None and len(exact) != len(correct)):
         raise ValueError(f"need arrays of one length, got {len(says_right)}, {len(correct)}"
@@ -44,6 +50,7 @@ def critic_diagnostics(says_right: Sequence[bool | None], correct: Sequence[bool
         "exact_correction_rate": None if exact is None else _rate([bool(exact[i]) for i in wrong]),
         "verdict_accuracy": _rate([says_right[i] is not None and says_right[i] == correct[i]
                                    for i in range(len(correct))]),
+        "verdict_unparsed": _rate([s is None for s in says_right]),
         "n_right": len(right), "n_wrong": len(wrong),
     }
 
@@ -65,3 +72,23 @@ def shortcut_gap(says_right: Sequence[bool | None], flagged_group: Sequence[bool
     return {"false_alarm_rate": _rate(alarms), "false_alarm_rate_in": fa_in, "false_alarm_rate_out": fa_out,
             "shortcut_gap": None if fa_in is None or fa_out is None else fa_in - fa_out,
             "n_in": len(inside), "n_out": len(outside)}
+
+
+def detection(says_right: Sequence[bool | None], correct: Sequence[bool]) -> dict[str, Any]:
+    """How well ``F`` verdicts detect wrong attempts (METHOD v4, "Critic gate").
+
+    A verdict *flags* its attempt when it says wrong (``says_right`` False); an unreadable verdict
+    (None) is **not** a flag. ``recall`` = P(flagged │ attempt wrong), ``false_alarm_rate`` =
+    P(flagged │ attempt right) and Youden's ``J`` = recall − false_alarm_rate, in [−1, 1]: 0 for a
+    critic that approves everything (and for one that flags everything), 1 for a perfect one.
+    A rate is None when its denominator is empty, and J then too. Also ``unreadable``, the share
+    of verdicts that could not be read, and the counts ``n_right`` and ``n_wrong``."""
+    if len(says_right) != len(correct):
+        raise ValueError(f"need arrays of one length, got {len(says_right)} and {len(correct)}")
+    flagged = [s is False for s in says_right]
+    recall = _rate([f for f, c in zip(flagged, correct) if not c])
+    false_alarm = _rate([f for f, c in zip(flagged, correct) if c])
+    return {"recall": recall, "false_alarm_rate": false_alarm,
+            "J": None if recall is None or false_alarm is None else recall - false_alarm,
+            "unreadable": _rate([s is None for s in says_right]),
+            "n_right": sum(bool(c) for c in correct), "n_wrong": sum(not c for c in correct)}

@@ -124,3 +124,49 @@ def flops_estimate(params: int, generated_tokens: int, trained_tokens: int) -> f
     if min(params, generated_tokens, trained_tokens) < 0:
         raise ValueError("params and token counts must be non-negative")
     return 2.0 * params * generated_tokens + 6.0 * params * trained_tokens
+
+
+# --------------------------------------------------------------------------- copy channel (METHOD v4)
+
+
+def redacted_share(shares: Sequence[float] | np.ndarray) -> float | None:
+    """``feedback/redacted_share``: mean over the feedbacks of the share of each one's characters
+    that its benchmark's redaction rule removed (``Redaction.share``, each in [0, 1]).
+
+    shares: [F], one per redacted feedback. returns: their mean in [0, 1]; None when F = 0.
+    """
+    s = np.asarray(shares, dtype=float)
+    if s.ndim != 1:
+        raise ValueError(f"need a 1-D array of shares, got shape {s.shape}")
+    if s.size and ((s < 0).any() or (s > 1).any()):
+        raise ValueError("a redacted share lies in [0, 1]")
+    return float(s.mean()) if s.size else None
+
+
+def critic_as_solver(stated_correct: Sequence[bool | None]) -> dict[str, float]:
+    """The critic scored as a second solver: the answer each feedback states
+    (``Benchmark.stated_answer``), scored by the verifier directly, with no refinement.
+
+    stated_correct: [F], one per feedback (one per problem in an evaluation): True / False for
+                    the verifier's verdict on the stated answer, None where the feedback states none
+                    (counted as not solved).
+    returns: {"acc_critic_as_solver": share of the F that the stated answer solves,
+              "critic_states_answer_rate": share of the F that state an answer}, both in [0, 1].
+    """
+    n = len(stated_correct)
+    if n == 0:
+        raise ValueError("critic_as_solver of no feedbacks is undefined")
+    return {"acc_critic_as_solver": sum(1 for c in stated_correct if c) / n,
+            "critic_states_answer_rate": sum(1 for c in stated_correct if c is not None) / n}
+
+
+def copy_rate(copied: Sequence[bool | None]) -> float | None:
+    """``copy_rate``: share of refinements whose final answer equals a value stated in the feedback
+    the refiner was shown (the redacted one under ``feedback.redact``).
+
+    copied: [R], one per refinement: True / False, or None where it cannot be judged (the
+            benchmark reads no values from feedback, e.g. code). returns: copied / judged in
+            [0, 1]; None when nothing could be judged.
+    """
+    judged = [c for c in copied if c is not None]
+    return sum(judged) / len(judged) if judged else None

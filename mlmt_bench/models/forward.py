@@ -163,9 +163,15 @@ def sequence_logprob_sums(model: Any, items: Sequence[Tokens], pad_id: int, max_
 
 @torch.no_grad()
 def last_hidden_states(model: Any, pad_id: int, contexts: Sequence[list[int]],
-                       max_tokens: int | None = None) -> torch.Tensor:
+                       max_tokens: int | None = None, spans: Sequence[tuple[int, int]] | None = None) -> torch.Tensor:
     """``[F, H]`` float32 (CPU) last-layer hidden state at the last token of each context, in
-    the order of ``contexts`` (micro-batched by ``max_tokens``)."""
+    the order of ``contexts`` (micro-batched by ``max_tokens``).
+
+    ``spans``: one ``(start, end)`` token range per context (``0 <= start < end <= len``); then
+    ``[F, 2H]``: the last token's state followed by the mean of the states over the span (the
+    learned value's ``feedback_pool`` features: the span is the feedback message)."""
+    if spans is not None and len(spans) != len(contexts):
+        raise ValueError(f"need one span per context, got {len(spans)} for {len(contexts)}")
     device = model_device(model)
     rows: list[torch.Tensor | None] = [None] * len(contexts)
     for mb in micro_batches([len(c) for c in contexts], max_tokens):
@@ -174,8 +180,19 @@ def last_hidden_states(model: Any, pad_id: int, contexts: Sequence[list[int]],
         if takes_logits_to_keep(model):
             inputs["logits_to_keep"] = 1  # the logits are not used: skip the [B, L, V] LM head
         out = model(**inputs)
+        states = out.hidden_states[-1]  # [B, L, H]
         last = torch.tensor([len(contexts[i]) - 1 for i in mb], device=device)
-        h = out.hidden_states[-1][torch.arange(len(mb), device=device), last].float().cpu()
+        h = states[torch.arange(len(mb), device=device), last].float()
+        if spans is not None:
+            pos = torch.arange(states.shape[1], device=device)
+            lo = torch.tensor([spans[i][0] for i in mb], device=device)
+            hi = torch.tensor([spans[i][1] for i in mb], device=device)
+            if bool(((lo < 0) | (hi <= lo) | (hi > last + 1)).any()):
+                raise ValueError(f"a span is empty or outside its context: {[spans[i] for i in mb]}")
+            inside = ((pos[None, :] >= lo[:, None]) & (pos[None, :] < hi[:, None])).to(states.dtype)  # [B, L]
+            pooled = (states * inside[:, :, None]).sum(1) / inside.sum(1, keepdim=True)
+            h = torch.cat([h, pooled.float()], dim=1)
+        h = h.cpu()
         for k, i in enumerate(mb):
             rows[i] = h[k]
     return torch.stack(cast(list[torch.Tensor], rows))  # every row set: the micro-batches cover all contexts

@@ -38,6 +38,7 @@ from mlmt_bench.report.formatting import (
     DASH,
     ONE_SEED,
     PROBLEMS,
+    SHARED_BASE,
     TABLE_METRICS as _TABLE_METRICS,
     fmt as _fmt,
     fmt_ci as _fmt_ci,
@@ -52,9 +53,11 @@ from mlmt_bench.report.formatting import (
     fmt_units as _fmt_units,
     interval_tag as _interval_tag,
     mark as _mark,
+    read_at_label,
     untrained_at_budget,
 )
 from mlmt_bench.report.runs import (
+    AT_FLOPS_TOLERANCE,
     VALUE_EXERCISED_EV,
     RunRecord,
     acc_t2,
@@ -243,7 +246,8 @@ def build_comparison(
     (accuracies as fractions; McNemar b = arm right & baseline wrong, c = arm wrong & baseline right;
     "interval": "two-way", "one seed" or "problems", the v2 fallback when runs cannot be crossed as
     seeds × problems, "why" saying why).
-    at_flops: compare every run at its last evaluation within this many FLOPs (runs.load_run).
+    at_flops: compare every run at its evaluation nearest this many FLOPs within ±10%, else at its last
+        one below it, flagged (runs.load_run); refused when no run has one within ±10% (check_at_flops).
     """
     if not runs or not any(runs.values()):
         raise UserError("nothing to compare: no run directories given")
@@ -254,6 +258,8 @@ def build_comparison(
     loaded = with_base_critic_arms({arm: [load_run(p, at_flops=at_flops) for p in paths]
                                     for arm, paths in runs.items()})
     protocol = check_one_protocol(loaded)
+    if at_flops is not None:
+        check_at_flops(loaded, at_flops)
 
     notes: list[str] = _read_at_notes(loaded, at_flops) if at_flops is not None else []
     notes += _value_notes(loaded)
@@ -276,9 +282,15 @@ def build_comparison(
 
     summary: dict[str, Any] = {"title": title, "baseline": baseline, "protocol": protocol, "arms": {},
                                "paired": {}, "notes": notes, "at_flops": at_flops,
-                               "invalid_bases": invalid_bases(loaded), "statistics": analysis.description()}
+                               "invalid_bases": invalid_bases(loaded), "shared_bases": shared_bases(loaded),
+                               "statistics": analysis.description()}
     for arm, results in loaded.items():
         summary["arms"][arm] = _summarise_arm(arm, results, out_dir)
+    off, n_off, n_read = off_budget(loaded)
+    if off:
+        notes.insert(0, f"NOT AT EQUAL FLOPs: {n_off} of {n_read} runs have no evaluation within "
+                        f"{AT_FLOPS_TOLERANCE:.0%} of {at_flops:.3g} FLOPs and are read below it (flagged in row "
+                        f"\"read at\"): {', '.join(off)}.")
     untrained = untrained_at_budget(summary) if at_flops is not None else []
     if untrained:
         notes.insert(0, f"UNTRAINED within {at_flops:.3g} FLOPs: {', '.join(untrained)} had no evaluation after "
@@ -321,7 +333,8 @@ def _value_notes(loaded: dict[str, list[RunRecord]]) -> list[str]:
                if is_num(r.final.get("value_ev_mean")) and r.final["value_ev_mean"] < VALUE_EXERCISED_EV]
         if low and not arm.endswith(" + base critic"):
             notes.append(f"{arm}: value not exercised in {', '.join(low)}: the learned value's mean explained "
-                         f"variance stayed below {VALUE_EXERCISED_EV}, so its λ·V term carries little signal.")
+                         f"variance stayed below {VALUE_EXERCISED_EV}, so its λ·V term carries little signal and "
+                         "these runs support no learned-vs-none result (METHOD v4).")
     return notes
 
 
@@ -338,10 +351,78 @@ def invalid_bases(loaded: dict[str, list[RunRecord]]) -> list[str]:
     return list(out.values())
 
 
+def check_at_flops(loaded: dict[str, list[RunRecord]], budget: float) -> None:
+    """``report --at-flops``: a one-line UserError when no run has an evaluation within
+    ``AT_FLOPS_TOLERANCE`` of ``budget`` (nothing in the table would be read at that budget); a
+    budget that some runs reach is reported, those that do not flagged (:func:`off_budget`)."""
+    read = [r.read_at for results in loaded.values() for r in results if r.read_at]
+    if read and not any(at["within"] for at in read):
+        ratios = [at["ratio"] for at in read if at["ratio"] is not None]
+        where = f" (their evaluations nearest it are at {min(ratios):.2f}×–{max(ratios):.2f}× of it)" if ratios else ""
+        raise UserError(f"--at-flops {budget:.3g}: no run has an evaluation within {AT_FLOPS_TOLERANCE:.0%} of that "
+                        f"budget{where}; read them at a budget where they were evaluated, or evaluate more often "
+                        "(eval.every) or stop the runs there (budget: flops)")
+
+
+def off_budget(loaded: dict[str, list[RunRecord]]) -> tuple[list[str], int, int]:
+    """The runs read at a FLOPs budget with no evaluation within its tolerance: per arm, ``arm k/n
+    (lo–hi×)`` (how many of its runs, at which shares of the budget), and the counts of such runs
+    and of all runs read (each run once, under its own arm: :func:`_own_runs`)."""
+    out, n_off, n_all = [], 0, 0
+    for arm, results in _own_runs(loaded).items():
+        read = [r.read_at for r in results if r.read_at]
+        off = [at for at in read if not at["within"]]
+        n_off, n_all = n_off + len(off), n_all + len(read)
+        if off:
+            ratios = sorted(at["ratio"] for at in off if at["ratio"] is not None)
+            span = "" if not ratios else f" ({ratios[0]:.2f}×)" if ratios[0] == ratios[-1] else \
+                f" ({ratios[0]:.2f}–{ratios[-1]:.2f}×)"
+            out.append(f"{arm} {len(off)}/{len(read)}{span}")
+    return out, n_off, n_all
+
+
+def _own_runs(loaded: dict[str, list[RunRecord]]) -> dict[str, list[RunRecord]]:
+    """The arms without the rows derived from another arm's runs (``<arm> + base critic``,
+    ``<arm> without redaction``, ...: runs.with_base_critic_arms lists each after its arm), so
+    that each run counts once, under its own arm."""
+    seen: set[str] = set()
+    out = {}
+    for arm, results in loaded.items():
+        paths = {str(r.path) for r in results}
+        if not paths <= seen or not paths:
+            out[arm] = results
+        seen |= paths
+    return out
+
+
+def shared_bases(loaded: dict[str, list[RunRecord]]) -> list[str]:
+    """METHOD v4, "One checkpoint for every seed": each shared base that runs of several seeds
+    started from (an experiment with ``base.seed`` fixed), one line each naming it and its arms; a
+    report puts them at its top, since its intervals are then conditional on that checkpoint.
+    Empty when every seed had its own base (or no run records one)."""
+    seeds: dict[str, set[int]] = {}
+    arms: dict[str, list[str]] = {}
+    shown: dict[str, str] = {}
+    for arm, results in _own_runs(loaded).items():
+        for r in results:
+            base = r.manifest.get("base") or {}
+            if not base.get("key") or r.seed is None:
+                continue
+            key = str(base["key"])
+            seeds.setdefault(key, set()).add(r.seed)
+            if arm not in arms.setdefault(key, []):
+                arms[key].append(arm)
+            shown[key] = f"base `{key}` ({base.get('preset')}, seed {base.get('seed')})"
+    return [f"{shown[k]}: the start of every seed's runs of {', '.join(arms[k])} ({len(seeds[k])} seeds)"
+            for k in seeds if len(seeds[k]) > 1]
+
+
 def _read_at_notes(loaded: dict[str, list[RunRecord]], budget: float) -> list[str]:
     """Where each run was read at a FLOPs budget, and which runs make that reading inexact."""
-    notes = [f"Read at equal FLOPs: every run at its last evaluation within {budget:.3g} FLOPs (its final record "
-             "is not used). Runs evaluated every k steps are read up to k steps before the budget."]
+    notes = [f"Read at {budget:.3g} FLOPs: every run at its evaluation nearest that budget within "
+             f"±{AT_FLOPS_TOLERANCE:.0%} (its final record is not used), else at its last evaluation below it, "
+             "flagged in row \"read at\" (that run is not read at equal FLOPs). A run stopped by train.flop_budget "
+             "ends just past it, at its evaluation."]
     for arm, results in loaded.items():
         at = ", ".join(f"s{r.seed}: step {r.read_at['step']}, {r.read_at['flops']:.3g} FLOPs, "
                        f"{r.read_at['gen_tokens']:,} tokens" for r in results if r.read_at)
@@ -379,12 +460,15 @@ def render_markdown(summary: dict[str, Any]) -> str:
     baseline = summary["baseline"]
     lines = [f"# {summary['title'] or 'Comparison'}", ""]
     if summary.get("invalid_bases"):
-        lines += ["**Not a valid testbed (METHOD v3)**: these runs start from bases whose critic fails the "
-                  "validity thresholds (allowed by `base.allow_invalid`), so what they say about feedback "
-                  "is not a measurement of the method:", ""] + [f"- {b}" for b in summary["invalid_bases"]] + [""]
+        lines += ["**Not a valid testbed (METHOD v3/v4)**: these runs start from bases whose critic fails the "
+                  "validity thresholds or the critic gate (allowed by `base.allow_invalid`), so what they say "
+                  "about feedback is not a measurement of the method:", ""]
+        lines += [f"- {b}" for b in summary["invalid_bases"]] + [""]
+    if summary.get("shared_bases"):
+        lines += [f"**{SHARED_BASE[0]}**: {SHARED_BASE[1]}:", ""] + [f"- {b}" for b in summary["shared_bases"]] + [""]
     if summary.get("at_flops") is not None:
-        lines += [f"**Read at equal FLOPs ({summary['at_flops']:.3g})**: each run at its last evaluation within "
-                  "that budget (see Notes).", ""]
+        lines += [f"**Read at {summary['at_flops']:.3g} FLOPs**: each run at its evaluation nearest that budget "
+                  f"within ±{AT_FLOPS_TOLERANCE:.0%}, else below it and flagged in row \"read at\" (see Notes).", ""]
 
     n_seeds = ", ".join(f"{a}: {len(summary['arms'][a]['runs'])}" for a in arms)
     proto = ", ".join(f"{k} = {json.dumps(v)}" for k, v in summary.get("protocol", {}).items())
@@ -412,7 +496,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
                         [_fmt_reach((summary["arms"][a]["reach"] or {}).get(x_key), kind) for a in arms])
     rows.append(["seeds × problems in the CIs"] + [_fmt_units(summary["arms"][a]) for a in arms])
     if summary.get("at_flops") is not None:
-        rows.insert(0, [f"read at (last evaluation within {summary['at_flops']:.3g} FLOPs)"]
+        rows.insert(0, [read_at_label(summary["at_flops"])]
                     + [fmt_read_at(summary["arms"][a]) for a in arms])
     lines += ["## Final metrics", "", _md_table(header, rows), ""]
 
@@ -446,10 +530,15 @@ def render_markdown(summary: dict[str, Any]) -> str:
 
 def check_baseline(baseline: str, arms: list[str]) -> None:
     """UserError (did-you-mean, the arms known) unless ``baseline``, asked for with ``--baseline``,
-    names one of ``arms`` or its ``<arm> + base critic`` row: a typo (``grop``) would otherwise
-    drop every paired test and tokens-to-reach from the report, with exit code 0."""
-    suffix = " + base critic"
-    if baseline in arms or (baseline.endswith(suffix) and baseline[: -len(suffix)] in arms):
+    names one of ``arms`` or one of its derived rows (``<arm> + base critic``, ``<arm> without
+    redaction``, ``<arm> critic as second solver``, ``<arm> + base critic as second solver``): a
+    typo (``grop``) would otherwise drop every paired test and tokens-to-reach from the report,
+    with exit code 0."""
+    names, suffixes = {baseline}, (" critic as second solver", " as second solver", " without redaction",
+                                   " + base critic")
+    for _ in range(2):  # a derived row of a derived row: "<arm> + base critic as second solver"
+        names |= {n[: -len(s)] for n in names for s in suffixes if n.endswith(s)}
+    if names & set(arms):
         return
     from mlmt_bench.registry import unknown_message
 
@@ -509,6 +598,9 @@ def report_from_dirs(
     if raw:
         from mlmt_bench.report import publish
 
+        if at_flops is not None:  # refused before anything is copied
+            check_at_flops({arm: [load_run(p, at_flops=at_flops) for p in dirs] for arm, dirs in grouped.items()},
+                           at_flops)
         grouped = publish.publish_runs(grouped, Path(out_dir), record=record if one_exp and not arms else {},
                                        title=title, baseline=baseline, at_flops=at_flops)
     summary = build_comparison(grouped, Path(out_dir), baseline=baseline, title=title, at_flops=at_flops)

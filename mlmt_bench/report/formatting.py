@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from mlmt_bench.report.runs import AT_FLOPS_TOLERANCE
+
 # Metrics of the final record shown in the table: (key, label, format kind).
 #   pct: a fraction shown as a percentage; pp: a signed difference of fractions, in points;
 #   nat: nats per token; num: a plain number; tok: a token count; flops: scientific.
@@ -23,6 +25,9 @@ TABLE_METRICS: list[tuple[str, str, str]] = [
     ("feedback_effect", "feedback_effect (g vs g∅)", "pp"),
     ("feedback_sensitivity", "feedback_sensitivity (nats/token)", "nat"),
     ("leakage_rate", "leakage_rate", "pct"),
+    ("feedback/redacted_share", "feedback redacted share (feedback.redact: characters the refiner did not see)", "pct"),
+    ("copy_rate", "copy_rate (refinements whose answer the shown feedback states)", "pct"),
+    ("critic_states_answer_rate", "critic states an answer (feedbacks with a readable final answer)", "pct"),
     ("feedback_tokens", "feedback_tokens (mean per feedback)", "num"),
     ("false_alarm_rate", "critic false_alarm_rate (right attempts flagged)", "pct"),
     ("miss_rate", "critic miss_rate (wrong attempts approved)", "pct"),
@@ -30,11 +35,19 @@ TABLE_METRICS: list[tuple[str, str, str]] = [
     ("verdict_accuracy", "critic verdict_accuracy", "pct"),
     ("value_ev_mean", "value explained variance (mean over training steps)", "num3"),
     ("test_tokens_per_problem", "test-time generated tokens per problem", "num"),
+    ("test_flops_per_problem", "test-time FLOPs per problem (2·P·(prompt + generated), every turn)", "flops"),
     ("gen_tokens", "generated tokens (training, at the end)", "tok"),
     ("flops", "FLOPs (training, at the end)", "flops"),
 ]
 #: accuracies with a CI by the cluster bootstrap: (metric, per-problem turn)
 CI_METRICS = (("acc@t1", "t1"), ("acc@t2", "t2"), ("acc@t2_null", "t2_null"))
+#: what a report says above the shared bases that several seeds started from (compare.shared_bases):
+#: its title and text
+SHARED_BASE = ("One checkpoint for every seed (METHOD v4)",
+               "every seed of these arms starts from the same base, so seeds vary RL sampling, data order and the "
+               "value model's initialisation only, and every interval and test below is conditional on that "
+               "checkpoint (as a paper's claims are on its pretrained model; seeds and problems are still "
+               "resampled as random)")
 #: significance level of the marks (*): p < ALPHA
 ALPHA = 0.05
 DASH = "–"
@@ -154,16 +167,31 @@ def mark(p: float | None) -> str:
 
 
 
+def read_at_label(budget: float) -> str:
+    """The label of the table row that says where each run was read (``report --at-flops``)."""
+    return f"read at (evaluation nearest {budget:.3g} FLOPs within ±{AT_FLOPS_TOLERANCE:.0%}, else below it)"
+
+
+#: what a cell of the "read at" row adds for a run with no evaluation within the budget's tolerance
+OFF_BUDGET = f"NOT WITHIN {AT_FLOPS_TOLERANCE:.0%}"
+
+
 def fmt_read_at(arm: dict[str, Any]) -> str:
     """Where each of an arm's runs was read at a FLOPs budget (``report --at-flops``): its step and
-    FLOPs, and ``UNTRAINED`` for a run whose only evaluation within the budget is step 0 (its
-    numbers are the starting point's, not a trained arm's)."""
+    FLOPs, ``UNTRAINED`` for a run whose only evaluation within the budget is step 0 (its
+    numbers are the starting point's, not a trained arm's), and, for a run with no evaluation
+    within the budget's tolerance (``read_at["within"]`` false), its share of the budget and
+    :data:`OFF_BUDGET`."""
     parts = []
     for seed, at in zip(arm["seeds"], arm.get("read_at") or []):
         if at is None:
             continue
-        parts.append(f"s{seed}: UNTRAINED (step 0)" if not at.get("step")
-                     else f"s{seed}: step {at['step']}, {fmt(at['flops'], 'flops')} FLOPs")
+        text = (f"s{seed}: UNTRAINED (step 0)" if not at.get("step")
+                else f"s{seed}: step {at['step']}, {fmt(at['flops'], 'flops')} FLOPs")
+        if at.get("within") is False:  # a report written before the tolerance has no "within"
+            ratio = at.get("ratio")
+            text += f" ({ratio:.2f}× the budget: {OFF_BUDGET})" if ratio is not None else f" ({OFF_BUDGET})"
+        parts.append(text)
     return "; ".join(parts) or DASH
 
 

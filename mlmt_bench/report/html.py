@@ -31,6 +31,8 @@ from mlmt_bench.report.episodes import Disagreement, Examples, find_disagreement
 from mlmt_bench.report.formatting import (
     CI_METRICS,
     DASH,
+    OFF_BUDGET,
+    SHARED_BASE,
     TABLE_METRICS,
     fmt,
     fmt_mde,
@@ -44,6 +46,7 @@ from mlmt_bench.report.formatting import (
     fmt_units,
     interval_tag,
     mark,
+    read_at_label,
 )
 from mlmt_bench.report.runs import RunRecord, acc_t2, is_num
 from mlmt_bench.tracking import atomic_write_text
@@ -169,9 +172,9 @@ def _metrics_table(summary: dict[str, Any]) -> str:
     head = "<tr><th>metric</th>" + "".join(f"<th>{esc(a)}</th>" for a in arms) + "</tr>"
     rows = []
     if summary.get("at_flops") is not None:
-        cells = [_td(t := fmt_read_at(summary["arms"][a]), sig="down" if "UNTRAINED" in t else "") for a in arms]
-        rows.append(f"<tr><th class=sort>read at (last evaluation within {summary['at_flops']:.3g} FLOPs)</th>"
-                    f"{''.join(cells)}</tr>")
+        cells = [_td(t := fmt_read_at(summary["arms"][a]), sig="down" if "UNTRAINED" in t or OFF_BUDGET in t else "")
+                 for a in arms]
+        rows.append(f"<tr><th class=sort>{esc(read_at_label(summary['at_flops']))}</th>{''.join(cells)}</tr>")
     for key, label, kind in TABLE_METRICS:
         if not any(key in summary["arms"][a]["metrics"] for a in arms):
             continue
@@ -347,10 +350,13 @@ def render_html(summary: dict[str, Any], loaded: dict[str, list[RunRecord]], acc
     invalid = summary.get("invalid_bases") or []
     sections = [
         f"<h1>{esc(title)}</h1>",
-        *(["<p class='lede'><b>Not a valid testbed (METHOD v3)</b>: these runs start from bases whose critic fails "
-           "the validity thresholds (allowed by <code>base.allow_invalid</code>), so what they say about feedback is "
-           "not a measurement of the method:</p><ul>" + "".join(f"<li>{_md_inline(b)}</li>" for b in invalid)
-           + "</ul>"] if invalid else []),
+        *(["<p class='lede'><b>Not a valid testbed (METHOD v3/v4)</b>: these runs start from bases whose critic fails "
+           "the validity thresholds or the critic gate (allowed by <code>base.allow_invalid</code>), so what they say "
+           "about feedback is not a measurement of the method:</p><ul>"
+           + "".join(f"<li>{_md_inline(b)}</li>" for b in invalid) + "</ul>"] if invalid else []),
+        *([f"<p class='lede'><b>{esc(SHARED_BASE[0])}</b>: {esc(SHARED_BASE[1])}:</p><ul>"
+           + "".join(f"<li>{_md_inline(b)}</li>" for b in summary["shared_bases"]) + "</ul>"]
+          if summary.get("shared_bases") else []),
         f"<p class='lede'>Final evaluation of each run, refine-all protocol unless labelled otherwise "
         f"({proto or 'protocol not recorded'}). Seeds per arm: {seeds}. "
         f"{_md_inline(analysis.statistics_text(summary))} "

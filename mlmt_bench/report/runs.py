@@ -45,8 +45,11 @@ class RunRecord:
     protocol: what a report must not mix: benchmark and options, evaluated split, evaluation
               settings (from spec.resolved.yaml; empty when the run has none).
     read_at:  when the run is read at a FLOPs budget B (``load_run(..., at_flops=B)``):
-              ``{"flops_budget": B, "step", "flops", "gen_tokens", "reached"}``, the evaluation used
-              (the last one with flops <= B; ``reached``: the run spent B or more in all), else None.
+              ``{"flops_budget": B, "step", "flops", "gen_tokens", "reached", "ratio", "within"}``,
+              the evaluation used (:func:`_cut_at_flops`: the one nearest B within
+              ±``AT_FLOPS_TOLERANCE``·B, else the last one below B; ``ratio``: its flops / B;
+              ``within``: it is within the tolerance; ``reached``: the run spent B or more in
+              all), else None.
     """
 
     path: Path
@@ -152,7 +155,8 @@ def load_run(path: Path | str, at_flops: float | None = None) -> RunRecord:
     """Read one run directory; a :class:`UserError` (one line) if it cannot be compared.
 
     ``at_flops``: read the run as if it had stopped at that FLOPs budget: its ``final`` and
-    ``problems`` become those of its last evaluation within the budget, and the curve ends there.
+    ``problems`` become those of its evaluation nearest the budget within ±10% (else of its last
+    evaluation below it, flagged: :func:`_cut_at_flops`), and the curve ends there.
     This equals a run stopped by ``train.flop_budget`` only for an algorithm whose steps do not
     depend on the budget (``Algorithm.budget_dependent``: not ``self_correct``, whose stage switch
     is a share of it); a report says which evaluation each run was read at (``read_at``)."""
@@ -216,19 +220,36 @@ def load_run(path: Path | str, at_flops: float | None = None) -> RunRecord:
     )
 
 
+#: ``report --at-flops B`` reads a run at an evaluation within this share of B (METHOD v4,
+#: "Budgets that are budgets"); a run with none there is read below B and flagged in its cell
+AT_FLOPS_TOLERANCE = 0.10
+
+
+def near_budget(flops: float, budget: float) -> bool:
+    """Whether ``flops`` is within ``AT_FLOPS_TOLERANCE`` of ``budget`` (both FLOPs)."""
+    return abs(flops - budget) <= AT_FLOPS_TOLERANCE * budget
+
+
 def _cut_at_flops(curve: list[dict[str, Any]], final: dict[str, Any], budget: float,
                   where: Path) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
-    """The curve up to the last evaluation with flops <= ``budget``, that evaluation, and where it is."""
-    within = [rec for rec in curve if is_num(rec.get("flops")) and rec["flops"] <= budget]
-    if not within:
+    """The curve up to the evaluation a run is read at under a FLOPs ``budget``, that evaluation,
+    and where it is (``RunRecord.read_at``). The evaluation: the one nearest the budget among those
+    within ±``AT_FLOPS_TOLERANCE``·budget (the lower one on a tie), so that a run stopped by
+    ``train.flop_budget`` just after crossing it is read at its end; else the last one below the
+    budget, which the report flags (``within`` false: that run is not read at equal FLOPs)."""
+    evals = [rec for rec in curve if is_num(rec.get("flops"))]
+    near = [rec for rec in evals if near_budget(rec["flops"], budget)]
+    below = [rec for rec in evals if rec["flops"] <= budget]
+    if not near and not below:
         raise UserError(f"{where}: no evaluation within {budget:.3g} FLOPs (the runs log no flops, or "
                         "the budget is below the first evaluation)")
-    at = within[-1]
+    at = min(near, key=lambda rec: (abs(rec["flops"] - budget), rec["flops"])) if near else below[-1]
     spent = final.get("flops") if is_num(final.get("flops")) else curve[-1].get("flops")
     reached = bool(is_num(spent) and spent >= budget)
     info = {"flops_budget": budget, "step": at.get("step"), "flops": at["flops"],
-            "gen_tokens": at.get("gen_tokens"), "reached": reached}
-    return within, at, info
+            "gen_tokens": at.get("gen_tokens"), "reached": reached,
+            "ratio": at["flops"] / budget if budget else None, "within": bool(near)}
+    return evals[: next(i for i, rec in enumerate(evals) if rec is at) + 1], at, info
 
 
 def _problems_by_step(path: Path) -> dict[int, dict[str, dict[str, Any]]]:
@@ -245,7 +266,8 @@ def _problems_by_step(path: Path) -> dict[int, dict[str, dict[str, Any]]]:
         t2 = bool(row["t2"]) if row.get("t2") is not None else t1
         null, bc = row.get("t2_null"), row.get("t2_base_critic")
         by_step[int(step)][str(pid)] = {"t1": t1, "t2": t2, "t2_null": None if null is None else bool(null),
-                                        "t2_base_critic": None if bc is None else bool(bc)}
+                                        "t2_base_critic": None if bc is None else bool(bc),
+                                        **{k: bool(row[k]) for k in COPY_CHANNEL_ROWS if row.get(k) is not None}}
     return dict(by_step)
 
 
@@ -255,16 +277,27 @@ VALUE_EV = "value/explained_variance"
 VALUE_EXERCISED_EV = 0.1
 #: eval-record keys of the single-turn arm's refine evaluation with the frozen base critic
 BASE_CRITIC_PREFIX = "base_critic/"
+#: eval-record keys of the final evaluation repeated with redaction off (METHOD v4, ``feedback.eval_unredacted``)
+UNREDACTED_PREFIX = "unredacted/"
+#: per-problem keys of METHOD v4's copy-channel rows (eval_problems.jsonl): the critic's stated
+#: answer scored (its own evaluation, and the base critic's), and the refinement without redaction
+COPY_CHANNEL_ROWS = ("t2_critic_solver", "t2_base_critic_solver", "t2_unredacted")
 
 
 def _with_derived(rec: dict[str, Any]) -> dict[str, Any]:
     """An eval (or final) record with what reports derive from it: test-time generated tokens per
-    problem (``test_tokens_per_problem``), also for its base-critic evaluation."""
+    problem (``test_tokens_per_problem``) and test-time FLOPs per problem (``test_flops_per_problem``:
+    ``2·P·(prompt + generated)`` of every turn of the evaluation, each role at its model's P, as the
+    trainer logs it in ``test_flops_eval``; absent in runs from before it did), also for its
+    base-critic evaluation."""
     out = dict(rec)
-    for prefix in ("", BASE_CRITIC_PREFIX):
-        tokens, n = rec.get(f"{prefix}gen_tokens_eval"), rec.get("n")
-        if is_num(tokens) and is_num(n) and n:
-            out[f"{prefix}test_tokens_per_problem"] = tokens / n
+    n = rec.get("n")
+    for prefix in ("", BASE_CRITIC_PREFIX, UNREDACTED_PREFIX):
+        for total, per_problem in (("gen_tokens_eval", "test_tokens_per_problem"),
+                                   ("test_flops_eval", "test_flops_per_problem")):
+            value = rec.get(f"{prefix}{total}")
+            if is_num(value) and is_num(n) and n:
+                out[f"{prefix}{per_problem}"] = value / n
     return out
 
 
@@ -294,7 +327,8 @@ def with_base_critic(run: RunRecord) -> RunRecord | None:
         return {**own, **{k[len(BASE_CRITIC_PREFIX):]: v for k, v in rec.items() if k.startswith(BASE_CRITIC_PREFIX)}}
 
     def rows(by_pid: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        return {pid: {"t1": r["t1"], "t2": r["t2_base_critic"], "t2_null": None}
+        return {pid: {"t1": r["t1"], "t2": r["t2_base_critic"], "t2_null": None,
+                      **({"t2_critic_solver": r["t2_base_critic_solver"]} if "t2_base_critic_solver" in r else {})}
                 for pid, r in by_pid.items() if r.get("t2_base_critic") is not None}
 
     return dataclasses.replace(run, arm=f"{run.arm} + base critic", final=read(run.final),
@@ -384,13 +418,71 @@ def group_runs(paths: list[Path]) -> dict[str, list[Path]]:
     return arms
 
 
+#: what a copy-channel row keeps of its run's records besides what it derives
+_OWN_KEYS = ("kind", "step", "gen_tokens", "trained_tokens", "flops", "wall_s", "n")
+
+
+def with_critic_solver(run: RunRecord) -> RunRecord | None:
+    """The run's critic scored as a second solver (METHOD v4; ``acc_critic_as_solver``): acc@t2 is
+    the share of problems whose answer the critic's feedback states is right, with no refinement,
+    at the attempt's and the feedback's test-time tokens; None when the run logged none."""
+    if not is_num(run.final.get("acc_critic_as_solver")):
+        return None
+
+    def read(rec: dict[str, Any]) -> dict[str, Any]:
+        own = {k: v for k, v in rec.items() if k in _OWN_KEYS}
+        if not is_num(rec.get("acc_critic_as_solver")):
+            return own
+        return {**own, "acc@t1": rec.get("acc@t1"), "acc@t2": rec["acc_critic_as_solver"],
+                "critic_states_answer_rate": rec.get("critic_states_answer_rate"),
+                "test_tokens_per_problem": rec.get("critic_as_solver_tokens")}
+
+    def rows(by_pid: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        return {pid: {"t1": r["t1"], "t2": r["t2_critic_solver"], "t2_null": None}
+                for pid, r in by_pid.items() if r.get("t2_critic_solver") is not None}
+
+    name = f"{run.arm} as second solver" if run.arm.endswith(" critic") else f"{run.arm} critic as second solver"
+    return dataclasses.replace(run, arm=name, final=read(run.final), curve=[read(r) for r in run.curve],
+                               by_step={s: rows(by) for s, by in run.by_step.items()})
+
+
+def with_unredacted(run: RunRecord) -> RunRecord | None:
+    """The run's final evaluation repeated with redaction off (METHOD v4, ``feedback.eval_unredacted``:
+    the ``<arm> without redaction`` row), or None when it has none. Only the final evaluation ran
+    both ways, so the row has no curve and no step-0 point."""
+    if not any(k.startswith(UNREDACTED_PREFIX) for k in run.final):
+        return None
+
+    def read(rec: dict[str, Any]) -> dict[str, Any]:
+        own = {k: v for k, v in rec.items() if k in _OWN_KEYS}
+        return {**own, **{k[len(UNREDACTED_PREFIX):]: v for k, v in rec.items() if k.startswith(UNREDACTED_PREFIX)}}
+
+    def rows(by_pid: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        return {pid: {"t1": r["t1"], "t2": r["t2_unredacted"], "t2_null": None}
+                for pid, r in by_pid.items() if r.get("t2_unredacted") is not None}
+
+    return dataclasses.replace(run, arm=f"{run.arm} without redaction", final=read(run.final),
+                               curve=[read(r) for r in run.curve if any(k.startswith(UNREDACTED_PREFIX) for k in r)],
+                               by_step={s: rows(by) for s, by in run.by_step.items()})
+
+
 def with_base_critic_arms(loaded: dict[str, list[RunRecord]]) -> dict[str, list[RunRecord]]:
-    """Each arm followed by its ``<arm> + base critic`` arm where its runs evaluated with the frozen
-    base critic (METHOD v3, equal test-time compute)."""
+    """Each arm followed by its derived rows, where its runs logged them: ``<arm> without
+    redaction`` and ``<arm> critic as second solver`` (METHOD v4's copy-channel controls), then
+    ``<arm> + base critic`` (METHOD v3, equal test-time compute) and that critic as second solver."""
     out: dict[str, list[RunRecord]] = {}
+
+    def add(results: list[RunRecord], derive: Any) -> None:
+        derived = [d for d in map(derive, results) if d is not None]
+        if derived:
+            out[derived[0].arm] = derived
+
     for arm, results in loaded.items():
         out[arm] = results
-        derived = [d for d in map(with_base_critic, results) if d is not None]
-        if derived:
-            out[f"{arm} + base critic"] = derived
+        add(results, with_unredacted)
+        add(results, with_critic_solver)
+        base_critic = [d for d in map(with_base_critic, results) if d is not None]
+        if base_critic:
+            out[f"{arm} + base critic"] = base_critic
+            add(base_critic, with_critic_solver)
     return out

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from mlmt_bench.rollout.chat import chat_ids, close_turn, continuation_ids
-from mlmt_bench.types import Problem, PromptTemplates, Verdict
+from mlmt_bench.types import Problem, PromptTemplates, Redaction, Verdict
 
 if TYPE_CHECKING:
     from mlmt_bench.rollout.backend import Backend
@@ -36,6 +36,9 @@ class TurnSample:
     prompt_ids: the context the policy saw, as token ids
     ids:        generated ids (with EOS if it stopped); ``logprobs`` aligned with them
     reward:     verifier reward (attempt, refine) or the turn's credit-assignment reward
+    redaction:  a feedback under ``feedback.redact`` (METHOD v4): what the refiner was shown of
+                ``text`` (the benchmark's rule applied); None when the refiner saw ``text`` itself.
+                ``ids`` / ``text`` stay what the critic wrote (it is trained on them).
     """
 
     kind: TurnKind
@@ -50,6 +53,17 @@ class TurnSample:
     reward: float | None = None
     verdict: Verdict | None = None
     children: list[int] = field(default_factory=list)
+    redaction: Redaction | None = None
+
+    @property
+    def shown_text(self) -> str | None:
+        """The redacted feedback the refiner saw, or None when it saw ``text`` unredacted."""
+        return None if self.redaction is None else self.redaction.text
+
+    @property
+    def refiner_text(self) -> str:
+        """What a refinement of this feedback was conditioned on: ``shown_text``, else ``text``."""
+        return self.text if self.redaction is None else self.redaction.text
 
     @property
     def scored_reward(self) -> float:
@@ -111,7 +125,12 @@ class Actors:
     """What a program needs to run. ``critic`` may be None for the none / null / oracle sources.
     ``oracle``: the benchmark's rule-based critic (synthetic benchmarks); ``verdict``: how the
     benchmark reads a feedback's verdict (:meth:`Benchmark.feedback_verdict`), for the critic
-    diagnostics."""
+    diagnostics. ``redact``: the benchmark's redaction rule (:meth:`Benchmark.redact_feedback`)
+    when ``feedback.redact`` is on (METHOD v4): the refiner sees every critic or oracle feedback
+    through it, at training and at evaluation (g∅ is never redacted); None: it sees the feedback
+    as written. ``stated_answer``: the final answer a feedback states, as a response the verifier
+    scores (:meth:`Benchmark.stated_answer`; the "critic as second solver" metrics), and
+    ``stated_values``: the values it states (:meth:`Benchmark.stated_values`; ``copy_rate``)."""
 
     solver: Actor
     critic: Actor | None
@@ -120,6 +139,12 @@ class Actors:
     verifier: Verifier
     oracle: Callable[[Problem, str], str] | None = None
     verdict: Callable[[str], bool | None] | None = None
+    redact: Callable[[Problem, str, str], Redaction] | None = None
+    stated_answer: Callable[[str], str | None] | None = None
+    stated_values: Callable[[str], list[str] | None] | None = None
+    # whether ``verdict`` read a feedback by the benchmark's labelled keyword fallback
+    # (:meth:`Benchmark.verdict_by_keywords`); None: the fallback is off
+    verdict_by_keywords: Callable[[str], bool] | None = None
 
 
 @dataclass
@@ -179,7 +204,10 @@ def attempt_prompt(tokenizer: Any, templates: PromptTemplates, problem: Problem)
 
 def refine_prompt(tokenizer: Any, templates: PromptTemplates, problem: Problem, attempt_prompt_ids: list[int],
                   attempt_ids: list[int], attempt_text: str, feedback_text: str) -> list[int]:
-    """The solver's context for ŷ: its turn-1 prompt and z exactly as generated, then the feedback message."""
+    """The solver's context for ŷ: its turn-1 prompt and z exactly as generated (closed by EOS if
+    it hit the length limit), then what the template writes after an assistant turn (ChatML: a
+    newline) and the feedback message with a generation prompt. When z's ids are the template's
+    own tokenization of its text, this is the template's rendering of the whole conversation."""
     history = [{"role": "user", "content": templates.render_attempt(problem)},
                {"role": "assistant", "content": attempt_text}]
     new = [{"role": "user", "content": templates.render_refine(feedback_text)}]
@@ -247,9 +275,11 @@ def rollout(program: Program, actors: Actors, problems: Sequence[Problem], sampl
                 fb_prompts.append([])
                 fb_finish.append("stop")
     feedbacks = []
+    redact = actors.redact if program.feedback in ("critic", "oracle") else None  # g∅ is never redacted
     for ai, p, text, ids, lp, fin in zip(fb_parent, fb_prompts, fb_texts, fb_ids, fb_lp, fb_finish):
         policy = "critic" if program.feedback == "critic" else program.feedback
-        turns.append(TurnSample("feedback", policy, turns[ai].problem, ai, p, ids, lp, text, fin))
+        shown = None if redact is None else redact(problems[turns[ai].problem], turns[ai].text, text)
+        turns.append(TurnSample("feedback", policy, turns[ai].problem, ai, p, ids, lp, text, fin, redaction=shown))
         turns[ai].children.append(len(turns) - 1)
         feedbacks.append(len(turns) - 1)
 
@@ -260,7 +290,7 @@ def rollout(program: Program, actors: Actors, problems: Sequence[Problem], sampl
         assert f.parent is not None  # a feedback's attempt
         a = turns[f.parent]
         prob = problems[a.problem]
-        ids = refine_prompt(solver.tokenizer, tpl, prob, a.prompt_ids, a.ids, a.text, f.text)
+        ids = refine_prompt(solver.tokenizer, tpl, prob, a.prompt_ids, a.ids, a.text, f.refiner_text)
         r_prompts += [ids] * program.refinements
         r_parent += [fi] * program.refinements
     gens = _generate(solver, r_prompts, sampling, sampling.max_new_tokens, actors.backend)

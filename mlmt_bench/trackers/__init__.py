@@ -35,7 +35,7 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -242,18 +242,21 @@ def check_tracking(report_to: list[str], options: dict[str, dict[str, Any]], roo
 
 def preflight(report_to: Iterable[str], options: dict[str, dict[str, Any]], root: Path) -> None:
     """:meth:`Tracker.preflight` of each tracker, before a run, experiment or sweep starts."""
-    for name in report_to:
-        try:
-            _cls(name).preflight(tracker_options(name, options.get(name)), root)
-        except UserError as exc:
-            raise UserError(f"tracking.report_to: {name}: {exc}") from None
+    _each(report_to, options, root, "preflight")
 
 
 def reach(report_to: Iterable[str], options: dict[str, dict[str, Any]], root: Path) -> None:
     """:meth:`Tracker.reach` of each tracker: what ``validate`` checks of the stores a spec names."""
+    _each(report_to, options, root, "reach")
+
+
+def _each(report_to: Iterable[str], options: dict[str, dict[str, Any]], root: Path,
+          check: Literal["preflight", "reach"]) -> None:
+    """One of the trackers' checks on each tracker, its refusal prefixed with the tracker's name."""
     for name in report_to:
+        cls = _cls(name)
         try:
-            _cls(name).reach(tracker_options(name, options.get(name)), root)
+            (cls.preflight if check == "preflight" else cls.reach)(tracker_options(name, options.get(name)), root)
         except UserError as exc:
             raise UserError(f"tracking.report_to: {name}: {exc}") from None
 

@@ -32,6 +32,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import tempfile
 import time
@@ -131,9 +132,16 @@ class BaseConfig(BaseModel):
                                                "runs on 1 or 2 threads as idle cores allow (the same weights)")
     check_problems: int = Field(200, ge=1, description="validation problems of the base's check")
     check_temperature: float = Field(1.0, ge=0, description="the check also runs at this sampling temperature "
-                                                             "(both roles): what RL sees")
+                                                             "(both roles): what RL sees; the critic gate samples "
+                                                             "the solver's attempts at it")
+    critic_temperature: float | None = Field(
+        None, ge=0, description="the critic gate's sampled pass runs the critic at this temperature (METHOD v4); "
+                                "default: the critic's training temperature in the spec that uses the base "
+                                "(policies.critic.temperature, else backend.temperature), else check_temperature; "
+                                "not part of the key")
     allow_invalid: bool = Field(False, description="run on a base that fails METHOD v3's critic-validity thresholds "
-                                                   "(every report then says so at the top); not part of the key")
+                                                   "or METHOD v4's critic gate (every report then says so at the "
+                                                   "top); not part of the key")
 
     @field_validator("benchmark_options")
     @classmethod
@@ -159,8 +167,12 @@ class BaseConfig(BaseModel):
             raise ValueError("a base's key needs its seed (BaseConfig.with_seed)")
         pin = reproducible.PIN if reproducible.in_environment() else "off"
         payload = json.dumps({"format": BASE_FORMAT, **({} if pin == reproducible.PIN else {"cpu_pin": pin}),
-                              **self.model_dump(mode="json", exclude={"allow_invalid"})}, sort_keys=True)
+                              **self.model_dump(mode="json", exclude=_NOT_IN_KEY)}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+#: BaseConfig fields that do not change the weights: outside the key (adding one keeps every key).
+_NOT_IN_KEY = {"allow_invalid", "critic_temperature"}
 
 
 @dataclass
@@ -175,8 +187,9 @@ class Base:
         return self.directory / "model"
 
     def invalid_because(self) -> list[str]:
-        """Why the base fails METHOD v3's critic-validity thresholds (empty: it is valid)."""
-        return validity_failures(self.report.get("check") or {})
+        """Why the base fails METHOD v3's critic-validity thresholds or METHOD v4's critic gate
+        (``report["gate"]``, :func:`critic_gate`) (empty: it is valid)."""
+        return validity_failures(self.report.get("check") or {}) + critic_gate(self.report.get("gate"))
 
     def summary(self) -> dict[str, Any]:
         """What a run records about its base: key, weights sha256 and the build's environment (CPU,
@@ -187,7 +200,7 @@ class Base:
                 "seed": r["config"]["seed"], "preset": r["config"]["preset"], "params": r["params"],
                 "tokens": r["sft"]["tokens"], "trained_tokens": r["sft"]["trained_tokens"],
                 "flops": r["flops"], "steps_by_kind": r["steps_by_kind"], "config": r["config"],
-                "path": str(self.directory), "invalid_because": self.invalid_because()}
+                "path": str(self.directory), "gate": r.get("gate"), "invalid_because": self.invalid_because()}
 
     def require_valid(self, allow_invalid: bool) -> None:
         """Refuse (one line, naming the numbers) a base that fails the thresholds, unless allowed."""
@@ -195,13 +208,16 @@ class Base:
         if failures and not allow_invalid:
             r = self.report
             raise UserError(f"base {r['key']} ({r['config']['preset']}, seed {r['config']['seed']}) is not a valid "
-                            f"testbed (METHOD v3): {'; '.join(failures)}; train a larger preset or more data, or set "
+                            f"testbed (METHOD v4): {'; '.join(failures)}; train a larger preset or more data, or set "
                             "base.allow_invalid: true to run on it anyway (every report then says so)")
 
 
 def default_cache_dir() -> Path:
-    env = os.environ.get("MLMT_BENCH_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "mlmt-bench" / "bootstrap"
+    """``$MLMT_BENCH_CACHE`` (checked: :func:`mlmt_bench.tracking.cache_env_dir`), else
+    ``~/.cache/mlmt-bench/bootstrap``."""
+    from mlmt_bench.tracking import cache_env_dir
+
+    return cache_env_dir() or Path.home() / ".cache" / "mlmt-bench" / "bootstrap"
 
 
 def synthetic_benchmark(name: str, options: dict[str, Any]) -> OracleBenchmark:
@@ -226,9 +242,10 @@ def is_cached(cfg: BaseConfig, cache_dir: Path | None = None) -> bool:
 
 def ensure_base(cfg: BaseConfig, cache_dir: Path | None = None, progress: bool = True, *,
                 require_valid: bool = True) -> Base:
-    """The base of ``cfg`` (its seed set): built and checked on first use, reused afterwards.
-    ``require_valid``: refuse a base that fails METHOD v3's thresholds unless ``cfg.allow_invalid``
-    (it is cached all the same: the check is part of the entry)."""
+    """The base of ``cfg`` (its seed set): built and checked on first use, reused afterwards, with
+    its critic gate (METHOD v4, :func:`gate_check`) at ``cfg``'s temperatures in ``report["gate"]``.
+    ``require_valid``: refuse a base that fails METHOD v3's thresholds or the gate unless
+    ``cfg.allow_invalid`` (it is cached all the same: the check is part of the entry)."""
     base = _ensure_built(cfg, cache_dir, progress)
     if require_valid:
         base.require_valid(cfg.allow_invalid)
@@ -241,11 +258,12 @@ def _ensure_built(cfg: BaseConfig, cache_dir: Path | None, progress: bool) -> Ba
     final = cache_dir / key
     cached = _load(final)
     if cached is not None:
-        return cached
+        return _with_gate(cached, cfg, progress)
     shipped = shipped_bases.install(key, cache_dir)
     if shipped is not None:
         base = _load(shipped)
         assert base is not None
+        _with_gate(base, cfg, progress)
         if progress:
             r, why = base.report, base.invalid_because()
             cpu = (r.get("environment") or {}).get("cpu")
@@ -270,22 +288,21 @@ def _ensure_built(cfg: BaseConfig, cache_dir: Path | None, progress: bool) -> Ba
             report["check"] = check_base(Base(tmp, report), bench, cfg.check_problems,
                                          temperature=cfg.check_temperature)
         (tmp / "base.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if _load(final) is None:  # another process finished the same config first: keep theirs
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
+        from mlmt_bench.tracking import rename_into_place
+
+        rename_into_place(tmp, final, lambda d: _load(d) is not None)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     result = _load(final)
     assert result is not None
+    seconds = time.perf_counter() - t0  # the build and its check: the gate's passes are said on their own
+    _with_gate(result, cfg, progress)
     if progress:
         from mlmt_bench.progress import duration
 
         why = result.invalid_because()
-        tell(f"shared base {key} built in {duration(time.perf_counter() - t0)}{_on_threads(result.report)}, cached at "
+        tell(f"shared base {key} built in {duration(seconds)}{_on_threads(result.report)}, cached at "
              f"{final} (later runs reuse it): {check_line(result.report.get('check') or {})}; "
              + ("INVALID testbed: " + "; ".join(why) if why else "valid testbed"))
     return result
@@ -312,29 +329,74 @@ def check_line(check: dict[str, Any]) -> str:
 
 
 def _load(directory: Path) -> Base | None:
+    """The cached base in ``directory`` (None when there is none), trusted only once checked: the
+    entry is this user's (an entry another uid planted in a shared cache is refused), ``base.json``
+    is a bounded JSON object, the model holds no pickle file, and its weights hash to the sha256
+    ``base.json`` records (:func:`verified_weights_sha256`). Anything else is one line."""
+    from mlmt_bench import bounded_input
+
     meta = directory / "base.json"
-    if not meta.is_file():
+    if not os.path.lexists(meta):
         return None
-    return Base(directory, json.loads(meta.read_text()))
+    owner = os.lstat(directory).st_uid
+    if owner != os.getuid():
+        raise UserError(f"{directory}: a cached base owned by uid {owner}, not this user's ({os.getuid()}); refused "
+                        "(set MLMT_BENCH_CACHE to a cache of your own)")
+    bounded_input.check_plain_file(meta)  # not a link, not a device
+    report = bounded_input.read_json(meta)
+    if not isinstance(report, dict) or not isinstance(report.get("config"), dict) or "key" not in report:
+        raise UserError(f"{meta}: not a base's record (a JSON object with its key and config); remove "
+                        f"{directory} and it is built again")
+    base = Base(directory, report)
+    pickles = sorted(p.name for p in base.model_dir.glob("*") if p.suffix in (".bin", ".pt", ".pth", ".pkl", ".ckpt"))
+    if pickles:
+        raise UserError(f"{base.model_dir}: holds {', '.join(pickles[:3])} (pickle files run code when loaded); "
+                        "refused: a base's weights are safetensors only")
+    got = verified_weights_sha256(base.model_dir)
+    if report.get("sha256") is not None and got != report["sha256"]:
+        raise UserError(f"{base.model_dir}: weights sha256 {got[:16]} differ from the {str(report['sha256'])[:16]} "
+                        f"its base.json records (changed or corrupt); remove {directory} and it is built again")
+    report["sha256"] = got  # what a run records is the hash of the weights it loads
+    return base
+
+
+#: model directory -> (the stat of its *.safetensors files, their weights sha256): a base is
+#: hashed once per process until its files change
+_VERIFIED: dict[str, tuple[tuple[tuple[str, int, int, int], ...], str]] = {}
+
+
+def verified_weights_sha256(model_dir: Path) -> str:
+    """:func:`mlmt_bench.reproducible.weights_sha256` of ``model_dir``, memoised on the files'
+    (name, inode, size, mtime); unreadable weights are one line."""
+    from mlmt_bench import reproducible
+
+    try:
+        files = sorted(model_dir.glob("*.safetensors"))
+        sig = tuple((f.name, st.st_ino, st.st_size, st.st_mtime_ns) for f in files for st in [os.stat(f)])
+    except OSError as exc:
+        raise UserError(f"{model_dir}: cannot read ({exc.strerror or exc})") from None
+    memo = _VERIFIED.get(str(model_dir))
+    if memo is not None and memo[0] == sig:
+        return memo[1]
+    try:
+        sha = reproducible.weights_sha256(model_dir)
+    except Exception as exc:  # noqa: BLE001 - a corrupt safetensors file raises many kinds
+        raise UserError(f"{model_dir}: unreadable weights ({type(exc).__name__}: "
+                        f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''})") from None
+    _VERIFIED[str(model_dir)] = (sig, sha)
+    return sha
+
+
+#: ``.tmp-<key>-<pid>-<mkdtemp's suffix>``: the temporary folder of a base build (and only that:
+#: another program's ``.tmp-x-123-y`` in a shared cache such as /tmp does not match)
+_BUILD_TMP = re.compile(r"\.tmp-[0-9a-f]{16}-([0-9]+)-[A-Za-z0-9_]+")
 
 
 def _remove_abandoned(cache_dir: Path) -> None:
-    """Temporary folders of builds whose process is gone (killed: SIGKILL runs no cleanup)."""
-    for tmp in cache_dir.glob(".tmp-*"):
-        parts = tmp.name.split("-")  # ".tmp", key, pid, mkdtemp's suffix
-        pid = int(parts[2]) if len(parts) >= 4 and parts[2].isdigit() else None
-        if pid is not None and not _alive(pid):
-            shutil.rmtree(tmp, ignore_errors=True)
+    """Temporary folders of this user's base builds whose process is gone."""
+    from mlmt_bench.tracking import remove_abandoned_temporaries
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    remove_abandoned_temporaries(cache_dir, _BUILD_TMP)
 
 
 # --------------------------------------------------------------------------- training
@@ -438,18 +500,8 @@ def check_base(base: Base, bench: Any, n: int, *, backend: Any = None, temperatu
     critic's validity (METHOD v3, :func:`critic_validity`); the same under ``"sampled"`` at
     ``temperature``.
     """
-    from mlmt_bench import registry
-    from mlmt_bench.models.tiny import load_checkpoint
-
-    problems = bench.load("validation")[:n]
-    if not problems:
-        raise UserError(f"base: benchmark {base.report['config']['benchmark']!r} has no validation problems")
-    verifier = registry.verifiers.get(bench.default_verifier)()
-    backend = backend or registry.backends.get("hf")()
     t0 = time.perf_counter()
-    with quiet_transformers():
-        model, tok = load_checkpoint(base.model_dir)
-    policy = _Actor(model, tok)
+    problems, verifier, backend, policy = _on_validation(base, bench, n, backend)
     cfg = base.report["config"]
     beliefs = _beliefs(cfg, bench)
     out: dict[str, Any] = {"split": "validation", "n": len(problems)}
@@ -543,6 +595,155 @@ def validity_failures(check: dict[str, Any]) -> list[str]:
     if gap is not None and gap > MAX_SHORTCUT_GAP:
         out.append(f"shortcut gap {100 * gap:+.1f} points > {100 * MAX_SHORTCUT_GAP:.0f}")
     return out
+
+
+# --------------------------------------------------------------------------- critic gate (METHOD v4)
+
+
+#: METHOD v4's critic gate: on the base solver's own attempts (validation split), greedy and at the
+#: critic's training temperature, the critic's detection J = recall − false-alarm rate must reach
+#: MIN_DETECTION_J with false alarms (on the right attempts) at most MAX_OWN_FALSE_ALARM. An
+#: approve-all critic (J = 0) and a flag-all critic (false alarms 100%) both fail it.
+MIN_DETECTION_J = 0.20
+MAX_OWN_FALSE_ALARM = 0.10
+#: the gate's records of a cache entry, one per (problems, solver and critic temperature); written
+#: beside base.json on first use, so a shipped entry's files (and their manifest) stay as built
+GATE_FILE = "gate.json"
+
+
+def _on_validation(base: Base, bench: Any, n: int, backend: Any) -> tuple[list[Any], Any, Any, _Actor]:
+    """What a check of ``base`` runs on: the first ``n`` validation problems (a one-line error when
+    there are none), the benchmark's verifier, the backend (``hf`` unless given) and the base
+    loaded as one policy that plays solver and critic."""
+    from mlmt_bench import registry
+    from mlmt_bench.models.tiny import load_checkpoint
+
+    problems = bench.load("validation")[:n]
+    if not problems:
+        raise UserError(f"base: benchmark {base.report['config']['benchmark']!r} has no validation problems")
+    verifier = registry.verifiers.get(bench.default_verifier)()
+    with quiet_transformers():
+        model, tok = load_checkpoint(base.model_dir)
+    return problems, verifier, backend or registry.backends.get("hf")(), _Actor(model, tok)
+
+
+def gate_check(base: Base, bench: Any, n: int, *, solver_temperature: float, critic_temperature: float,
+               backend: Any = None) -> dict[str, Any]:
+    """The critic gate's measurement (METHOD v4): the base solver's own attempts on the first ``n``
+    validation problems, each judged by the base critic; :func:`mlmt_bench.metrics.critic.detection`
+    of its verdicts (an unreadable verdict is "not flagged"), under ``"greedy"`` (both roles
+    greedy) and ``"sampled"`` (attempts at ``solver_temperature``, feedback at
+    ``critic_temperature``, seeded by the base's seed). Each pass records its two temperatures;
+    rates in [0, 1]."""
+    import torch
+
+    from mlmt_bench.metrics.critic import detection
+    from mlmt_bench.rollout.episodes import Actors, Program, Sampling, critique, rollout
+
+    t0 = time.perf_counter()
+    problems, verifier, backend, policy = _on_validation(base, bench, n, backend)
+    length = max(len(bench.solution(p)) for p in problems) + 16  # as the check's (_check_at)
+    out: dict[str, Any] = {"split": "validation", "n": len(problems)}
+    for label, t_solver, t_critic in (("greedy", 0.0, 0.0), ("sampled", solver_temperature, critic_temperature)):
+        torch.manual_seed(base.report["config"]["seed"])  # the sampled pass is reproducible
+        sampling = Sampling(temperature=t_solver, top_p=1.0, max_new_tokens=length,
+                            feedback_max_new_tokens=2 * length, feedback_temperature=t_critic)
+        actors = Actors(policy, None, backend, bench.templates, verifier, bench.oracle_feedback, bench.feedback_verdict)
+        attempts = rollout(Program(attempts=1), actors, problems, sampling).turns  # feedback "none": attempts only
+        texts = critique(policy, backend, bench.templates, problems, [a.text for a in attempts], sampling)
+        correct = [bool(a.verdict.correct) if a.verdict else False for a in attempts]
+        out[label] = {"solver_temperature": t_solver, "critic_temperature": t_critic,
+                      **detection([bench.feedback_verdict(t) for t in texts], correct)}
+    out["seconds"] = round(time.perf_counter() - t0, 2)
+    return out
+
+
+def critic_gate(gate: dict[str, Any] | None) -> list[str]:
+    """What makes a base fail METHOD v4's critic gate (empty: it passes), each a phrase naming the
+    numbers. ``gate``: a :func:`gate_check` record, ``{"greedy": {...}, "sampled": {...}}`` with
+    each pass's ``J``, ``recall``, ``false_alarm_rate``, ``n_right``, ``n_wrong`` and (sampled)
+    ``critic_temperature``. Pure. A pass whose J could not be measured (no wrong or no right
+    attempt) fails, as does a missing record."""
+    if not gate:
+        return ["its check has no critic-gate detection on its solver's own attempts (METHOD v4)"]
+    out = []
+    for label in ("greedy", "sampled"):
+        d = gate.get(label) or {}
+        t = d.get("critic_temperature")
+        where = "greedy" if label == "greedy" else (f"critic at T={t:g}" if isinstance(t, (int, float)) else "sampled")
+        j, recall, fa = d.get("J"), d.get("recall"), d.get("false_alarm_rate")
+        if j is None or recall is None or fa is None:
+            out.append(f"critic detection on its solver's own attempts ({where}) cannot be measured "
+                       f"({d.get('n_wrong', 0)} wrong, {d.get('n_right', 0)} right)")
+            continue
+        if j < MIN_DETECTION_J:
+            out.append(f"critic detection J {j:+.3f} < {MIN_DETECTION_J:.2f} on its solver's own attempts ({where}: "
+                       f"recall {100 * recall:.1f}% of {d.get('n_wrong')} wrong, false alarms {100 * fa:.1f}% of "
+                       f"{d.get('n_right')} right)")
+        if fa > MAX_OWN_FALSE_ALARM:
+            out.append(f"critic false alarms on its solver's right attempts {100 * fa:.1f}% > "
+                       f"{100 * MAX_OWN_FALSE_ALARM:.0f}% ({where})")
+    return out
+
+
+def gate_line(label: str, d: dict[str, Any]) -> str:
+    """One pass of a :func:`gate_check` record in one line: its temperatures, J, recall and false
+    alarms (percentages) with their counts, and the unreadable verdicts."""
+    def pct(v: Any) -> str:
+        return "–" if v is None else f"{100 * v:.1f}%"
+
+    j = d.get("J")
+    temps = ("greedy" if label == "greedy"
+             else f"solver T={d.get('solver_temperature'):g}, critic T={d.get('critic_temperature'):g}")
+    return (f"{temps}: J {'–' if j is None else f'{j:+.3f}'} (needs >= {MIN_DETECTION_J:.2f}), recall "
+            f"{pct(d.get('recall'))} of {d.get('n_wrong')} wrong attempts, false alarms "
+            f"{pct(d.get('false_alarm_rate'))} of {d.get('n_right')} right (needs <= "
+            f"{100 * MAX_OWN_FALSE_ALARM:.0f}%), unreadable verdicts {pct(d.get('unreadable'))}")
+
+
+def gate_temperatures(cfg: BaseConfig) -> tuple[float, float]:
+    """(solver, critic) temperatures of the gate's sampled pass for ``cfg``: the solver at
+    ``check_temperature``, the critic at ``critic_temperature`` (the spec's critic training
+    temperature, filled in by :func:`mlmt_bench.runner.base_config`), else ``check_temperature``."""
+    critic = cfg.check_temperature if cfg.critic_temperature is None else cfg.critic_temperature
+    return cfg.check_temperature, critic
+
+
+def _with_gate(base: Base, cfg: BaseConfig, progress: bool) -> Base:
+    """``base`` with ``report["gate"]`` at ``cfg``'s temperatures: read from the entry's
+    :data:`GATE_FILE`, else measured now (:func:`gate_check`) and added there. A base built
+    before METHOD v4 (the shipped ones) gets its gate on first use this way, its base.json and
+    weights untouched (so their key and a shipped entry's manifest stay valid). The file is
+    written under a temporary name and renamed; an entry that cannot be written (read-only)
+    keeps the gate in memory only."""
+    from mlmt_bench import bounded_input
+
+    t_solver, t_critic = gate_temperatures(cfg)
+    slot = f"n={cfg.check_problems},solver_T={t_solver:g},critic_T={t_critic:g}"
+    path = base.directory / GATE_FILE
+    gates: dict[str, Any] = {}
+    if os.path.lexists(path):
+        bounded_input.check_plain_file(path)  # not a link: read like base.json (_load)
+        try:
+            gates = bounded_input.read_json(path)
+        except UserError:
+            gates = {}  # a damaged file is measured again
+        if not isinstance(gates, dict) or not all(isinstance(v, dict) for v in gates.values()):
+            gates = {}
+    if slot not in gates:
+        if progress:
+            tell(f"checking the critic gate of base {base.report.get('key')} on {cfg.check_problems} validation "
+                 f"problems (its solver's own attempts, greedy and with the critic at T={t_critic:g}) ...")
+        bench = synthetic_benchmark(cfg.benchmark, cfg.benchmark_options)
+        with torch_threads(cfg.threads):
+            gates[slot] = gate_check(base, bench, cfg.check_problems, solver_temperature=t_solver,
+                                     critic_temperature=t_critic)
+        with contextlib.suppress(OSError):
+            tmp = path.with_name(f".{GATE_FILE}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(gates, indent=2, sort_keys=True) + "\n")
+            os.replace(tmp, path)
+    base.report["gate"] = gates[slot]
+    return base
 
 
 @dataclass

@@ -17,7 +17,6 @@ see whether this machine reproduces one). :func:`ship` makes a copy from a cache
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -47,11 +46,9 @@ def find(key: str) -> Path | None:
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    from mlmt_bench.reproducible import file_sha256
+
+    return file_sha256(path)
 
 
 def verify(entry: Path) -> dict[str, str]:
