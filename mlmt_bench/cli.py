@@ -32,6 +32,10 @@ class _State:
     quiet = False
     json = False
     debug = False
+    #: set by :func:`main` (the console script) only: the process is this command's own, so `run` may
+    #: apply the CPU pin once its spec is read, which can re-execute the process. Called in-process
+    #: (a test's CliRunner, a library caller) the app never re-executes its host.
+    owns_process = False
 
 
 state = _State()
@@ -236,7 +240,8 @@ def run(
     from mlmt_bench import runner, spec as specs
 
     loaded = specs.load_any(spec, overrides or []) if spec is not None else None
-    _apply_cpu_pin(loaded, resume)
+    if state.owns_process:
+        _apply_cpu_pin(loaded, resume)
     if isinstance(loaded, tuple):
         from mlmt_bench import experiment
 
@@ -639,6 +644,7 @@ def main() -> None:
     cpus.passive_wait_when_busy()  # before torch loads: no spinning OpenMP waits on a busy machine
     if _command(sys.argv[1:]) not in _PIN_AFTER_SPEC:
         reproducible.apply()  # before anything loads torch: the same float results on every machine of a CPU vendor
+    state.owns_process = True
     app()
 
 
