@@ -187,7 +187,8 @@ def test_grpo_with_the_base_critic_gets_a_refine_evaluation_and_a_report_row(tin
     assert all(isinstance(r["t2_base_critic"], bool) for r in rows)
     trainer.run_dir.finish("completed")
     summary = build_comparison({"grpo": [trainer.run_dir.path]}, tmp_path / "report")
-    assert list(summary["arms"]) == ["grpo", "grpo + base critic"]
+    # the base critic's feedback is also scored as a second solver's answer (METHOD v4's copy-channel control)
+    assert sorted(summary["arms"]) == ["grpo", "grpo + base critic", "grpo + base critic as second solver"]
     bc = summary["arms"]["grpo + base critic"]
     per_problem = [r["t2_base_critic"] for r in rows if r["step"] == final["step"]]
     assert bc["ci"]["acc@t2"]["mean"] == pytest.approx(sum(per_problem) / len(per_problem))

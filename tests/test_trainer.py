@@ -48,7 +48,9 @@ def test_trained_ids_are_the_generated_ids(tiny_ckpt, tmp_path):
     trainer = build_trainer(spec, tmp_path)
     ro = rollout(trainer.algorithm.program(0), trainer.actors, trainer.batch(0), trainer.sampling)
     feats, values, tokens = trainer.value_predictions(ro)
-    assert feats.shape == (len(ro.of_kind("feedback")), 128) and values.shape == (len(ro.of_kind("feedback")),)
+    # value_features: feedback_pool (the default): the last token's hidden state (128) beside its mean
+    # over the feedback's tokens (128)
+    assert feats.shape == (len(ro.of_kind("feedback")), 256) and values.shape == (len(ro.of_kind("feedback")),)
     assert tokens == sum(len(ro.turns[ro.turns[f].children[0]].prompt_ids) for f in ro.of_kind("feedback"))
     credit = trainer.algorithm.credit(ro, 0, CreditInputs(0.0, values))
     generated = {(tuple(t.prompt_ids), tuple(t.ids)) for t in ro.turns}

@@ -472,17 +472,17 @@ def with_base_critic_arms(loaded: dict[str, list[RunRecord]]) -> dict[str, list[
     ``<arm> + base critic`` (METHOD v3, equal test-time compute) and that critic as second solver."""
     out: dict[str, list[RunRecord]] = {}
 
-    def add(results: list[RunRecord], derive: Any) -> None:
-        derived = [d for d in map(derive, results) if d is not None]
+    def add(results: list[RunRecord], derive: Any, name: str) -> list[RunRecord]:
+        """The derived records, named by the report's arm (a run's own ``arm`` may be its spec's name)."""
+        derived = [dataclasses.replace(d, arm=name) for d in map(derive, results) if d is not None]
         if derived:
-            out[derived[0].arm] = derived
+            out[name] = derived
+        return derived
 
     for arm, results in loaded.items():
         out[arm] = results
-        add(results, with_unredacted)
-        add(results, with_critic_solver)
-        base_critic = [d for d in map(with_base_critic, results) if d is not None]
-        if base_critic:
-            out[f"{arm} + base critic"] = base_critic
-            add(base_critic, with_critic_solver)
+        add(results, with_unredacted, f"{arm} without redaction")
+        add(results, with_critic_solver, f"{arm} critic as second solver")
+        base_critic = add(results, with_base_critic, f"{arm} + base critic")
+        add(base_critic, with_critic_solver, f"{arm} + base critic as second solver")
     return out
