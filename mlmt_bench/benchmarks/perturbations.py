@@ -26,6 +26,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from mlmt_bench.benchmarks.redaction import redact_code
+
 #: The rows a benchmark declares (``Benchmark.feedback_perturbations``' keys), in the probe's order.
 PERTURBATIONS: tuple[str, ...] = ("values_removed", "last_shifted", "approve_gold", "approve_own", "oracle")
 #: Every row of the probe's table, in order: the critic's own feedback, the declared edits, g∅.
@@ -202,8 +204,6 @@ def none_apply() -> dict[str, str | None]:
 
 #: What a code feedback says when it approves the attempt.
 CODE_APPROVAL = "The code is correct: it passes every test."
-_CODE_BLOCK_RE = re.compile(r"```[^\n`]*\n?.*?(?:```|\Z)", re.DOTALL)
-_INLINE_CODE_RE = re.compile(r"`[^`\n]+`")
 
 
 def code_perturbations(feedback: str, gold_code: str | None) -> dict[str, str | None]:
@@ -215,7 +215,7 @@ def code_perturbations(feedback: str, gold_code: str | None) -> dict[str, str | 
     - ``approve_own``: :data:`CODE_APPROVAL` alone (the attempt's code is in the refiner's context);
     - ``last_shifted``, ``oracle``: None (no value to shift, no oracle critic).
     """
-    removed = _INLINE_CODE_RE.sub("", _CODE_BLOCK_RE.sub("", feedback))
+    removed = redact_code(feedback, placeholder="").text  # the redaction rule's code spans, dropped
     return {
         "values_removed": removed,
         "last_shifted": None,
