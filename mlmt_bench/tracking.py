@@ -115,9 +115,14 @@ def _check_pseudo(path: Path, real: str, what: str) -> None:
 
 
 def _shown(path: Path | str) -> str:
+    """``path`` as an error may show it: shortened, and not at all when it holds a NUL byte (no
+    file system has such a path; its text is whatever a corrupt or hostile file put there)."""
     from mlmt_bench.bounded_input import shorten
 
-    return shorten(str(path), 200)
+    text = str(path)
+    if "\0" in text:
+        return f"(a path of {len(text)} characters with a NUL byte, not shown)"
+    return shorten(text, 200)
 
 
 def _label(what: str, path: Path | str) -> str:

@@ -220,6 +220,7 @@ def _bad_output_dirs(tmp_path: Path) -> list[tuple[str, str]]:
     (tmp_path / "a-file").write_text("x")
     return [(str(tmp_path / "a-file"), "is a regular file, not a directory"),
             (str(tmp_path / "a\0b"), "unusable path"),
+            ("x\0root:$6$hash-of-a-shadow-line", "NUL byte, not shown"),  # its text is never echoed
             ("/proc/self/runs", "refused")]
 
 
@@ -228,7 +229,8 @@ def test_a_bad_output_dir_is_refused_at_validation(tmp_path, no_run, command):
     spec = tmp_path / "spec.yaml"
     for output_dir, why in _bad_output_dirs(tmp_path):
         spec.write_text(spec_text(output_dir=output_dir))
-        one_line_error([command, str(spec)], f"{spec}: output_dir: ", why)
+        err = one_line_error([command, str(spec)], f"{spec}: output_dir: ", why)
+        assert "hash-of-a-shadow-line" not in err
 
 
 def test_an_experiments_bad_output_dir_is_its_own_not_an_arms(tmp_path, no_run):
