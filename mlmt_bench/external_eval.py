@@ -23,8 +23,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mlmt_bench.bounded_input import did_you_mean
+from mlmt_bench.bounded_input import did_you_mean, read_json
 from mlmt_bench.errors import UserError
+from mlmt_bench.models.model_dir_check import check_model_dir
 from mlmt_bench.tracking import atomic_write_text, check_output_dir, check_output_file
 
 #: lm-eval's own model types (the harness's ``--model``: ``hf`` is its HFLM, ``vllm`` its VLLM), not
@@ -65,10 +66,8 @@ def harness_model_args(model_dir: Path, backend: str = "hf", dtype: str = "auto"
     args: dict[str, Any] = {"pretrained": str(model_dir), "dtype": dtype}
     adapter = model_dir / "adapter_config.json"
     if adapter.is_file():
-        try:
-            base = json.loads(adapter.read_text(encoding="utf-8")).get("base_model_name_or_path")
-        except (OSError, ValueError) as exc:
-            raise UserError(f"{adapter}: unreadable adapter config ({exc})") from None
+        config = read_json(adapter)  # bounded, a regular file
+        base = config.get("base_model_name_or_path") if isinstance(config, dict) else None
         if not base:
             raise UserError(f"{adapter}: no base_model_name_or_path; cannot tell which model the adapter is for")
         args["pretrained"] = base
@@ -127,6 +126,7 @@ def run_lm_eval(
         if Path(out).parent.is_dir():
             check_output_file(out, "--out")
     model_dir = resolve_checkpoint(path, policy)
+    check_model_dir(model_dir)  # before the harness loads it: no pickle, no device, a config its weights fit
     model_args = harness_model_args(model_dir, backend)
     if include_path is not None and not Path(include_path).is_dir():
         raise UserError(f"--include-path {include_path}: not a directory")

@@ -159,3 +159,75 @@ def test_cli_errors_are_one_line(harness, tiny_ckpt, tmp_path):
     r = cli("eval", str(tiny_ckpt), "--tasks", "x", "--limit", "0")
     assert r.returncode == 2
     assert r.stderr.strip() == "error: --limit must be > 0 (a count, or a fraction below 1), got 0"
+
+
+class _Runs:
+    """A pickle whose loading would run code: it creates ``marker``."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_odd_model_directories_are_one_line_before_anything_is_loaded(tiny_ckpt, tmp_path):
+    """issue 34 item 6: a pickle-only directory, a config sizing an embedding its weights do not
+    hold, weights linked to /dev/zero and an adapter whose base is /etc were 58-92-line tracebacks
+    from inside the harness (exit 1); each is one line, exit 2, and no pickle is opened."""
+    import os
+
+    from safetensors.torch import save_file
+
+    cases: dict[str, tuple[Path, str]] = {}
+    marker = tmp_path / "pickle-ran"
+    d = tmp_path / "pickle"
+    shutil.copytree(tiny_ckpt, d)
+    (d / "model.safetensors").unlink()
+    torch.save({"w": torch.zeros(2), "x": _Runs(marker)}, d / "pytorch_model.bin")
+    cases["pickle"] = (d, f"error: {d}: its weights are pytorch_model.bin, pickle files")
+    d = tmp_path / "vocab"
+    shutil.copytree(tiny_ckpt, d)
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**config, "vocab_size": 2 ** 40}))
+    cases["vocab"] = (d, f"error: {d / 'config.json'}: vocab_size x hidden_size is {2 ** 40 * config['hidden_size']:,}")
+    d = tmp_path / "zero"
+    shutil.copytree(tiny_ckpt, d)
+    (d / "model.safetensors").unlink()
+    os.symlink("/dev/zero", d / "model.safetensors")
+    cases["zero"] = (d, f"error: {d / 'model.safetensors'}: not a regular file (a character device), refused")
+    d = tmp_path / "adapter"
+    d.mkdir()
+    (d / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "/etc", "peft_type": "LORA"}))
+    save_file({"base_model.model.lora_A.weight": torch.zeros(2, 2)}, str(d / "adapter_model.safetensors"))
+    cases["adapter"] = (d, f"error: {d / 'adapter_config.json'}: its base is refused: /etc: not a model directory")
+    tasks = _task_dir(tmp_path, [{"question": "1+1=", "choices": ["2", "3"], "label": 0}])
+    for name, (path, line) in cases.items():  # a task the harness knows: unchecked, it loaded each model
+        r = subprocess.run([sys.executable, "-m", "mlmt_bench.cli", "eval", str(path), "--tasks", "local_mc",
+                            "--include-path", str(tasks), "--device", "cpu"],
+                           capture_output=True, text=True, timeout=300)
+        assert (r.returncode, r.stderr.count("\n")) == (2, 1), (name, r.returncode, r.stderr[-500:])
+        assert r.stderr.startswith(line), (name, r.stderr)
+    assert not marker.exists()
+
+
+def test_a_model_directory_that_fits_passes_and_a_shard_outside_it_does_not(tiny_ckpt, tmp_path):
+    from mlmt_bench.models.model_dir_check import check_model_dir
+
+    check_model_dir(tiny_ckpt)
+    d = tmp_path / "adapter"
+    d.mkdir()
+    from safetensors.torch import save_file
+
+    save_file({"base_model.model.lora_A.weight": torch.zeros(2, 2)}, str(d / "adapter_model.safetensors"))
+    for base in (str(tiny_ckpt), "Qwen/Qwen2.5-0.5B"):  # a local base that passes, a hub id
+        (d / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": base}))
+        check_model_dir(d)
+    (d / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "not a hub id;"}))
+    with pytest.raises(UserError, match="neither a hub id"):
+        check_model_dir(d)
+    s = tmp_path / "sharded"
+    shutil.copytree(tiny_ckpt, s)
+    (s / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "../model.safetensors"}}))
+    with pytest.raises(UserError, match="is not a file name in"):
+        check_model_dir(s)
