@@ -40,3 +40,65 @@ def test_restore_refuses_a_run_named_with_control_characters(tmp_path: Path):
         publish.restore_runs(report, exp_dir, "toy")
     assert "\x1b" not in str(err.value)
     assert list(exp_dir.iterdir()) == []
+
+
+RAW = ("\x1b", "\u202e", "\x9b")  # ESC, the bidi override, a C1 control (CSI)
+
+
+def _evil_experiment(root: Path) -> tuple[Path, str]:
+    """An experiment of two arms, one named with an OSC 8 link, a screen clear, U+202E and a C1 CSI."""
+    from support import make_run
+
+    evil = "mlmt" + ESC + "\x9b31m"
+    exp = root / "toy-20250101T000000Z"
+    names = {}
+    for arm in ("grpo", evil):
+        d = make_run(exp, f"toy-{'grpo' if arm == 'grpo' else 'mlmt'}-s0-20250101T000000Z", seed=0, arm=arm,
+                     feedback=arm != "grpo", curve=[(0, 0, 0.0, .25, .25), (10, 1000, 1e12, .5, .5)],
+                     t1=[1, 1, 0, 0], t2=[1, 1, 1, 0])
+        manifest = json.loads((d / "manifest.json").read_text())
+        (d / "manifest.json").write_text(json.dumps({**manifest, "experiment": "toy"}))
+        names[arm] = [d.name]
+    (exp / "experiment.json").write_text(json.dumps({"name": "toy" + ESC, "seeds": [0], "arms": names}))
+    return exp, evil
+
+
+def test_comparison_md_escapes_arm_names_from_a_published_report(tmp_path: Path):
+    """issue 34 item 9: an arm name holding ESC / OSC sequences, U+202E or a C1 control in a
+    published report's experiment.json was written raw into comparison.md (15 raw ESC); it is written
+    escaped, in the report and in the report of the published report."""
+    from mlmt_bench import bounded_input
+
+    exp, evil = _evil_experiment(tmp_path)
+    pub, again = tmp_path / "published", tmp_path / "again"
+    for src, out, extra in ((exp, pub, ["--raw"]), (pub, again, [])):
+        res = CliRunner().invoke(app, ["report", str(src), "--out", str(out), *extra])
+        assert res.exit_code == 0, res.output
+        md = (out / "comparison.md").read_text(encoding="utf-8")
+        assert not any(c in md for c in RAW), [c for c in RAW if c in md]
+        assert f"| metric | grpo | {bounded_input.printable(evil)} |" in md  # the arm, shown escaped
+        assert md.startswith("# toy\\x1b]8;;http://evil\\x1b\\\\x1b[2J\\u202e\n")
+    assert evil in json.loads((pub / "experiment.json").read_text())["arms"]  # the data itself is kept
+
+
+def test_the_figure_labels_arms_escaped_and_matplotlib_prints_no_raw_escape(tmp_path: Path):
+    """matplotlib warned 'Glyph 27 (\\x1b) missing from font(s)' with the raw ESC on stderr: every
+    text of the figure (titles, legend) holds the names escaped."""
+    import warnings
+
+    import matplotlib.text
+
+    from mlmt_bench.report.figures import _png, acc_vs_cost_figure
+    from mlmt_bench.report.runs import load_run
+
+    exp, evil = _evil_experiment(tmp_path)
+    runs = {arm: [load_run(exp / d) for d in dirs]
+            for arm, dirs in json.loads((exp / "experiment.json").read_text())["arms"].items()}
+    fig = acc_vs_cost_figure(runs, target=0.5, baseline=evil, title="t" + ESC)
+    texts = [t.get_text() for t in fig.findobj(matplotlib.text.Text)]
+    assert any("mlmt\\x1b]8" in t for t in texts)
+    assert not [t for t in texts if any(c in t for c in RAW)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _png(fig)
+    assert not [str(w.message) for w in caught if any(c in str(w.message) for c in RAW)]

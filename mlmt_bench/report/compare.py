@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from mlmt_bench.bounded_input import printable
 from mlmt_bench.errors import UserError
 from mlmt_bench.metrics.stats import mcnemar_exact, mean_std, reach_point
 from mlmt_bench.report import analysis
@@ -525,7 +526,9 @@ def render_markdown(summary: dict[str, Any]) -> str:
     for a in arms:
         lines.append(f"- **{a}**: " + ", ".join(f"`{p}`" for p in summary["arms"][a]["runs"]))
     lines += ["", "![acc@t2 vs generated tokens and FLOPs](acc_vs_tokens.png)", ""]
-    return "\n".join(lines)
+    # arm names, titles and paths come from data (a published experiment.json): a control character
+    # or bidi override in them is written escaped, never raw into a file someone will `cat`
+    return "\n".join(printable(line) for line in "\n".join(lines).split("\n"))
 
 
 def check_baseline(baseline: str, arms: list[str]) -> None:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from mlmt_bench.bounded_input import printable
 from mlmt_bench.report import svg
 from mlmt_bench.report.runs import acc_t2, is_num
 from mlmt_bench.tracking import atomic_write_bytes
@@ -149,24 +150,27 @@ def acc_vs_cost_figure(runs: dict[str, list[RunRecord]], *, target: float | None
     panels = list(axes.flat)
     tokens = {arm: aggregate_curves(results, "gen_tokens", intervals=True) for arm, results in runs.items()}
     base = tokens.get(baseline) if baseline is not None else None
+    # names from data are escaped: matplotlib warns of a glyph it lacks with the raw character (an ESC
+    # sequence reached the terminal); a label cannot act on anything
+    shown = {arm: printable(arm) for arm in arms}
     legend: dict[str, Any] = {}
     for i, arm in enumerate(arms):
         ax, c = panels[i], tokens[arm]
         if base is not None and arm != baseline and len(base["x"]):
-            _arm_line(ax, base, "#8c8c8c", f"{baseline} (baseline, grey in every panel)")
+            _arm_line(ax, base, "#8c8c8c", f"{printable(str(baseline))} (baseline, grey in every panel)")
         if len(c["x"]):
-            _arm_line(ax, c, svg.arm_color(i), arm)
+            _arm_line(ax, c, svg.arm_color(i), shown[arm])
         else:
             ax.text(0.5, 0.5, "no 'gen_tokens' recorded", ha="center", va="center", transform=ax.transAxes,
                     fontsize=8)
         n = len(runs[arm])
-        ax.set_title(f"{arm} ({n} seed{'s' if n != 1 else ''})", fontsize=9)
+        ax.set_title(f"{shown[arm]} ({n} seed{'s' if n != 1 else ''})", fontsize=9)
         ax.set_xlabel("generated tokens (training)", fontsize=8)
     ax = panels[len(arms)]
     for i, (arm, results) in enumerate(runs.items()):
         c = aggregate_curves(results, "flops")
         if len(c["x"]):
-            _arm_line(ax, c, svg.arm_color(i), arm, band=False)
+            _arm_line(ax, c, svg.arm_color(i), shown[arm], band=False)
     ax.set_title("every arm against FLOPs (lines only)", fontsize=9)
     ax.set_xlabel("FLOPs (training, approx.)", fontsize=8)
     for k, ax in enumerate(panels):
@@ -175,7 +179,7 @@ def acc_vs_cost_figure(runs: dict[str, list[RunRecord]], *, target: float | None
             continue
         if target is not None:
             ax.axhline(100 * target, color="grey", ls="--", lw=1,
-                       label=f"{baseline} final acc@t2" if baseline else "target")
+                       label=f"{printable(baseline)} final acc@t2" if baseline else "target")
         if k % ncols == 0:
             ax.set_ylabel("eval acc@t2 (%)", fontsize=8)
         ax.tick_params(labelsize=7)
@@ -189,7 +193,7 @@ def acc_vs_cost_figure(runs: dict[str, list[RunRecord]], *, target: float | None
                    title="line: mean over seeds; band: 95% interval over seeds × problems (METHOD v3)",
                    title_fontsize=8)
     if title:
-        fig.suptitle(title)
+        fig.suptitle(printable(title))
     return fig
 
 
