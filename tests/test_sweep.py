@@ -319,6 +319,9 @@ LAM = "algorithm.params.lam"
     ({"space": {LAM: {"type": "float", "low": -1.0, "high": 1}}},
      f"space.{LAM}=-1.0 applied to"),
     ({"space": {}}, "space: "),
+    ({"space": {"train.problems_per_step": {"type": "int", "low": 2, "high": 4, "step": 5}}},  # every trial got 2
+     "space.train.problems_per_step: step 5 is larger than high - low (2), so every trial would get low=2"),
+    ({"space": {LAM: {"type": "float", "low": 0.0, "high": 0.25, "step": 0.5}}}, "step 0.5 is larger than high"),
     ({"run": "missing.yaml"}, "run: file not found:"),
     ({"sampler": "cmaes"}, "sampler: must be one of"),
     ({"sampler": "grid"}, f"space.{LAM}: the grid sampler needs a `step` for float parameters"),

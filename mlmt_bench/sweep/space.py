@@ -78,6 +78,9 @@ def parse_dist(raw: Any, source: str, key: str) -> SearchDistribution:
         raise UserError(f"{where}: log: true and step cannot be used together")
     if isinstance(dist, FloatDist) and not (math.isfinite(dist.low) and math.isfinite(dist.high)):
         raise UserError(f"{where}: low and high must be finite, got low={dist.low!r}, high={dist.high!r}")
+    if dist.step is not None and dist.step > dist.high - dist.low:  # one value: nothing is searched
+        raise UserError(f"{where}: step {short_repr(dist.step)} is larger than high - low "
+                        f"({short_repr(dist.high - dist.low)}), so every trial would get low={short_repr(dist.low)}")
     return dist
 
 
