@@ -255,11 +255,14 @@ def atomic_open(path: Path | str, what: str = "output") -> Iterator[BinaryIO]:
             os.fsync(f.fileno())
         check_output_file(path, what)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
+            # a full disk's write or fsync names no file: the error line names the output
+            raise OSError(exc.errno, exc.strerror or os.strerror(exc.errno), str(path)) from exc
         raise
 
 

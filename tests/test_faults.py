@@ -204,6 +204,22 @@ def test_the_manifest_is_marked_in_place_when_no_new_file_can_be_written(tmp_pat
     assert _temporaries(run.path) == [] and not (run.path / "other.json").exists()
 
 
+def test_a_full_disk_while_report_writes_is_one_line_naming_the_file(tmp_path, monkeypatch):
+    """`report`'s disk-full error was 'error: no space left on device', naming no file (a write or
+    fsync that finds no space names none); it names the file it was writing, and leaves no temporary."""
+    from support import make_run
+
+    run = make_run(tmp_path / "exp", "toy-grpo-s0-20250101T000000Z", seed=0, arm="grpo",
+                   curve=[(0, 0, 0.0, .25, .25), (10, 1000, 1e12, .5, .5)], t1=[1, 1, 0, 0], t2=[1, 1, 1, 0])
+    out = tmp_path / "out"
+    out.mkdir()
+    _FullDisk(monkeypatch).fill()
+    err = one_line_error(["report", str(run), "--out", str(out)], "no space left on device")
+    written = err.removeprefix("error: ").removesuffix(": no space left on device\n")
+    assert Path(written).parent == out and Path(written).name in ("acc_vs_tokens.png", "comparison.md"), err
+    assert _temporaries(out) == []
+
+
 # ---------------------------------------------------------------------------------------------
 # 3. a corrupt newest checkpoint
 
