@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from mlmt_bench.algorithms.advantages import SCALE_ESTIMATORS
 from mlmt_bench.algorithms.core import (
     aggregate,
     critic_advantages,
@@ -342,14 +343,14 @@ def test_value_penalty_gives_same_advantages(scale):
         # gives lam (V - mean V), the value term of critic_advantages before its division by sigma_V
         penalty_part = value_penalty_reward(u, v, lam, g) - u
         a_v4 = group_advantages(u, g, scale=scale) + group_advantages(penalty_part, g, scale="none") / v.std()
-        assert torch.allclose(critic_advantages(u, v, lam, g, scale=scale), a_v4, atol=1e-12, rtol=0)
+        assert torch.allclose(critic_advantages(u, v, lam, g, SCALE_ESTIMATORS[scale]), a_v4, atol=1e-12, rtol=0)
 
 
 def test_critic_advantages_flat_u_bar_trains_nothing_without_value_signal():
     # METHOD.md v3: A_H = std_group(ū) + λ (V − mean_group V). ū flat ([1, 1, 1]) -> first term 0;
     # V constant (0.1 three times: its float mean is 0.1 + 1.4e-17) -> second term exactly 0
     for scale in ("std", "none"):
-        a = critic_advantages(t([1.0, 1.0, 1.0]), t([0.1, 0.1, 0.1]), 0.5, ids([0, 0, 0]), scale=scale)
+        a = critic_advantages(t([1.0, 1.0, 1.0]), t([0.1, 0.1, 0.1]), 0.5, ids([0, 0, 0]), SCALE_ESTIMATORS[scale])
         assert torch.equal(a, torch.zeros(3, dtype=D))
 
 
@@ -381,7 +382,7 @@ def test_critic_advantages_by_hand():
     assert torch.allclose(a, t([0.730436, -0.577350, -0.153086, -0.141422, 0.141422]), atol=2e-6, rtol=0)
     # scale none (Dr.GRPO): ū only centred: [2/3, -1/3, -1/3] + [-0.424264, 0, 0.424264];
     # [-0.5, 0.5] + [0.565685, -0.565685]
-    a = critic_advantages(u, v, 0.5, g, scale="none")
+    a = critic_advantages(u, v, 0.5, g, "dr_grpo")
     assert torch.allclose(a, t([2 / 3 - 0.424264, -1 / 3, -1 / 3 + 0.424264, 0.065685, -0.065685]), atol=2e-6,
                           rtol=0)
     # λ = 0 is group_advantages of ū; a singleton group gets 0 from both terms

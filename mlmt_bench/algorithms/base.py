@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from mlmt_bench.algorithms import core
+from mlmt_bench.algorithms.advantages import estimator
 from mlmt_bench.algorithms.params import LossParams, Roles
 from mlmt_bench.algorithms.update import TrainItem
 from mlmt_bench.models.tokenizer import encode
@@ -204,11 +205,12 @@ def problem_of(rollout: Rollout, indices: Sequence[int]) -> list[int]:
     return [rollout.turns[i].problem for i in indices]
 
 
-def group_advantages(values: torch.Tensor, groups: Sequence[int],
-                     scale: Literal["std", "none"]) -> tuple[torch.Tensor, float]:
-    """Group-relative advantages ``[N]`` of ``values`` and the share of zero-variance groups."""
+def group_advantages(values: torch.Tensor, groups: Sequence[int], advantage: str) -> tuple[torch.Tensor, float]:
+    """Advantages ``[N]`` of ``values`` by the estimator ``advantage`` (a name of
+    :data:`mlmt_bench.algorithms.advantages.ADVANTAGES`: the params' :meth:`LossParams.advantage_of`
+    the role) over the sibling ``groups``, and the share of zero-variance groups."""
     gid = torch.tensor(list(groups), dtype=torch.long)
-    return core.group_advantages(values, gid, scale=scale), core.frac_zero_std(values, gid)
+    return estimator(advantage)(values, gid), core.frac_zero_std(values, gid)
 
 
 def train_items(rollout: Rollout, indices: Sequence[int], advantages: torch.Tensor | Sequence[float],

@@ -25,7 +25,12 @@ from typing import Literal, TypedDict, Unpack
 import torch
 from torch import Tensor
 
-from mlmt_bench.algorithms import losses
+from mlmt_bench.algorithms import advantages as estimators, losses
+from mlmt_bench.algorithms.advantages import (
+    check_same_length as _check_same_length,
+    dense_groups as _dense_groups,
+    zero_std_mask,
+)
 from mlmt_bench.tensor_ops import entropy_from_logits, token_logprobs
 
 __all__ = ["entropy_from_logits", "token_logprobs"]  # re-exported: the losses' callers read logits here too
@@ -35,23 +40,6 @@ AGG_MODES: tuple[str, ...] = ("token_mean", "seq_mean_token_mean", "constant_nor
 
 
 # --------------------------------------------------------------------------- groups
-
-
-def _dense_groups(group_ids: Tensor) -> tuple[Tensor, int]:
-    """Map arbitrary integer group ids [N] to dense indices [N] in [0, G) and return G."""
-    if group_ids.dim() != 1:
-        raise ValueError(f"group_ids must be 1-D [N], got shape {tuple(group_ids.shape)}")
-    _, inverse = torch.unique(group_ids, return_inverse=True)
-    num_groups = int(inverse.max().item()) + 1 if inverse.numel() else 0
-    return inverse, num_groups
-
-
-def _check_same_length(rewards: Tensor, group_ids: Tensor) -> None:
-    if rewards.dim() != 1 or rewards.shape != group_ids.shape:
-        raise ValueError(
-            f"rewards and group_ids must both be 1-D of the same length, "
-            f"got {tuple(rewards.shape)} and {tuple(group_ids.shape)}"
-        )
 
 
 def group_mean(values: Tensor, group_ids: Tensor) -> Tensor:
@@ -113,42 +101,16 @@ def group_advantages(
     eps:       added to the std to avoid division by zero (same units as rewards).
     returns:   [N] float advantages, unitless for "std" and in reward units for "none".
 
-    A singleton group (no siblings) gets advantage 0: its sample std is undefined and a
-    lone sample carries no relative signal. A zero-variance group (all rewards equal) gets
-    exactly 0 as well, set explicitly so that float rounding in the mean can never be
-    amplified by a tiny eps (METHOD.md: zero-variance groups contribute no gradient).
+    The registered estimators ``grpo`` ("std") and ``dr_grpo`` ("none") of
+    :mod:`mlmt_bench.algorithms.advantages` (where the other estimators are). A singleton group
+    (no siblings) gets advantage 0: its sample std is undefined and a lone sample carries no
+    relative signal. A zero-variance group (all rewards equal) gets exactly 0 as well, set
+    explicitly so that float rounding in the mean can never be amplified by a tiny eps
+    (METHOD.md: zero-variance groups contribute no gradient).
     """
-    if scale not in ("std", "none"):
+    if scale not in estimators.SCALE_ESTIMATORS:
         raise ValueError(f"scale must be 'std' or 'none', got {scale!r}")
-    _check_same_length(rewards, group_ids)
-    idx, g = _dense_groups(group_ids)
-    zeros = torch.zeros(g, dtype=rewards.dtype, device=rewards.device)
-    counts = zeros.index_add(0, idx, torch.ones_like(rewards))
-    means = zeros.index_add(0, idx, rewards) / counts
-    centred = rewards - means[idx]
-    if scale == "none":
-        adv = centred
-    else:
-        sq = zeros.index_add(0, idx, centred * centred)
-        std = torch.sqrt(sq / (counts - 1).clamp(min=1))
-        adv = centred / (std[idx] + eps)
-    no_signal = (counts[idx] < 2) | zero_std_mask(rewards, group_ids)
-    return torch.where(no_signal, torch.zeros_like(adv), adv)
-
-
-def zero_std_mask(rewards: Tensor, group_ids: Tensor) -> Tensor:
-    """Which samples sit in a group whose rewards are all equal (no gradient signal).
-
-    rewards: [N] float; group_ids: [N] long.
-    returns: [N] bool, True where the sample's group has max == min (singletons included).
-    """
-    _check_same_length(rewards, group_ids)
-    idx, g = _dense_groups(group_ids)
-    hi = torch.full((g,), float("-inf"), dtype=rewards.dtype, device=rewards.device)
-    lo = torch.full((g,), float("inf"), dtype=rewards.dtype, device=rewards.device)
-    hi = hi.scatter_reduce(0, idx, rewards, reduce="amax", include_self=True)
-    lo = lo.scatter_reduce(0, idx, rewards, reduce="amin", include_self=True)
-    return (hi == lo)[idx]
+    return estimators.estimator(estimators.SCALE_ESTIMATORS[scale])(rewards, group_ids, eps=eps)
 
 
 def frac_zero_std(rewards: Tensor, group_ids: Tensor) -> float:
@@ -451,11 +413,11 @@ def critic_advantages(
     value: Tensor,
     lam: float,
     group_ids: Tensor,
-    scale: Literal["std", "none"] = "std",
-    eps: float = 1e-6,
+    advantage: str = "grpo",
+    eps: float = estimators.EPS,
 ) -> Tensor:
     """Higher-level advantage A_H(g) = std_group(R)(g) + lam * (sg[V](g) - mean_group sg[V]) / sigma_V
-    (METHOD.md v4, "Value gate").
+    (METHOD.md v4, "Value gate"), std_group the estimator ``advantage``.
 
     rewards:   [F] the critic's reward before the value: u_bar (`critic_reward: helpfulness`) or
                u_bar + nu * verdict match (`helpfulness+verdict`, see `verdict_reward`).
@@ -464,10 +426,12 @@ def critic_advantages(
                advantage, so lam = 0.5 moves A_H by half a standard deviation of the first term
                per standard deviation of V.
     group_ids: [F] long; sibling feedbacks (same attempt when K > 1, else same problem) share an id.
-    scale, eps: as in `group_advantages`, which computes the first term: "std" standardises
-               the rewards, "none" (Dr.GRPO) only centres them.
-    returns:   [F] advantages: the first term unitless ("std") or in reward units ("none"); the
-               value term unitless (V's deviation from its group mean over sigma_V).
+    advantage: the estimator of the first term (:data:`advantages.ADVANTAGES`): "grpo"
+               standardises the rewards in the group, "dr_grpo" only centres them, "rloo"
+               subtracts the siblings' mean, ...; eps: passed to it.
+    returns:   [F] advantages: the first term in the estimator's units (unitless for "grpo",
+               reward units for "dr_grpo"); the value term unitless (V's deviation from its group
+               mean over sigma_V).
 
     sigma_V (`value_sigma`) is the std of V over the whole batch, not within the group: a group
     whose values barely differ keeps a small value term. In v3 the term was lam * (V - mean V) in
@@ -477,7 +441,7 @@ def critic_advantages(
 
     The value enters *after* standardisation, so it is never divided by the rewards' std and
     cannot make a flat group look informative: a group whose rewards are all equal gets 0 from
-    the first term (exactly, as `group_advantages` sets it), and then exactly
+    the first term (exactly, as the group-relative estimators set it), and then exactly
     lam * (V - mean_group V) / sigma_V, which is set to exactly 0 when V is constant in the group
     (as `group_advantages` does for flat rewards, so float rounding in the mean cannot leave a
     1e-17 that a flat group with no value signal would train on). A singleton group gets 0
@@ -493,7 +457,7 @@ def critic_advantages(
     centred = torch.where(zero_std_mask(v, group_ids), torch.zeros_like(v), v - group_mean(v, group_ids))
     sigma = value_sigma(v)
     term = centred / sigma if sigma > eps else torch.zeros_like(v)
-    return group_advantages(rewards, group_ids, scale, eps) + lam * term
+    return estimators.estimator(advantage)(rewards, group_ids, eps=eps) + lam * term
 
 
 def value_penalty_reward(u_bar: Tensor, value: Tensor, lam: float, group_ids: Tensor) -> Tensor:

@@ -23,7 +23,8 @@ def critic_credit(algo: Algorithm, rollout: Rollout, u_bar: torch.Tensor, values
                   *, verdict_match: torch.Tensor | None = None, reward_kind: str = "helpfulness",
                   nu: float = 0.0, feedbacks_per_attempt: int = 1) -> Credit:
     """The critic's credit: its reward R(g) = ū(g) (``critic_reward: helpfulness``) or
-    ū(g) + ν·match(g) (``helpfulness+verdict``) is standardised among the K feedbacks of an
+    ū(g) + ν·match(g) (``helpfulness+verdict``) is standardised (by the critic's estimator,
+    ``advantage_of("critic")``, ``grpo`` by default) among the K feedbacks of an
     attempt when K > 1, else among the feedbacks of the problem, and λ·sg[V_L(x, z, g)] centred in
     the same group, over σ_V (the batch std of V, logged as ``value/sigma``), is added after it
     (:func:`core.critic_advantages`, METHOD v4). The verdict term is a
@@ -51,7 +52,7 @@ def critic_credit(algo: Algorithm, rollout: Rollout, u_bar: torch.Tensor, values
     groups = ([rollout.parent_index(f) for f in feedbacks] if feedbacks_per_attempt > 1
               else problem_of(rollout, feedbacks))
     gid = torch.tensor(groups, dtype=torch.long)
-    adv_h = core.critic_advantages(reward, value, lam, gid, p.scale)
+    adv_h = core.critic_advantages(reward, value, lam, gid, p.advantage_of("critic"))
     r_h = core.higher_level_reward(reward, value, lam)
     stats = {"critic_reward": float(r_h.mean()), "frac_zero_std_critic": core.frac_zero_std(reward, gid)}
     if values is not None:

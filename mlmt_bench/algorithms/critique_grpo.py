@@ -50,7 +50,8 @@ class CritiqueGRPO(Algorithm):
         r1, r2 = self.solver_rewards(rollout, attempts, inputs), self.solver_rewards(rollout, refines, inputs, full)
         joined = [i for i, r in zip(refines, r2.tolist()) if p.refinements_in_group == "all" or r == 1.0]
         r_joined = r2[[refines.index(i) for i in joined]] if joined else torch.zeros(0, dtype=r2.dtype)
-        adv, zero = group_advantages(torch.cat([r1, r_joined]), problem_of(rollout, attempts + joined), p.scale)
+        adv, zero = group_advantages(torch.cat([r1, r_joined]), problem_of(rollout, attempts + joined),
+                                     p.advantage_of("solver"))
         adv1, adv_off = adv[:len(attempts)], adv[len(attempts):]
         off = self.items(rollout, joined, adv_off, p.beta, core.SHAPED, to_x=True)  # full responses to x alone
         stats = {**reward_stats(r1, r2, r1), "frac_zero_std": zero,

@@ -26,7 +26,8 @@ class GRPO(Algorithm):
     def credit(self, rollout: Rollout, step: int, inputs: CreditInputs) -> Credit:
         attempts = rollout.of_kind("attempt")
         r = self.solver_rewards(rollout, attempts, inputs)
-        adv, zero = group_advantages(r, problem_of(rollout, attempts), self.params.scale)
+        adv, zero = group_advantages(r, problem_of(rollout, attempts),
+                                     self.params.advantage_of("solver"))
         stats = {**reward_stats(r, None, r), "frac_zero_std": zero}
         return Credit({"solver": self.items(rollout, attempts, adv, self.params.beta)},
                       {"solver": len(attempts)}, by_turn(attempts, adv), stats=stats)

@@ -97,8 +97,8 @@ class MLMT(Algorithm):
         u_bar = feedback_means(rollout, r2)
 
         adv1, zero1 = group_advantages(core.mlmt_turn1_reward(r1, r2_per_attempt, p.eta),
-                                       problem_of(rollout, attempts), p.scale)
-        adv3, zero3 = group_advantages(r2, problem_of(rollout, refines), p.scale)
+                                       problem_of(rollout, attempts), p.advantage_of("solver"))
+        adv3, zero3 = group_advantages(r2, problem_of(rollout, refines), p.advantage_of("solver"))
         items = {"solver": self.items(rollout, attempts, adv1, p.beta) + self.items(rollout, refines, adv3, p.beta)}
         sampled = {"solver": len(attempts) + len(refines)}
         stats = {**reward_stats(r1, r2, r2), "frac_zero_std_t1": zero1, "frac_zero_std": zero3}

@@ -26,9 +26,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from mlmt_bench.algorithms import losses
+from mlmt_bench.algorithms import advantages, losses
 from mlmt_bench.registry import unknown_message
 from mlmt_bench.rollout.episodes import FeedbackSource
 
@@ -42,6 +42,7 @@ MAX_EPOCHS = 1024
 MAX_DYNAMIC_SAMPLING_ROUNDS = 64
 MAX_VALUE_HIDDEN = 1 << 16
 MAX_VALUE_FIT_STEPS = 100_000
+_ROLES = ("solver", "critic")  # the roles of Roles, in order
 
 
 @dataclass(frozen=True)
@@ -58,10 +59,10 @@ class Roles:
 
     def built(self) -> list[str]:
         """Roles whose policy is loaded from a spec (trained or frozen)."""
-        return [r for r in ("solver", "critic") if self.mode(r) in ("trained", "frozen")]
+        return [r for r in _ROLES if self.mode(r) in ("trained", "frozen")]
 
     def trained(self) -> list[str]:
-        return [r for r in ("solver", "critic") if self.mode(r) == "trained" or
+        return [r for r in _ROLES if self.mode(r) == "trained" or
                 (self.mode(r) == "shared" and self.solver == "trained")]
 
 
@@ -118,7 +119,14 @@ class LossParams(AlgorithmParams):
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "constant_norm"] = Field(
         "token_mean", description="token_mean (DAPO), seq_mean_token_mean (GRPO), constant_norm (Dr.GRPO: the sum over "
                                   "completion tokens / (max_new_tokens × sequences sampled))")
-    scale: Literal["std", "none"] = Field("std", description="divide advantages by the group std (none = Dr.GRPO)")
+    scale: Literal["std", "none"] = Field("std", description="divide advantages by the group std (none = Dr.GRPO); "
+                                                           "the older spelling of advantage: grpo | dr_grpo, read "
+                                                           "only when advantage is not set")
+    advantage: str | dict[str, str] | None = Field(
+        None, description="the advantage estimator: one name for every trained role, or {role: name} (solver, "
+                          "critic; a role not named gets the default), each one of the estimators registered in "
+                          f"mlmt_bench/algorithms/advantages.py: {', '.join(advantages.ADVANTAGES)}; default "
+                          "(null): grpo, or dr_grpo with scale: none")
     epochs: int = Field(1, ge=1, le=MAX_EPOCHS, description="optimisation passes over each rollout batch")
     ratio: str = Field(
         "token", description="importance ratio per token, or one length-normalised ratio per sequence (GSPO); "
@@ -157,6 +165,36 @@ class LossParams(AlgorithmParams):
         if "loss" in info.data:  # else the loss itself is already reported
             losses.check_options(info.data["loss"], v)
         return v
+
+    @field_validator("advantage")
+    @classmethod
+    def _known_advantage(cls, v: str | dict[str, str] | None) -> str | dict[str, str] | None:
+        for name in (v.values() if isinstance(v, dict) else [] if v is None else [v]):
+            advantages.estimator(name)  # ValueError with a did-you-mean
+        for role in (v if isinstance(v, dict) else []):
+            if role not in _ROLES:
+                raise ValueError(unknown_message("role", role, list(_ROLES)))
+        return v
+
+    @model_validator(mode="after")
+    def _advantage_fits_the_roles(self) -> LossParams:
+        if isinstance(self.advantage, dict):
+            trained = self.roles().trained()
+            for role in self.advantage:
+                if role not in trained:
+                    raise ValueError(f"advantage.{role}: these parameters train no {role} "
+                                     f"(trained: {', '.join(trained) or 'none'})")
+        given = (self.advantage.values() if isinstance(self.advantage, dict)
+                 else [] if self.advantage is None else [self.advantage])
+        if self.scale == "none" and any(n != advantages.SCALE_ESTIMATORS["none"] for n in given):
+            raise ValueError(f"scale: none (Dr.GRPO) contradicts advantage: {self.advantage}; drop scale and "
+                             "set advantage alone")
+        return self
+
+    def advantage_of(self, role: str) -> str:
+        """The name of the advantage estimator of ``role`` (``solver`` or ``critic``)."""
+        named = self.advantage.get(role) if isinstance(self.advantage, dict) else self.advantage
+        return named or advantages.SCALE_ESTIMATORS[self.scale]
 
     def loss_terms(self) -> LossTerms:
         return LossTerms(self.clip_low, self.clip_high, self.loss_agg, self.epochs, self.ratio, self.loss,

@@ -50,8 +50,8 @@ class SelfCorrect(Algorithm):
             shaped2, adv1, beta1 = r2, torch.zeros_like(r1), p.beta2
         else:
             shaped2, beta1 = core.progress_bonus_reward(r1_of_refine, r2, p.alpha), p.beta
-            adv1, _ = group_advantages(r1, problem_of(rollout, attempts), p.scale)
-        adv2, zero = group_advantages(shaped2, problem_of(rollout, refines), p.scale)
+            adv1, _ = group_advantages(r1, problem_of(rollout, attempts), p.advantage_of("solver"))
+        adv2, zero = group_advantages(shaped2, problem_of(rollout, refines), p.advantage_of("solver"))
         items = self.items(rollout, attempts, adv1, beta1) + self.items(rollout, refines, adv2, p.beta)
         stats = {**reward_stats(r1, r2, r2), "stage": float(stage), "frac_zero_std": zero}
         return Credit({"solver": items}, {"solver": len(attempts) + len(refines)},

@@ -52,7 +52,7 @@ class SelfDistill(Algorithm):
         p = self.params
         attempts, refines = rollout.of_kind("attempt"), rollout.of_kind("refine")
         r1, r2 = self.solver_rewards(rollout, attempts, inputs), self.solver_rewards(rollout, refines, inputs)
-        adv, zero = group_advantages(r1, problem_of(rollout, attempts), p.scale)
+        adv, zero = group_advantages(r1, problem_of(rollout, attempts), p.advantage_of("solver"))
         distilled = [i for i, r in zip(refines, r2.tolist()) if p.distill_on == "all" or r == 1.0]
         mode = core.SFT if p.distill == "sft" else core.DISTILL
         aux = self.items(rollout, distilled, [p.delta] * len(distilled), 0.0, mode, to_x=True)

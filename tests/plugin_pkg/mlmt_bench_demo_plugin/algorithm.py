@@ -34,8 +34,8 @@ class OracleRefine(Algorithm):
         attempts, refines = rollout.of_kind("attempt"), rollout.of_kind("refine")
         r1 = self.solver_rewards(rollout, attempts, inputs)
         r2 = self.solver_rewards(rollout, refines, inputs)
-        adv1, _ = group_advantages(r1, problem_of(rollout, attempts), p.scale)
-        adv2, _ = group_advantages(r2, problem_of(rollout, refines), p.scale)
+        adv1, _ = group_advantages(r1, problem_of(rollout, attempts), p.advantage_of("solver"))
+        adv2, _ = group_advantages(r2, problem_of(rollout, refines), p.advantage_of("solver"))
         adv2 = adv2 * p.refine_weight
         items = self.items(rollout, attempts, adv1, p.beta) + self.items(rollout, refines, adv2, p.beta)
         return Credit({"solver": items}, {"solver": len(attempts) + len(refines)},
