@@ -68,7 +68,8 @@ def one_line_error(args: list[str], *fragments: str, after_warnings: bool = Fals
 def make_run(root: Path, dirname: str, *, seed: int, arm: str | None, curve: list[tuple],
              t1: list[int], t2: list[int], extra: dict | None = None, final: bool = True,
              feedback: bool = True, spec: str = "name: x\n", eval_extra: dict[int, dict] | None = None,
-             samples: dict[int, dict[str, list[dict]]] | None = None) -> Path:
+             samples: dict[int, dict[str, list[dict]]] | None = None,
+             train_extra: dict[int, dict] | None = None) -> Path:
     """A run directory as `mlmt-bench run` writes it.
 
     curve: (step, gen_tokens, flops, acc@t1, acc@t2) per eval; the last one is the final eval,
@@ -76,6 +77,7 @@ def make_run(root: Path, dirname: str, *, seed: int, arm: str | None, curve: lis
     all-wrong rows, which must be ignored by the final-step selection).
     eval_extra: more fields of the eval record at a step (the final record copies the last).
     samples: samples.jsonl, {step: {problem id: turns}}.
+    train_extra: more fields of the train record at a step.
     """
     import numpy as np
 
@@ -92,7 +94,7 @@ def make_run(root: Path, dirname: str, *, seed: int, arm: str | None, curve: lis
     lines, prob_lines = [], []
     for step, tok, flops, a1, a2 in curve:
         base = {"step": step, "gen_tokens": tok, "trained_tokens": tok // 2, "flops": flops, "wall_s": 1.0}
-        lines.append({"kind": "train", **base, "reward_mean": 0.3})
+        lines.append({"kind": "train", **base, "reward_mean": 0.3, **(train_extra or {}).get(step, {})})
         ev = {"kind": "eval", **base, "n": 4, "acc@t1": a1, "acc@t2": a2}
         lines.append(dict(ev, **(eval_extra or {}).get(step, {})))
         last = step == curve[-1][0]

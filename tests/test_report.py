@@ -271,7 +271,7 @@ def test_report_from_dirs_groups_by_arm(arms, tmp_path):
     assert s["paired"]["mlmt"]["n_problems"] == 4
     # run dirs grouped by their manifest's arm
     s = report_from_dirs(arms["mlmt"] + arms["grpo"], tmp_path / "o3", "grpo")
-    assert list(s["arms"]) == ["mlmt", "grpo"] and sorted(s["paired"]["mlmt"]["mcnemar"]) == [0, 1]
+    assert list(s["arms"]) == ["grpo", "mlmt"] and sorted(s["paired"]["mlmt"]["mcnemar"]) == [0, 1]  # baseline first
 
 
 def test_load_run(arms):

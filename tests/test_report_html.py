@@ -5,6 +5,7 @@ from outside the file)."""
 
 from __future__ import annotations
 
+import html
 import re
 from pathlib import Path
 
@@ -34,18 +35,21 @@ def _feedback_evals(scale: float) -> dict[int, dict]:
 @pytest.fixture()
 def experiment(tmp_path: Path) -> dict[str, list[Path]]:
     """grpo (2 seeds) right on p0, p1 of 8 problems; mlmt (2 seeds) right on all 8 at the end,
-    with feedback metrics over training; samples at step 0 (stale) and at the final step."""
+    with feedback metrics over training; samples at step 0 (stale) and at the final step; train
+    records with a KL (grpo's 0), and mlmt's with the critic's KL and the attempts' length."""
     r = tmp_path / "runs"
     grpo_t = [1, 1, 0, 0, 0, 0, 0, 0]
     grpo = [make_run(r, f"grpo-2025010{s}T000000Z", seed=s, arm="grpo", feedback=False,
                      curve=[(0, 0, 0.0, .125, .125), (10, 1000 + s, 1e12, .2, .2), (20, 2000 + 50 * s, 2e12, .25, .25)],
-                     t1=grpo_t, t2=grpo_t,
+                     t1=grpo_t, t2=grpo_t, train_extra={step: {"kl/solver": 0.0} for step in (0, 10, 20)},
                      samples={20: {"p2": [dict(_episode("12", "12", False)[0], verdict="wrong")]}})
             for s in (0, 1)]
     mlmt = [make_run(r, f"mlmt-2025010{s}T000000Z", seed=s, arm="mlmt",
                      curve=[(0, 0, 0.0, .125, .25), (10, 3000, 3e12, .25, .6 + .1 * s),
                             (20, 6000 + 100 * s, 6e12, .25, 1.0)],
                      t1=grpo_t, t2=[1] * 8, eval_extra=_feedback_evals(1 + s),
+                     train_extra={step: {"kl/solver": 0.01 * i * (1 + s), "kl/critic": 0.02, "len/attempt": 20 + s}
+                                  for i, step in enumerate((0, 10, 20))},
                      samples={0: {"p2": _episode("stale", "stale", False)},
                               20: {"p2": _episode("7 + 5 = 13", HOSTILE, True),
                                    "p3": _episode("9", "10", True)}})
@@ -73,11 +77,13 @@ def test_index_html_content_and_escaping(experiment, tmp_path):
     assert summary["files"]["index.html"] == str(out / "index.html")
     # self-contained: no script but the table sorter, which the page's policy alone lets run; no
     # external reference; the PNG embedded, the other figures inline SVG: 5 feedback-metric panels
-    # (mlmt's eval records have them) and the transition bars
+    # (mlmt's eval records have them), the transition bars and the training dynamics: reward and KL
+    # of both arms, the response length of mlmt's alone (grpo's row says it logged none)
     assert page.count("<script") == 1 and f"<script>{SORT_JS}</script>" in page
     assert f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">" in page
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)
-    assert len(re.findall(r'<img src="data:image/png;base64,', page)) == 1 and page.count("<svg ") == 6
+    assert len(re.findall(r'<img src="data:image/png;base64,', page)) == 1 and page.count("<svg ") == 5 + 1 + 5
+    assert page.count("<p class=sub>not logged</p>") == 1
     # every run-supplied text escaped: the title and the model's output
     assert "<title>toy &lt;b&gt;</title>" in page and "toy <b>" not in page
     assert HOSTILE not in page and esc(HOSTILE[:40]) in page and "\x00" not in page
@@ -95,6 +101,120 @@ def test_index_html_content_and_escaping(experiment, tmp_path):
     # (sorted by acc@t2, the cell's data-v, not by the acc@t1 its text starts with)
     assert ('<tr><th>mlmt</th><td class="num" data-v="1.0">25.0% → 100.0%</td>'
             '<td class="num" data-v="1.0">25.0% → 100.0%</td></tr>' in page) and "<th class=sort>seed 1</th>" in page
+
+
+def _tables(page: str) -> list[list[list[str]]]:
+    """Each <table> of the page as rows of cell texts (tags stripped, the first line of a cell)."""
+    def text(cell: str) -> str:
+        return html.unescape(re.sub(r"<[^>]+>", "", re.split(r"<div", cell, maxsplit=1)[0])).strip()
+
+    return [[[text(c) for c in re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", row)]
+             for row in re.findall(r"<tr>(.*?)</tr>", table)]
+            for table in re.findall(r"<table[^>]*>(.*?)</table>", page)]
+
+
+def test_arms_are_rows_with_the_baseline_first(experiment, tmp_path):
+    """The headline table lists arms as rows, the baseline first whatever order the arms came in,
+    metrics as columns; the other metrics' tables, per seed and cost, the same rows in the same order."""
+    out = tmp_path / "report"
+    build_comparison({"mlmt": experiment["mlmt"], "grpo": experiment["grpo"]}, out, baseline="grpo", title="toy")
+    page = (out / "index.html").read_text(encoding="utf-8")
+    tables = _tables(page)
+    headline = tables[0]
+    assert headline[0] == ["arm", "acc@t1", "acc@t2", "gain in acc@t2", "acc@t2 − grpo's", "seeds × problems"]
+    assert [row[0] for row in headline[1:]] == ["grpobaseline", "mlmt"]
+    assert headline[1][2] == "25.0% ± 0.0" and headline[2][2] == "100.0% ± 0.0"
+    assert headline[1][4] == "baseline" and headline[2][4] == "+75.0 pp *"
+    both = [[row[0] for row in t[1:]] for t in tables if t[0][0] == "arm" and len(t) == 3]  # not the paired one
+    assert len(both) == 6 and all(arms == ["grpobaseline", "mlmt"] for arms in both)
+    assert "<th class=sort>acc@t2<div class=sub>(refine-all)</div></th>" in page
+
+
+def test_what_each_arm_is(tmp_path):
+    """The arms' distinguishing settings: the fixed columns (those every arm shares said once above
+    the table), then each arm's settings that most arms (of its algorithm) do not share; its seeds'
+    disagreements; a link to its spec.resolved.yaml."""
+    from mlmt_bench.report.arm_specs import arm_specs
+
+    def spec(name: str, algorithm: str, params: str, extra: str = "") -> str:
+        return (f"name: {name}\nseed: 0\noutput_dir: runs/{name}\nalgorithm:\n  name: {algorithm}\n  params:\n"
+                + "".join(f"    {p}\n" for p in params.split(";") if p)
+                + f"policies:\n  solver:\n    lr: 0.0001\n{extra}")
+
+    r = tmp_path / "runs"
+    mlmt = "group_size: 8;lam: 0.5;variant: full;value: learned"
+    specs = {"grpo": [spec("g", "grpo", "group_size: 8", "eval:\n  base_critic: true\n")],
+             "mlmt": [spec("m", "mlmt", mlmt), spec("m1", "mlmt", mlmt, "train:\n  steps: 9\n")],
+             "mlmt-value_none": [spec("n", "mlmt", mlmt.replace("learned", "none"))],
+             "mlmt-verdict": [spec("v", "mlmt", mlmt + ";critic_reward: helpfulness+verdict")]}
+    dirs = {arm: [make_run(r, f"{arm}-2025010{s}T000000Z", seed=s, arm=arm, curve=[(0, 0, 0.0, .5, .5)],
+                           t1=[1, 0], t2=[1, 0], spec=text) for s, text in enumerate(texts)]
+            for arm, texts in specs.items()}
+    loaded = {arm: [load_run(p) for p in paths] for arm, paths in dirs.items()}
+    got = {a.arm: a for a in arm_specs(loaded)}
+    assert got["grpo"].columns == {"algorithm": "grpo", "G": 8, "lr (solver)": 0.0001}
+    assert got["mlmt"].columns == {"algorithm": "mlmt", "variant": "full", "λ": 0.5, "G": 8, "lr (solver)": 0.0001}
+    assert got["grpo"].other == [("eval.base_critic", True)]  # the others have none: not "false" for three arms
+    assert got["mlmt"].other == [] and got["mlmt"].seeds_differ == ["train.steps"]
+    assert got["mlmt-value_none"].other == [("algorithm.params.value", "none")]
+    assert got["mlmt-verdict"].other == [("algorithm.params.critic_reward", "helpfulness+verdict")]
+    build_comparison(dirs, tmp_path, baseline="grpo")  # the runs inside the report's directory: linked
+    page = (tmp_path / "index.html").read_text()
+    table = next(t for t in _tables(page) if "base" in t[0])
+    assert table[0] == ["arm", "algorithm", "variant", "λ", "base",
+                        "its other settings that most arms (of its algorithm) do not share", "spec"]
+    assert table[1] == ["grpobaseline", "grpo", "–", "–", "–", "eval.base_critic: true", "spec.resolved.yaml"]
+    assert table[3][:4] == ["mlmt-value_none", "mlmt", "full", "0.5"]
+    assert "<p class=sub>Every arm: G 8, lr (solver) 0.0001.</p>" in page
+    assert '<a href="runs/mlmt-20250101T000000Z/spec.resolved.yaml">' not in page  # the arm's first run's
+    assert '<a href="runs/mlmt-20250100T000000Z/spec.resolved.yaml">spec.resolved.yaml</a>' in page
+    build_comparison(dirs, tmp_path / "report", baseline="grpo")  # outside: no link that breaks on a copy
+    assert "spec.resolved.yaml</a>" not in (tmp_path / "report" / "index.html").read_text()
+
+
+def test_train_curves_read_a_metric_under_either_of_its_names(tmp_path):
+    """A train metric logged as TRL's ``kl`` by one seed and as ``kl/solver`` by the other: the
+    curve is the mean of both at each step, and their spread."""
+    from mlmt_bench.report.figures import aggregate_curves
+
+    r = tmp_path / "runs"
+    runs = [make_run(r, f"a-2025010{s}T000000Z", seed=s, arm="a", curve=[(0, 0, 0.0, .5, .5), (10, 100, 1e9, .5, .5)],
+                     t1=[1, 0], t2=[1, 0], train_extra={0: {key: 0.1 + 0.2 * s}, 10: {key: 0.3 + 0.2 * s}})
+            for s, key in enumerate(("kl", "kl/solver"))]
+    c = aggregate_curves([load_run(p) for p in runs], "gen_tokens", ("kl", "kl/solver"), train=True)
+    assert c["x"].tolist() == [0, 100] and c["n"].tolist() == [2, 2]
+    assert c["y"] == pytest.approx([0.2, 0.4]) and c["sd"] == pytest.approx([0.2 / 2 ** 0.5] * 2)
+    assert aggregate_curves([load_run(p) for p in runs], "gen_tokens", "kl", train=True)["n"].tolist() == [1, 1]
+
+
+def test_training_dynamics_grid(experiment):
+    """One row per arm (the baseline first), a column per metric some arm logged (the arms share
+    its axes), the baseline's lines in grey behind the other arms', "not logged" where an arm has
+    none of a column's keys; a line constant across every arm says so instead of spanning -1..1."""
+    from mlmt_bench.report.dynamics import BASELINE_GREY, dynamics_grid
+    from mlmt_bench.report.svg import arm_color
+
+    loaded = {arm: [load_run(p) for p in paths] for arm, paths in experiment.items()}
+    grid = dynamics_grid(loaded, "grpo")
+    assert grid is not None
+    assert [p.title for p in grid.panels] == ["reward (batch mean)", "KL to the reference",
+                                              "response length (tokens/turn)"]
+    (grpo, (reward_g, kl_g, length_g)), (mlmt, (reward_m, kl_m, length_m)) = grid.rows
+    assert (grpo, mlmt) == ("grpo", "mlmt") and length_g is None and length_m is not None
+    assert reward_g is not None and kl_g is not None and reward_m is not None and kl_m is not None
+    assert BASELINE_GREY in reward_m and BASELINE_GREY not in reward_g
+    # reward_mean 0.3 in every run: one tick at 0.3, and said; the KL column spans mlmt's 0..0.06
+    assert "constant 0.3" in reward_g and ">0.3</text>" in reward_g and "constant" not in kl_g
+    # mlmt's KL: grpo's solver line in grey, its own solver line solid and critic line dashed
+    assert kl_m.count("<polyline") == 3 and kl_m.count('stroke-dasharray="4 3"') == 1
+    ticks = re.findall(r">([^<]*)</text>", kl_g)
+    assert ticks == ["0", "0.025", "0", "5k"] and re.findall(r">([^<]*)</text>", kl_m) == ticks  # shared axes
+    # a row derived from grpo's runs (its + base critic evaluation) trained nothing of its own: no
+    # row, and mlmt keeps the colour of its place among all the page's arms (the third)
+    with_derived = {"grpo": loaded["grpo"], "grpo + base critic": loaded["grpo"], "mlmt": loaded["mlmt"]}
+    again = dynamics_grid(with_derived, "grpo")
+    assert again is not None and [arm for arm, _ in again.rows] == ["grpo", "mlmt"]
+    assert arm_color(2) in str(again.rows[1][1][0]) and arm_color(1) not in str(again.rows[1][1][0])
 
 
 def test_the_table_and_the_outcomes_download_as_csv_from_the_page(experiment, tmp_path):
@@ -151,6 +271,15 @@ def test_svg_charts_ticks_bands_and_escaping():
     assert "<script" not in chart and chart.count("</svg>") == 1 and "&lt;script&gt;" in chart
     assert chart.count("<polygon") == 1 and chart.count("<polyline") == 2 and chart.count("<circle") == 6
     assert "not recorded" in line_chart([], title="t", x_label="x")
+    # a long title wraps onto a second line inside the chart's width, and moves the plot area down
+    long = "value explained variance (mean of the steps since the last evaluation)"
+    wrapped = line_chart([two_seeds], title=long, x_label="tokens")
+    lines = re.findall(r'font-weight="600" text-anchor="middle">([^<]*)</text>', wrapped)
+    assert " ".join(lines) == long and len(lines) == 2 and all(len(t) * 6.8 <= 380 for t in lines)
+    assert '<rect x="48" y="38"' in wrapped and '<rect x="48" y="24"' in chart
+    # a constant series: its one value as the only tick, not a -1..1 axis
+    flat = line_chart([Series("z", "#000", [0, 1, 2], [0.0, 0.0, 0.0])], title="leakage", x_label="x")
+    assert "constant 0" in flat and ">-1</text>" not in flat and ">0</text>" in flat
     bars = bar_chart(["i→c", "c→i"], [Series(nasty, "#1f77b4", [0, 1], [10.0, float("nan")], None, [2.0, None])],
                      y_label="%")
     assert "<script" not in bars and bars.count('fill="#1f77b4"') == 1 and bars.count("<path") == 1
@@ -169,8 +298,15 @@ def test_index_html_in_headless_chromium(experiment, tmp_path):
         "significant_cells": "document.querySelectorAll('td.sig').length",
         "tables": "document.querySelectorAll('table').length",
         # every inline SVG figure laid out at a readable size and holding its marks
-        "svgs_drawn": "[...document.querySelectorAll('figure svg')].map(s => s.getBoundingClientRect().width > 300"
+        "svgs_drawn": "[...document.querySelectorAll('figure > svg, .panels > svg')].map(s =>"
+                      " s.getBoundingClientRect().width > 300"
                       " && s.querySelectorAll('polyline, rect[fill^=\"#\"]').length > 0)",
+        # the training dynamics: a row per arm, its panels side by side at a legible width
+        "dynamics": "[...document.querySelectorAll('.dyn svg')].map(s => s.getBoundingClientRect().width > 100"
+                    " && s.querySelectorAll('polyline').length > 0)",
+        # at 1280 px nothing scrolls sideways: not the page, not the headline table
+        "fits": "[document.documentElement.scrollWidth <= 1280,"
+                " (w => w.scrollWidth <= w.clientWidth)(document.querySelector('.wide'))]",
         "body_visible": "getComputedStyle(document.body).display !== 'none'",
         # a table too wide for its box scrolls sideways with its first column (metric, arm) in view
         "first_column_stays": "(() => { const w = document.querySelector('.wide'); w.style.maxWidth = '300px';"
@@ -189,48 +325,53 @@ def test_index_html_in_headless_chromium(experiment, tmp_path):
     assert report.title == "toy"
     # significant: mlmt's gain over step 0 (8 of 8 problems up: p = 2/256), its difference from
     # grpo in the metrics table and in the paired table (p = 2/64); grpo's gain (2 problems) is not
-    assert report.probes == {"scripts": 1, "hostile_shown_as_text": True, "significant_cells": 3, "tables": 4,
-                             "svgs_drawn": [True] * 6, "body_visible": True, "first_column_stays": [True, True]}
+    # tables: the headline, turns, feedback, cost to reach grpo's accuracy, per seed, against grpo,
+    # cost (the runs' specs hold only a name: no table of what each arm is)
+    assert report.probes == {"scripts": 1, "hostile_shown_as_text": True, "significant_cells": 3, "tables": 7,
+                             "svgs_drawn": [True] * 6, "dynamics": [True] * 5, "fits": [True, True],
+                             "body_visible": True, "first_column_stays": [True, True]}
     assert report.screenshot[:8] == b"\x89PNG\r\n\x1a\n" and len(report.screenshot) > 50_000
 
 
-def _sort_probe(table: str, header: str, order: str) -> str:
-    """JavaScript: click the header cell of the ``table``-th table whose text starts with ``header``,
-    then read the arms' order (``order`` "rows": each body row's first cell; "columns": the header
-    row's cells after the first) and the clicked header's aria-sort."""
-    arms = ("[...t.rows].slice(1).map(r => r.cells[0].textContent)" if order == "rows"
-            else "[...t.rows[0].cells].slice(1).map(c => c.textContent)")
-    return (f"(() => {{ const t = document.querySelectorAll('table')[{table}];"
+def _table_js(first: str) -> str:
+    """JavaScript: the table whose second header cell (its first metric) starts with ``first``."""
+    return (f"[...document.querySelectorAll('table')].find(t => t.rows[0].cells[1]"
+            f" && t.rows[0].cells[1].textContent.startsWith({first!r}))")
+
+
+def _sort_probe(first: str, header: str) -> str:
+    """JavaScript: in the table of :func:`_table_js`, click the header cell whose text starts with
+    ``header``, then read the arms' order (each body row's first cell) and the header's aria-sort."""
+    return (f"(() => {{ const t = {_table_js(first)};"
             f" const h = [...t.querySelectorAll('th.sort')].find(c => c.textContent.startsWith({header!r}));"
-            f" h.click(); return [{arms}, h.getAttribute('aria-sort')]; }})()")
+            f" h.click(); return [[...t.rows].slice(1).map(r => r.cells[0].textContent),"
+            f" h.getAttribute('aria-sort')]; }})()")
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no Chromium or Chrome on this machine")
 def test_tables_sort_when_a_header_is_clicked(experiment, tmp_path):
-    """The metrics table (arms as columns) sorts its arms by a clicked metric's row, the others
-    (arms as rows) by a clicked column; the first click puts the largest value first, the second
-    the smallest; every row moves with its arm. Tables: 0 metrics, 1 per seed, 2 against grpo, 3 cost."""
+    """Every table has arms as rows and sorts them by a clicked column; the first click puts the
+    largest value first, the second the smallest; every cell moves with its arm."""
     out = tmp_path / "report"
     build_comparison(experiment, out, baseline="grpo", title="toy")
     report = load_page(CHROMIUM, out / "index.html", probes={
-        # acc@t2: grpo 25.0%, mlmt 100.0%
-        "acc_t2_down": _sort_probe(0, "acc@t2 (refine-all)", "columns"),
-        # the cells moved with their arm's header: mlmt's acc@t2 column is now the first
-        "moved_with_arm": "[...document.querySelectorAll('table')[0].rows].find(r => r.cells[0].textContent"
-                          ".startsWith('acc@t2 (refine-all)')).cells[1].textContent.startsWith('100.0%')",
-        "acc_t2_up": _sort_probe(0, "acc@t2 (refine-all)", "columns"),
+        # acc@t2: grpo 25.0%, mlmt 100.0% (the headline table)
+        "acc_t2_down": _sort_probe("acc@t1", "acc@t2(refine-all)"),
+        # the cells moved with their arm: the first row's acc@t2 is now mlmt's
+        "moved_with_arm": f"{_table_js('acc@t1')}.rows[1].cells[2].textContent.startsWith('100.0%')",
+        "acc_t2_up": _sort_probe("acc@t1", "acc@t2(refine-all)"),
         # seed 0: grpo 25.0% → 25.0%, mlmt 25.0% → 100.0% (sorted by acc@t2, not the acc@t1 it starts with)
-        "seed_0_down": _sort_probe(1, "seed 0", "rows"),
+        "seed_0_down": _sort_probe("seed 0", "seed 0"),
         # generated tokens: grpo 2025 ± 35, mlmt 6050 ± 71 (the cost table)
-        "tokens_up": "(() => { document.querySelectorAll('table')[3].querySelector('th.sort').click(); return 0; })()",
-        "tokens": _sort_probe(3, "generated tokens", "rows"),
+        "tokens_up": f"(() => {{ {_table_js('generated tokens')}.querySelector('th.sort').click(); return 0; }})()",
+        "tokens": _sort_probe("generated tokens", "generated tokens"),
     })
     assert report.errors() == []
     assert report.probes == {
-        "acc_t2_down": [["mlmt", "grpo"], "descending"], "moved_with_arm": True,
-        "acc_t2_up": [["grpo", "mlmt"], "ascending"],
-        "seed_0_down": [["mlmt", "grpo"], "descending"],
-        "tokens_up": 0, "tokens": [["grpo", "mlmt"], "ascending"]}
+        "acc_t2_down": [["mlmt", "grpobaseline"], "descending"], "moved_with_arm": True,
+        "acc_t2_up": [["grpobaseline", "mlmt"], "ascending"],
+        "seed_0_down": [["mlmt", "grpobaseline"], "descending"],
+        "tokens_up": 0, "tokens": [["grpobaseline", "mlmt"], "ascending"]}
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no Chromium or Chrome on this machine")
@@ -244,9 +385,9 @@ def test_the_page_policy_runs_no_script_but_its_own(experiment, tmp_path):
     planted = ("<script>document.title = 'planted'</script>"
                "<img src='x' onerror=\"document.title = 'handler'\"><img src='http://127.0.0.1:9/x.png'>")
     page.write_text(page.read_text(encoding="utf-8").replace("</body>", planted + "</body>"), encoding="utf-8")
-    report = load_page(CHROMIUM, page, probes={"sorts": _sort_probe(1, "seed 0", "rows")})
+    report = load_page(CHROMIUM, page, probes={"sorts": _sort_probe("seed 0", "seed 0")})
     assert report.title == "toy"
-    assert report.probes == {"sorts": [["mlmt", "grpo"], "descending"]}
+    assert report.probes == {"sorts": [["mlmt", "grpobaseline"], "descending"]}
     refused = [e for e in report.errors() if "violates the following Content Security Policy" in e]
     assert [e for e in report.errors() if e not in refused] == []
     assert sum("Executing inline script" in e for e in refused) == 1

@@ -147,3 +147,16 @@ def test_several_studies_and_bad_storages(tmp_path, fake, make_sweep):
     assert res.exit_code == 2 and res.stderr == "error: --study goes with --sweep STORAGE\n"
     res = report("--out", str(tmp_path / "r"))
     assert res.exit_code == 2 and res.stderr == "error: give run directories (or --sweep STORAGE)\n"
+
+
+def test_the_history_plot_ticks_whole_trials_only():
+    """Three trials: matplotlib's default locator would tick trial 0.5, 1.5; each tick is a trial number."""
+    from mlmt_bench.report.sweep_report import history_figure
+
+    rows = [{"number": i, "state": "complete", "value": v, "best": max([0.1, 0.4, 0.3][: i + 1])}
+            for i, v in enumerate([0.1, 0.4, 0.3])]
+    fig = history_figure(rows, metric="acc@t2", title="t")
+    fig.canvas.draw()
+    ticks = [t for t in fig.axes[0].get_xticks() if fig.axes[0].get_xlim()[0] <= t <= fig.axes[0].get_xlim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks)
+    assert {0, 1, 2} <= set(ticks)

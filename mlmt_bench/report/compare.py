@@ -66,6 +66,7 @@ from mlmt_bench.report.runs import (
     group_runs,
     is_num,
     load_run,
+    own_arms,
     strip_stamp,
     with_base_critic_arms,
 )
@@ -280,6 +281,7 @@ def build_comparison(
         notes.append(f"baseline {baseline!r} is not among the arms ({', '.join(loaded)}): "
                      "no paired tests or tokens-to-reach.")
         baseline = None
+    loaded = baseline_first(loaded, baseline)
 
     summary: dict[str, Any] = {"title": title, "baseline": baseline, "protocol": protocol, "arms": {},
                                "paired": {}, "notes": notes, "at_flops": at_flops,
@@ -368,9 +370,9 @@ def check_at_flops(loaded: dict[str, list[RunRecord]], budget: float) -> None:
 def off_budget(loaded: dict[str, list[RunRecord]]) -> tuple[list[str], int, int]:
     """The runs read at a FLOPs budget with no evaluation within its tolerance: per arm, ``arm k/n
     (lo–hi×)`` (how many of its runs, at which shares of the budget), and the counts of such runs
-    and of all runs read (each run once, under its own arm: :func:`_own_runs`)."""
+    and of all runs read (each run once, under its own arm: :func:`~mlmt_bench.report.runs.own_arms`)."""
     out, n_off, n_all = [], 0, 0
-    for arm, results in _own_runs(loaded).items():
+    for arm, results in own_arms(loaded).items():
         read = [r.read_at for r in results if r.read_at]
         off = [at for at in read if not at["within"]]
         n_off, n_all = n_off + len(off), n_all + len(read)
@@ -382,18 +384,18 @@ def off_budget(loaded: dict[str, list[RunRecord]]) -> tuple[list[str], int, int]
     return out, n_off, n_all
 
 
-def _own_runs(loaded: dict[str, list[RunRecord]]) -> dict[str, list[RunRecord]]:
-    """The arms without the rows derived from another arm's runs (``<arm> + base critic``,
-    ``<arm> without redaction``, ...: runs.with_base_critic_arms lists each after its arm), so
-    that each run counts once, under its own arm."""
-    seen: set[str] = set()
-    out = {}
-    for arm, results in loaded.items():
-        paths = {str(r.path) for r in results}
-        if not paths <= seen or not paths:
-            out[arm] = results
-        seen |= paths
-    return out
+def baseline_first(loaded: dict[str, list[RunRecord]], baseline: str | None) -> dict[str, list[RunRecord]]:
+    """The arms with the baseline first, followed by the rows derived from its runs (every table
+    and figure lists arms in this order and colours them by it); the others keep their order."""
+    if baseline is None or baseline not in loaded:
+        return loaded
+    paths = {str(r.path) for r in loaded[baseline]}
+    names = list(loaded)
+    first = names.index(baseline)
+    end = first + 1
+    while end < len(names) and {str(r.path) for r in loaded[names[end]]} <= paths:
+        end += 1
+    return {a: loaded[a] for a in names[first:end] + names[:first] + names[end:]}
 
 
 def shared_bases(loaded: dict[str, list[RunRecord]]) -> list[str]:
@@ -404,7 +406,7 @@ def shared_bases(loaded: dict[str, list[RunRecord]]) -> list[str]:
     seeds: dict[str, set[int]] = {}
     arms: dict[str, list[str]] = {}
     shown: dict[str, str] = {}
-    for arm, results in _own_runs(loaded).items():
+    for arm, results in own_arms(loaded).items():
         for r in results:
             base = r.manifest.get("base") or {}
             if not base.get("key") or r.seed is None:

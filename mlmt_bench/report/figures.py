@@ -15,6 +15,7 @@ figure. matplotlib is imported inside the functions, with the Agg backend.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 from collections import defaultdict
@@ -44,16 +45,18 @@ TRANSITIONS = (("i->c", "i→c (fixed)"), ("c->i", "c→i (broken)"), ("i->i", "
 BAND_BOOT = 1000
 
 
-def aggregate_curves(results: list[RunRecord], x_key: str, y_key: str = "acc@t2", *,
-                     intervals: bool = False) -> dict[str, np.ndarray]:
+def aggregate_curves(results: list[RunRecord], x_key: str, y_key: str | tuple[str, ...] = "acc@t2", *,
+                     intervals: bool = False, train: bool = False) -> dict[str, np.ndarray]:
     """Mean over seeds at matching eval points, with the spread over seeds.
 
     Intermediate evals match by step; every run's last eval counts as one shared "final" point,
     because seeds stop at slightly different steps under a token budget (17 and 18, say) and
     matching those by step would draw one-seed points at the end. Each point counts the seeds
     that recorded both ``x_key`` and ``y_key`` there (acc@t2 falls back to acc@t1 for
-    single-turn runs); x is the mean of their x values (seeds generate slightly different token
-    counts by the same step).
+    single-turn runs; a tuple of keys: the first a record holds, e.g. a metric's TRL name and
+    its older one); x is the mean of their x values (seeds generate slightly different token
+    counts by the same step). ``train``: the curve of the runs' train records instead of their
+    eval records.
     returns: {"step", "x", "y", "sd", "lo", "hi", "n"} arrays over the points, ordered by x
     ("step" is the largest step in the point; "sd" the sample std over seeds, NaN where one seed;
     "lo"/"hi" the min/max over seeds); with ``intervals`` (acc@t2 only) also "ci_lo"/"ci_hi", the
@@ -62,7 +65,8 @@ def aggregate_curves(results: list[RunRecord], x_key: str, y_key: str = "acc@t2"
     """
     groups: dict[Any, list[tuple[float, float, int, int]]] = defaultdict(list)
     for k, r in enumerate(results):
-        points = [(int(rec["step"]), *_point(rec, x_key, y_key)) for rec in r.curve if rec.get("step") is not None]
+        points = [(int(rec["step"]), *_point(rec, x_key, y_key)) for rec in (r.train if train else r.curve)
+                  if rec.get("step") is not None]
         points = [p for p in points if p[1] is not None]
         for i, (step, xs, ys) in enumerate(points):
             assert xs is not None and ys is not None  # kept above: _point gives both or neither
@@ -95,8 +99,10 @@ def _band(results: list[RunRecord], point: np.ndarray) -> tuple[float, float]:
     return (ci["lo"], ci["hi"]) if ci is not None else (math.nan, math.nan)
 
 
-def _point(rec: dict[str, Any], x_key: str, y_key: str) -> tuple[float | None, float | None]:
-    x, y = rec.get(x_key), acc_t2(rec) if y_key == "acc@t2" else rec.get(y_key)
+def _point(rec: dict[str, Any], x_key: str, y_key: str | tuple[str, ...]) -> tuple[float | None, float | None]:
+    keys = (y_key,) if isinstance(y_key, str) else y_key
+    x, y = rec.get(x_key), acc_t2(rec) if keys == ("acc@t2",) else next(
+        (rec[k] for k in keys if is_num(rec.get(k))), None)
     if is_num(x) and is_num(y):
         return float(x), float(y)
     return None, None
@@ -210,10 +216,15 @@ def plot_acc_vs_tokens(
     return Path(path)
 
 
+#: a line panel draws its arms' ± std bands only up to this many arms
+MAX_BANDS = 3
+
+
 def metric_panels_svg(runs: dict[str, list[RunRecord]], metrics: list[tuple[str, str, float]],
                       x_key: str = "gen_tokens") -> tuple[list[str], list[tuple[str, str]]]:
     """One inline-SVG line chart per metric of the eval records that some arm recorded, against
-    ``x_key``: a line per arm that recorded it (mean over seeds, band ± one seed std).
+    ``x_key``: a line per arm that recorded it (mean over seeds), with its band ± one seed std
+    where the panel has at most ``MAX_BANDS`` lines (more bands pile up into one smear).
 
     metrics: (record key, panel title, scale of the values, e.g. 100 for percentages).
     returns: (the panels, empty when no arm recorded any metric; (arm, colour) of the arms drawn).
@@ -228,6 +239,8 @@ def metric_panels_svg(runs: dict[str, list[RunRecord]], metrics: list[tuple[str,
                 series.append(svg.Series(arm, svg.arm_color(i), c["x"].tolist(), y.tolist(), (y - sd).tolist(),
                                          (y + sd).tolist()))
                 drawn[arm] = svg.arm_color(i)
+        if len(series) > MAX_BANDS:
+            series = [dataclasses.replace(s, lo=None, hi=None) for s in series]
         if series:
             panels.append(svg.line_chart(series, title=title, x_label=dict(COST_AXES)[x_key]))
     return panels, [(arm, drawn[arm]) for arm in runs if arm in drawn]

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from mlmt_bench.metrics.stats import mean_std
-from mlmt_bench.report import analysis, downloads, figures, page_script, svg
+from mlmt_bench.report import analysis, arm_specs, downloads, dynamics, figures, page_script, svg
 from mlmt_bench.report.episodes import Disagreement, Examples, find_disagreements
 from mlmt_bench.report.formatting import (
     CI_METRICS,
@@ -48,7 +48,7 @@ from mlmt_bench.report.formatting import (
     mark,
     read_at_label,
 )
-from mlmt_bench.report.runs import RunRecord, acc_t2, is_num
+from mlmt_bench.report.runs import RunRecord, acc_t2, is_num, own_arms
 from mlmt_bench.tracking import atomic_write_text
 
 #: the feedback metrics drawn over training: (eval record key, panel title, scale)
@@ -87,7 +87,12 @@ td.sig{font-weight:600}td.up{background:#e3f5e3}td.down{background:#fbe4e4}
  background:#fde68a;color:#713f12;font-weight:600;vertical-align:1px}
 .right{background:#dcfce7;color:#14532d}.wrong{background:#fee2e2;color:#7f1d1d}
 figure{margin:1em 0}figure img{max-width:100%;height:auto;border:1px solid #eee}figure svg{max-width:100%;height:auto}
-.panels{display:flex;flex-wrap:wrap;gap:.5em 1.2em}.legend span{margin-right:1.2em;font-size:.9em}
+.panels{display:flex;flex-wrap:wrap;gap:.5em 1.2em}
+table.arms th{max-width:11em;overflow-wrap:anywhere}td.num.wrap{white-space:normal;min-width:14em}
+table.arms tr>th:first-child{max-width:16em}table.seeds td,table.seeds th{padding:.3em .35em;font-size:.9em}
+.dyn{display:grid;gap:2px 6px;align-items:center}.dyn svg{width:100%;height:auto;display:block}
+.dyn-head{font-size:.8em;font-weight:600;align-self:end}.dyn-arm{font-size:.85em;font-weight:600;overflow-wrap:anywhere}
+.legend span{margin-right:1.2em;font-size:.9em}
 .legend i{display:inline-block;width:.9em;height:.9em;border-radius:2px;margin-right:.35em;vertical-align:-1px}
 figcaption{color:#444;font-size:.9em;max-width:75em}
 .episodes{display:grid;grid-template-columns:repeat(auto-fit,minmax(270px,1fr));gap:1em}
@@ -126,12 +131,14 @@ def _figure(content: str | None, caption: str, missing: str) -> str:
     return f"<figure>{content}<figcaption>{caption}</figcaption></figure>"
 
 
-def _td(text: str, *, sub: list[str] | None = None, sig: str = "", key: float | None = None) -> str:
+def _td(text: str, *, sub: list[str] | None = None, sig: str = "", key: float | None = None,
+        wrap: bool = False) -> str:
     """A right-aligned cell; ``sig``: "up" or "down" for a significant change (shaded), else "";
     ``key``: the value a table sorts the cell by (NaN: none) where it is not the number its text
-    starts with (:mod:`~mlmt_bench.report.page_script`)."""
+    starts with (:mod:`~mlmt_bench.report.page_script`); ``wrap``: a long list that may wrap."""
     subs = "".join(f'<div class="sub">{esc(s)}</div>' for s in sub or [] if s)
-    return f'<td class="num{" sig " + sig if sig else ""}"{_data_v(key)}>{esc(text)}{subs}</td>'
+    cls = "num" + (" sig " + sig if sig else "") + (" wrap" if wrap else "")
+    return f'<td class="{cls}"{_data_v(key)}>{esc(text)}{subs}</td>'
 
 
 def _data_v(key: float | None) -> str:
@@ -167,52 +174,116 @@ def _sig(p: float | None, change: float) -> str:
     return ("up" if change > 0 else "down") if mark(p) else ""
 
 
-def _metrics_table(summary: dict[str, Any]) -> str:
-    arms, baseline = list(summary["arms"]), summary["baseline"]
-    head = "<tr><th>metric</th>" + "".join(f"<th>{esc(a)}</th>" for a in arms) + "</tr>"
-    rows = []
-    if summary.get("at_flops") is not None:
-        cells = [_td(t := fmt_read_at(summary["arms"][a]), sig="down" if "UNTRAINED" in t or OFF_BUDGET in t else "")
-                 for a in arms]
-        rows.append(f"<tr><th class=sort>{esc(read_at_label(summary['at_flops']))}</th>{''.join(cells)}</tr>")
-    for key, label, kind in TABLE_METRICS:
-        if not any(key in summary["arms"][a]["metrics"] for a in arms):
-            continue
-        badge = '<span class="badge">oracle-gated</span>' if key == "acc_oracle_gated" else ""
-        cells = []
-        for a in arms:
-            arm = summary["arms"][a]
-            sub = []
-            if key in dict(CI_METRICS):
-                ci = arm["ci"].get(key)
-                sub = [f"95% CI [{100 * ci['lo']:.1f}, {100 * ci['hi']:.1f}]{interval_tag(ci)}" if ci else "",
-                       f"step 0: {fmt(arm['start'][key], 'pct')}" if key in arm["start"] else ""]
-            cells.append(_td(fmt_mean_std(arm["metrics"].get(key), kind), sub=sub))
-        rows.append(f"<tr><th class=sort>{esc(label)}{badge}</th>{''.join(cells)}</tr>")
+#: the metrics of TABLE_METRICS that the page shows below the headline table, one table each:
+#: (anchor, heading, metric keys); the headline has the accuracies, the cost section the training totals
+METRIC_GROUPS = (
+    ("turns", "Turns", ("delta", "i->c", "c->i", "correction_rate", "regression_rate", "acc_oracle_gated")),
+    ("feedback-final", "Feedback", ("feedback_effect", "feedback_sensitivity", "leakage_rate",
+                                    "feedback/redacted_share", "copy_rate", "critic_states_answer_rate",
+                                    "feedback_tokens")),
+    ("critic", "Critic and value", ("false_alarm_rate", "miss_rate", "exact_correction_rate", "verdict_accuracy",
+                                    "value_ev_mean")),
+    ("test-time", "Test-time cost", ("test_tokens_per_problem", "test_flops_per_problem")),
+)
+#: the accuracies of the headline table (with their intervals and step-0 values)
+HEADLINE = tuple(key for key, _ in CI_METRICS)
+#: the training totals, shown in the cost table (:data:`COST`) rather than among the metrics
+TOTALS = ("gen_tokens", "flops")
 
-    cells = [_change(g, "mean") if (g := summary["arms"][a]["gain"]) else _td(DASH) for a in arms]
-    rows.append(f"<tr>{_sort_th('gain in acc@t2 over its own step 0')}{''.join(cells)}</tr>")
+
+def _head(label: str) -> str:
+    """A sortable column header: a metric's label, its parenthetical on a second, smaller line."""
+    name, _, more = label.partition(" (")
+    return f"<th class=sort>{esc(name)}{f'<div class=sub>({esc(more)}</div>' if more else ''}</th>"
+
+
+def _arm_th(arm: str, baseline: str | None) -> str:
+    """A table row's first cell: the arm, marked when it is the baseline."""
+    return f"<th>{esc(arm)}{'<span class=badge>baseline</span>' if arm == baseline else ''}</th>"
+
+
+def _arms_table(summary: dict[str, Any], columns: list[tuple[str, Any]]) -> str:
+    """Arms as rows (in the summary's order: the baseline first), one sortable column per
+    ``(header HTML, cell function of the arm)``."""
+    head = "<tr><th>arm</th>" + "".join(h for h, _ in columns) + "</tr>"
+    rows = [f"<tr>{_arm_th(a, summary['baseline'])}{''.join(cell(a) for _, cell in columns)}</tr>"
+            for a in summary["arms"]]
+    return f"<div class=wide><table class=arms>{head}{''.join(rows)}</table></div>"
+
+
+def _metric_column(summary: dict[str, Any], key: str, label: str, kind: str) -> tuple[str, Any]:
+    """A metric's column: mean ± std over seeds, with the 95% interval and step-0 value of an accuracy."""
+    badge = '<span class="badge">oracle-gated</span>' if key == "acc_oracle_gated" else ""
+
+    def cell(a: str) -> str:
+        arm = summary["arms"][a]
+        sub = []
+        if key in dict(CI_METRICS):
+            ci = arm["ci"].get(key)
+            sub = [f"95% CI [{100 * ci['lo']:.1f}, {100 * ci['hi']:.1f}]{interval_tag(ci)}" if ci else "",
+                   f"step 0: {fmt(arm['start'][key], 'pct')}" if key in arm["start"] else ""]
+        return _td(fmt_mean_std(arm["metrics"].get(key), kind), sub=sub)
+
+    return _head(label).replace("</th>", badge + "</th>", 1), cell
+
+
+def _shown_metrics(summary: dict[str, Any], keys: tuple[str, ...]) -> list[tuple[str, str, str]]:
+    """TABLE_METRICS' entries of ``keys`` that some arm recorded, in their order."""
+    return [(k, label, kind) for k, label, kind in TABLE_METRICS
+            if k in keys and any(k in s["metrics"] for s in summary["arms"].values())]
+
+
+def _metrics_table(summary: dict[str, Any]) -> str:
+    """The headline: per arm, [where it was read,] the accuracies, the gain over its own step 0,
+    the difference from the baseline, and the seeds × problems behind the intervals."""
+    arms, baseline = summary["arms"], summary["baseline"]
+    columns: list[tuple[str, Any]] = []
+    if summary.get("at_flops") is not None:
+        columns.append((_head(read_at_label(summary["at_flops"])),
+                        lambda a: _td(t := fmt_read_at(arms[a]), sig="down" if "UNTRAINED" in t or OFF_BUDGET in t
+                                      else "")))
+    columns += [_metric_column(summary, *m) for m in _shown_metrics(summary, HEADLINE)]
+    columns.append((_head("gain in acc@t2 (over its own step 0)"),
+                    lambda a: _change(g, "mean") if (g := arms[a]["gain"]) else _td(DASH)))
     if baseline is not None:
-        cells = []
-        for a in arms:
+        def versus(a: str) -> str:
             p = summary["paired"].get(a)
             if a == baseline:
-                cells.append(_td("baseline"))
-            elif not p or not p.get("n_problems"):
-                cells.append(_td(DASH, sub=["no common problems"]))
-            else:
-                cells.append(_change(p, "diff", "p_holm"))
-        label = f"acc@t2 − {baseline}'s (seeds × problems)"
-        rows.append(f"<tr>{_sort_th(label)}{''.join(cells)}</tr>")
-        target = summary["target_acc@t2"]
-        for x_key, what, kind in (("gen_tokens", "tokens", "tok"), ("flops", "FLOPs", "flops")):
-            reach = [(summary["arms"][a]["reach"] or {}).get(x_key) for a in arms]
-            cells = [_td(fmt_reach(r, kind), key=_reach_key(r)) for r in reach]
-            label = f"{what} to reach {baseline}'s final acc@t2 ({fmt(target, 'pct')}): median over seeds"
-            rows.append(f"<tr>{_sort_th(label)}{''.join(cells)}</tr>")
-    rows.append(f"<tr>{_sort_th('seeds × problems in the CIs')}"
-                + "".join(_td(fmt_units(summary["arms"][a])) for a in arms) + "</tr>")
-    return f"<div class=wide><table class=by-row>{head}{''.join(rows)}</table></div>"
+                return _td("baseline")
+            if not p or not p.get("n_problems"):
+                return _td(DASH, sub=["no common problems"])
+            return _change(p, "diff", "p_holm")
+
+        columns.append((_head(f"acc@t2 − {baseline}'s (seeds × problems)"), versus))
+    columns.append((_head("seeds × problems (in the CIs)"), lambda a: _td(fmt_units(arms[a]))))
+    return _arms_table(summary, columns)
+
+
+def _group_tables(summary: dict[str, Any]) -> str:
+    """The other metrics of the final evaluation, a table per :data:`METRIC_GROUPS` entry that
+    some arm recorded (the baseline's tokens and FLOPs to reach its accuracy with the test-time cost)."""
+    out = []
+    for anchor, heading, keys in METRIC_GROUPS:
+        columns = [_metric_column(summary, *m) for m in _shown_metrics(summary, keys)]
+        if anchor == "test-time" and summary["baseline"] is not None:
+            columns += _reach_columns(summary)
+        if columns:
+            out.append(f"<h3 id='{anchor}'>{esc(heading)}</h3>" + _arms_table(summary, columns))
+    return "".join(out)
+
+
+def _reach_columns(summary: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Tokens and FLOPs to reach the baseline's final acc@t2 (median over seeds)."""
+    target, baseline = summary["target_acc@t2"], summary["baseline"]
+    columns = []
+    for x_key, what, kind in (("gen_tokens", "tokens", "tok"), ("flops", "FLOPs", "flops")):
+        def cell(a: str, x_key: str = x_key, kind: str = kind) -> str:
+            r = (summary["arms"][a]["reach"] or {}).get(x_key)
+            return _td(fmt_reach(r, kind), key=_reach_key(r))
+
+        columns.append((_head(f"{what} to reach {baseline}'s acc@t2 ({fmt(target, 'pct')}: median over seeds)"),
+                        cell))
+    return columns
 
 
 def _reach_key(reach: dict[str, Any] | None) -> float:
@@ -236,7 +307,7 @@ def _paired_table(summary: dict[str, Any]) -> str:
                        for seed, m in sorted(p["mcnemar"].items()))
         cells = [_td(fmt_pair_units(p)), _td(fmt_pp_ci(p) + interval_tag(p)), _td(fmt_p(p["p_value"])),
                  _td(fmt_p(p["p_holm"]) + mark(p["p_holm"]), sig=_sig(p["p_holm"], p["diff"])), _td(fmt_mde(p)),
-                 _td(fmt_per_seed(p)), _td(fmt_p(p["sign_flip_p"])), _td(mc or DASH)]
+                 _td(fmt_per_seed(p), wrap=True), _td(fmt_p(p["sign_flip_p"])), _td(mc or DASH, wrap=True)]
         rows.append(f"<tr><th>{esc(arm)}</th>{''.join(cells)}</tr>")
     if not rows:
         return "<p>(no other arm)</p>"
@@ -244,6 +315,60 @@ def _paired_table(summary: dict[str, Any]) -> str:
     return ("<div class=wide><table><tr><th>arm</th>" + head + "<th>per-seed differences (pp)</th>"
             "<th class=sort>sign-flip p <span class='sub'>(secondary: conditional on these seeds)</span></th>"
             "<th>McNemar b/c per seed</th></tr>" + "".join(rows) + "</table></div>")
+
+
+def _inside(path: str | None) -> bool:
+    """Whether a run path as the report shows it lies inside the report's directory (a link to it works
+    wherever the report is copied)."""
+    return path is not None and not path.startswith(("/", "..")) and ":" not in path
+
+
+def _setting(value: Any) -> str:
+    """A spec value as its YAML reads (a string bare, null, true, 0.0001)."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _arm_specs_table(summary: dict[str, Any], loaded: dict[str, list[RunRecord]]) -> str:
+    """Per arm: the fixed spec columns of :mod:`~mlmt_bench.report.arm_specs`, its base, its other
+    distinguishing settings and a link to its first run's spec.resolved.yaml where the report holds it."""
+    specs = arm_specs.arm_specs(own_arms(loaded))
+    if not specs:
+        return "<p class='note'>The runs record no settings in spec.resolved.yaml: what the arms are is not known.</p>"
+    present = [h for h, _ in arm_specs.COLUMNS if any(h in a.columns for a in specs)]
+    shared = [h for h in present if len({_setting(a.columns.get(h, DASH)) for a in specs}) == 1 and len(specs) > 1]
+    headers = [h for h in present if h not in shared]
+    common = ("<p class=sub>Every arm: " + ", ".join(f"{esc(h)} {esc(_setting(specs[0].columns[h]))}"
+                                                     for h in shared) + ".</p>") if shared else ""
+    head = ("<tr><th>arm</th>" + "".join(_sort_th(h) for h in headers)
+            + "<th>base</th><th>its other settings that most arms (of its algorithm) do not share</th>"
+            "<th>spec</th></tr>")
+    rows = []
+    for a in specs:
+        cells = [_td(_setting(a.columns[h]) if h in a.columns else DASH) for h in headers]
+        other = "<br>".join(f"<code>{esc(k)}: {esc(_setting(v))}</code>" for k, v in a.other) or DASH
+        if a.seeds_differ:
+            other += f"<div class=sub>its seeds differ in {esc(', '.join(a.seeds_differ))}</div>"
+        path = (summary["arms"][a.arm]["runs"] or [None])[0]
+        has = _inside(path) and (loaded[a.arm][0].path / "spec.resolved.yaml").is_file()
+        link = f"<a href=\"{esc(path)}/spec.resolved.yaml\">spec.resolved.yaml</a>" if has else DASH
+        rows.append(f"<tr>{_arm_th(a.arm, summary['baseline'])}{''.join(cells)}<td>{esc(a.base or DASH)}</td>"
+                    f"<td>{other}</td><td>{link}</td></tr>")
+    return f"{common}<div class=wide><table class=arms>{head}{''.join(rows)}</table></div>"
+
+
+def _dynamics(summary: dict[str, Any], loaded: dict[str, list[RunRecord]]) -> str | None:
+    """The training-dynamics small multiples (:mod:`~mlmt_bench.report.dynamics`) as a CSS grid."""
+    grid = dynamics.dynamics_grid(loaded, summary["baseline"])
+    if grid is None:
+        return None
+    head = "".join(f"<div class=dyn-head>{esc(p.title)}"
+                   f"{f'<div class=sub>{esc(key)}</div>' if (key := dynamics.line_key(p)) else ''}</div>"
+                   for p in grid.panels)
+    cells = "".join(f"<div class=dyn-arm>{esc(arm)}</div>"
+                    + "".join(f"<div>{svg_ or '<p class=sub>not logged</p>'}</div>" for svg_ in charts)
+                    for arm, charts in grid.rows)
+    style = f"grid-template-columns:7.5em repeat({len(grid.panels)},minmax(0,1fr))"
+    return f"<div class=dyn style='{style}'><div></div>{head}{cells}</div>"
 
 
 def _per_seed_table(summary: dict[str, Any], loaded: dict[str, list[RunRecord]]) -> str:
@@ -263,15 +388,14 @@ def _per_seed_table(summary: dict[str, Any], loaded: dict[str, list[RunRecord]])
             r, path = by_seed[seed]
             t1, t2 = r.final.get("acc@t1"), acc_t2(r.final)
             text = f"{fmt(t1, 'pct')} → {fmt(t2, 'pct')}" if is_num(t1) else fmt(t2, "pct")
-            inside = path is not None and not path.startswith(("/", "..")) and ":" not in path
             key = float(t2) if is_num(t2) else math.nan  # acc@t2, not the acc@t1 the text starts with
-            cells.append(f'<td class="num"{_data_v(key)}><a href="{esc(path)}/">{esc(text)}</a></td>' if inside
+            cells.append(f'<td class="num"{_data_v(key)}><a href="{esc(path)}/">{esc(text)}</a></td>' if _inside(path)
                          else _td(text, key=key))
-        rows.append(f"<tr><th>{esc(arm)}</th>{''.join(cells)}</tr>")
-    return f"<div class=wide><table>{head}{''.join(rows)}</table></div>"
+        rows.append(f"<tr>{_arm_th(arm, summary['baseline'])}{''.join(cells)}</tr>")
+    return f"<div class=wide><table class=seeds>{head}{''.join(rows)}</table></div>"
 
 
-def _cost_table(loaded: dict[str, list[RunRecord]]) -> str:
+def _cost_table(summary: dict[str, Any], loaded: dict[str, list[RunRecord]]) -> str:
     head = "<tr><th>arm</th>" + "".join(_sort_th(h) for _, h, _ in COST) + "</tr>"
     rows = []
     for arm, results in loaded.items():
@@ -280,7 +404,7 @@ def _cost_table(loaded: dict[str, list[RunRecord]]) -> str:
             vals = [float(r.final[key]) for r in results if is_num(r.final.get(key))]
             ms = dict(zip(("mean", "std"), mean_std(vals)), n=len(vals)) if vals else None
             cells.append(_td(fmt_mean_std(ms, kind)))
-        rows.append(f"<tr><th>{esc(arm)}</th>{''.join(cells)}</tr>")
+        rows.append(f"<tr>{_arm_th(arm, summary['baseline'])}{''.join(cells)}</tr>")
     return f"<div class=wide><table>{head}{''.join(rows)}</table></div>"
 
 
@@ -360,14 +484,20 @@ def render_html(summary: dict[str, Any], loaded: dict[str, list[RunRecord]], acc
         f"<p class='lede'>Final evaluation of each run, refine-all protocol unless labelled otherwise "
         f"({proto or 'protocol not recorded'}). Seeds per arm: {seeds}. "
         f"{_md_inline(analysis.statistics_text(summary))} "
-        "A shaded cell marks the same (green: up, red: down). Click a metric (in the other tables, a column "
-        "header marked ↕) to sort the arms by it. "
+        "A shaded cell marks the same (green: up, red: down). Click a column header marked ↕ to sort the arms "
+        "by it. "
         "Numbers marked <span class='badge'>oracle-gated</span> consult the verifier at test time (optimistic).</p>",
-        "<nav><a href='#metrics'>metrics</a><a href='#per-seed'>per seed</a><a href='#curves'>curves</a>"
-        "<a href='#transitions'>transitions</a>"
+        "<nav><a href='#metrics'>metrics</a><a href='#arms'>arms</a><a href='#per-seed'>per seed</a>"
+        "<a href='#curves'>curves</a><a href='#dynamics'>training</a><a href='#transitions'>transitions</a>"
         "<a href='#feedback'>feedback</a><a href='#cost'>cost</a><a href='#episodes'>episodes</a>"
         "<a href='#runs'>runs</a><a href='comparison.md'>comparison.md</a></nav>",
         "<h2 id='metrics'>Final metrics</h2>", _metrics_table(summary), _downloads(summary, loaded),
+        _group_tables(summary),
+        "<h2 id='arms'>What each arm is</h2>",
+        "<p>The settings of each arm's runs (spec.resolved.yaml) that tell it apart: the columns every method "
+        "has, then the arm's other settings that most arms do not share (algorithm parameters compared among "
+        "the arms of the same algorithm). <i>base</i>: the key of the base checkpoint its runs started from.</p>",
+        _arm_specs_table(summary, loaded),
         "<h2 id='per-seed'>Per seed</h2>",
         "<p>Each run's final acc@t1 → acc@t2 (refine-all): the seed-to-seed spread behind the intervals above. "
         "A number links to its run's directory where the report holds it.</p>",
@@ -384,6 +514,15 @@ def render_html(summary: dict[str, Any], loaded: dict[str, list[RunRecord]], acc
                 "at each evaluation (each run's last evaluation pooled as one point); band: the 95% two-way "
                 "bootstrap interval over seeds and problems of that evaluation (METHOD v3; over problems alone "
                 "with one seed); dashed: the baseline's final acc@t2.", ""),
+        "<h2 id='dynamics'>Training dynamics</h2>",
+        _figure(_dynamics(summary, loaded),
+                "From each run's train records (metrics.jsonl), against generated training tokens; one row per arm, "
+                "the baseline's curve in grey behind the others; line: mean over seeds at each step, band: ± one "
+                "seed std. A column shares its axes across arms. Solver and critic are the two trained roles "
+                "(the update's statistics of each); KL is 0 where the algorithm has no KL term (beta 0); clipped "
+                "ratio: the share of tokens whose probability ratio the update clipped; truncated: completions "
+                "that hit max_new_tokens.",
+                "No run logged train records with these metrics."),
         "<h2 id='transitions'>Turn transitions</h2>",
         _figure(svg.legend(transitions[1]) + transitions[0] if transitions else None,
                 "Final evaluation: i→c (a wrong attempt refined to a right answer), c→i (a right attempt broken), "
@@ -393,7 +532,8 @@ def render_html(summary: dict[str, Any], loaded: dict[str, list[RunRecord]], acc
         "<h2 id='feedback'>Feedback metrics over training</h2>",
         _figure(feedback,
                 "From the evaluation records, against generated training tokens; mean over seeds, band ± one seed "
-                "std. feedback_effect: acc@t2 after the feedback g minus after the null feedback g∅ on the same "
+                f"std (drawn in a panel of at most {figures.MAX_BANDS} arms). feedback_effect: acc@t2 after the "
+                "feedback g minus after the null feedback g∅ on the same "
                 "attempts; feedback_sensitivity: log π(ŷ | g) − log π(ŷ | g∅) per token of ŷ; leakage_rate: "
                 "feedbacks that state the gold answer; correction / regression rate: i→c / P(attempt wrong), "
                 "c→i / P(attempt right). Critic diagnostics (METHOD.md v3), of the current critic on the current "
@@ -404,7 +544,7 @@ def render_html(summary: dict[str, Any], loaded: dict[str, list[RunRecord]], acc
         "<h2 id='cost'>Cost per method</h2>",
         "<p>Training totals at the end of each run (final record); mean ± std over seeds. FLOPs are the "
         "METHOD.md v2 estimate (prompts, trained sequences and extra passes counted).</p>",
-        _cost_table(loaded),
+        _cost_table(summary, loaded),
         "<h2 id='episodes'>Example episodes where the arms disagree</h2>",
         _episodes(find_disagreements(loaded)),
     ]

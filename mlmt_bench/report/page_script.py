@@ -1,9 +1,8 @@
 """The results page's one script (sortable tables) and the Content-Security-Policy that lets it,
 and nothing else, run.
 
-A header cell of class ``sort`` sorts its table when clicked: in an ordinary table (arms as rows)
-by that column; in a table of class ``by-row`` (arms as columns: the metrics table) the arms'
-columns by that row. The first click puts the largest value first, the next the smallest; a cell's
+A header cell of class ``sort`` sorts its table's rows (the arms) by that column when clicked.
+The first click puts the largest value first, the next the smallest; a cell's
 value is its ``data-v`` attribute when it has one (empty: no value), else the number its text
 starts with (``46.0% ± 2.1`` → 46.0, ``+7.3 pp`` → 7.3, ``60.0k`` → 60,000); cells without a value
 go last, ties keep their order. Headers name the sort in ``aria-sort``.
@@ -45,17 +44,9 @@ SORT_JS = r"""(function () {
     var descending = th.getAttribute("aria-sort") !== "descending";
     [].forEach.call(table.querySelectorAll("th[aria-sort]"), function (h) { h.removeAttribute("aria-sort"); });
     th.setAttribute("aria-sort", descending ? "descending" : "ascending");
-    if (table.classList.contains("by-row")) {
-      var idx = order([].slice.call(th.parentNode.cells, 1).map(value), descending);
-      rows.forEach(function (row) {
-        var cells = [].slice.call(row.cells, 1);
-        idx.forEach(function (i) { if (cells[i]) row.appendChild(cells[i]); });
-      });
-    } else {
-      var body = rows.slice(1), col = th.cellIndex;
-      order(body.map(function (row) { return value(row.cells[col]); }), descending)
-        .forEach(function (i) { body[i].parentNode.appendChild(body[i]); });
-    }
+    var body = rows.slice(1), col = th.cellIndex;
+    order(body.map(function (row) { return value(row.cells[col]); }), descending)
+      .forEach(function (i) { body[i].parentNode.appendChild(body[i]); });
   });
 })();"""
 

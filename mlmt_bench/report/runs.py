@@ -41,7 +41,10 @@ class RunRecord:
               "t2_null", "t2_base_critic"}}}``; empty when the run wrote no eval_problems.jsonl.
     problems: (property) that of the final eval step (``final_step``).
     first:    (property) that of the first evaluation (step 0: the arm's starting point).
+    train:    ``train`` records (one per step, the last one logged wins), sorted by step; under
+              ``at_flops``, those up to the step the run is read at.
     algorithm: the algorithm's registry name (spec.resolved.yaml), None when not recorded.
+    spec:     the run's spec.resolved.yaml as read ({} when the run has none).
     protocol: what a report must not mix: benchmark and options, evaluated split, evaluation
               settings (from spec.resolved.yaml; empty when the run has none).
     read_at:  when the run is read at a FLOPs budget B (``load_run(..., at_flops=B)``):
@@ -66,6 +69,8 @@ class RunRecord:
     protocol: dict[str, Any] = field(default_factory=dict)
     read_at: dict[str, Any] | None = None
     algorithm: str | None = None
+    train: list[dict[str, Any]] = field(default_factory=list)
+    spec: dict[str, Any] = field(default_factory=dict)
 
     @property
     def problems(self) -> dict[str, dict[str, Any]]:
@@ -179,6 +184,7 @@ def load_run(path: Path | str, at_flops: float | None = None) -> RunRecord:
     by_step: dict[int, dict[str, Any]] = {}
     final: dict[str, Any] | None = None
     value_ev: dict[int, float] = {}
+    train: dict[int, dict[str, Any]] = {}
     for lineno, rec in records:
         kind = rec.get("kind")
         step = record_step(rec, f"{metrics_path}:{lineno}") if kind in ("eval", "final", "train") else None
@@ -186,8 +192,10 @@ def load_run(path: Path | str, at_flops: float | None = None) -> RunRecord:
             by_step[step if step is not None else len(by_step)] = _with_derived(rec)  # last logged per step wins
         elif kind == "final":
             final = _with_derived(rec)
-        elif kind == "train" and is_num(rec.get(VALUE_EV)) and step is not None:
-            value_ev[step] = float(rec[VALUE_EV])
+        elif kind == "train" and step is not None:
+            train[step] = rec
+            if is_num(rec.get(VALUE_EV)):
+                value_ev[step] = float(rec[VALUE_EV])
     if not by_step and final is None:
         raise UserError(f"{metrics_path}: no eval records (the run has not been evaluated yet)")
     curve = [by_step[s] for s in sorted(by_step)]
@@ -203,6 +211,7 @@ def load_run(path: Path | str, at_flops: float | None = None) -> RunRecord:
         final = {**final, "value_ev_mean": float(sum(within) / len(within)) if within else None}
 
     final_step = final.get("step") if is_num(final.get("step")) else None
+    trained = [train[s] for s in sorted(train) if read_at is None or final_step is None or s <= final_step]
     problems_at = _problems_by_step(log_file(path, "eval_problems.jsonl"))
     if problems_at:
         final_step = int(final_step) if is_num(final_step) and int(final_step) in problems_at else max(problems_at)
@@ -216,7 +225,7 @@ def load_run(path: Path | str, at_flops: float | None = None) -> RunRecord:
         status=manifest.get("status"), manifest=manifest,
         final=final, has_final=has_final, curve=curve,
         final_step=int(final_step) if final_step is not None else None,
-        by_step=problems_at, read_at=read_at, **_from_spec(path / "spec.resolved.yaml"),
+        by_step=problems_at, read_at=read_at, train=trained, **_from_spec(path / "spec.resolved.yaml"),
     )
 
 
@@ -343,12 +352,13 @@ PROTOCOL_FIELDS = (("benchmark", "name"), ("benchmark", "options"), ("benchmark"
 
 
 def _from_spec(path: Path) -> dict[str, Any]:
-    """``{"protocol": {...}, "algorithm": name}`` from a run's spec.resolved.yaml (empty, None without it)."""
+    """``{"protocol": {...}, "algorithm": name, "spec": the spec}`` from a run's spec.resolved.yaml
+    (empty, None, {} without it)."""
     if not path.is_file():
-        return {"protocol": {}, "algorithm": None}
+        return {"protocol": {}, "algorithm": None, "spec": {}}
     spec = read_yaml_file(path) or {}  # an alias bomb or a 3 GiB file: one line, not a MemoryError
     if not isinstance(spec, dict):
-        return {"protocol": {}, "algorithm": None}
+        return {"protocol": {}, "algorithm": None, "spec": {}}
     out = {}
     for section, key in PROTOCOL_FIELDS:
         part = spec.get(section)
@@ -356,7 +366,7 @@ def _from_spec(path: Path) -> dict[str, Any]:
             out[f"{section}.{key}"] = part[key]
     algorithm = spec.get("algorithm")
     name = algorithm.get("name") if isinstance(algorithm, dict) else None
-    return {"protocol": out, "algorithm": str(name) if name is not None else None}
+    return {"protocol": out, "algorithm": str(name) if name is not None else None, "spec": spec}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -464,6 +474,20 @@ def with_unredacted(run: RunRecord) -> RunRecord | None:
     return dataclasses.replace(run, arm=f"{run.arm} without redaction", final=read(run.final),
                                curve=[read(r) for r in run.curve if any(k.startswith(UNREDACTED_PREFIX) for k in r)],
                                by_step={s: rows(by) for s, by in run.by_step.items()})
+
+
+def own_arms(loaded: dict[str, list[RunRecord]]) -> dict[str, list[RunRecord]]:
+    """The arms without the rows derived from another arm's runs (``<arm> + base critic``,
+    ``<arm> without redaction``, ...: :func:`with_base_critic_arms` lists each after its arm), so
+    that each run counts once, under its own arm."""
+    seen: set[str] = set()
+    out = {}
+    for arm, results in loaded.items():
+        paths = {str(r.path) for r in results}
+        if not paths <= seen or not paths:
+            out[arm] = results
+        seen |= paths
+    return out
 
 
 def with_base_critic_arms(loaded: dict[str, list[RunRecord]]) -> dict[str, list[RunRecord]]:

@@ -37,6 +37,7 @@ class Series:
     y: Sequence[float]
     lo: Sequence[float] | None = None
     hi: Sequence[float] | None = None
+    dash: str = ""  # an SVG stroke-dasharray ("4 3"); "" draws a solid line
 
 
 def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
@@ -57,6 +58,24 @@ def padded(lo: float, hi: float, frac: float = 0.05) -> tuple[float, float]:
     return lo - d, hi + d
 
 
+def data_range(series: Sequence[Series]) -> tuple[tuple[float, float], tuple[float, float]] | None:
+    """The (x, y) extents of the series' points and bands, unpadded; None when they have none."""
+    xs = [v for s in series for v in _finite(s.x)]
+    ys = [v for s in series for v in _finite(s.y) + _finite(s.lo) + _finite(s.hi)]
+    return ((min(xs), max(xs)), (min(ys), max(ys))) if xs and ys else None
+
+
+def wrap(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width`` characters, broken at spaces (a longer word is its own line)."""
+    lines: list[str] = []
+    for word in text.split():
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines or [""]
+
+
 def tick_label(v: float) -> str:
     """Compact: 0.25, 40, 12k, 1.5M, 3G, 2T."""
     a = abs(v)
@@ -70,18 +89,27 @@ def _esc(text: str) -> str:
     return html.escape(str(text), quote=True)
 
 
+#: a title's characters per pixel of width at its font size (12 px), on the safe side, and its line height
+_TITLE_CHAR_PX, _TITLE_LINE_PX = 6.8, 14
+
+
 class _Frame:
     """Maps data to pixels inside a plot area and draws its axes, grid and labels."""
 
     def __init__(self, width: int, height: int, x_range: tuple[float, float] | None,
-                 y_range: tuple[float, float], left: int = 48, bottom: int = 36, top: int = 24, right: int = 12):
-        """x_range, y_range: the axes' limits (x_range None: no x axis, e.g. bars)."""
+                 y_range: tuple[float, float], left: int = 48, bottom: int = 36, top: int = 24, right: int = 12,
+                 title: str = "", y_ticks: list[float] | None = None):
+        """x_range, y_range: the axes' limits (x_range None: no x axis, e.g. bars); title: wrapped to
+        the width, the plot area moved down by its extra lines; y_ticks: instead of round ones."""
+        self.title = wrap(title, max(8, int(width / _TITLE_CHAR_PX)))
+        top += _TITLE_LINE_PX * (len(self.title) - 1)
         self.w, self.h = width, height
         self.x0, self.x1, self.y0, self.y1 = left, width - right, top, height - bottom
         self.ylo, self.yhi = y_range
-        self.yt = nice_ticks(*y_range)
+        # about one tick per 70 px across and 40 px up, so that a small multiple's labels do not collide
+        self.yt = nice_ticks(*y_range, n=max(2, min(5, (self.y1 - self.y0) // 40))) if y_ticks is None else y_ticks
         self.xlo, self.xhi = x_range or (0.0, 1.0)
-        self.xt = nice_ticks(*x_range) if x_range else []
+        self.xt = nice_ticks(*x_range, n=max(2, min(5, (self.x1 - self.x0) // 70))) if x_range else []
 
     def px(self, x: float) -> float:
         return self.x0 + (x - self.xlo) / (self.xhi - self.xlo) * (self.x1 - self.x0)
@@ -89,7 +117,7 @@ class _Frame:
     def py(self, y: float) -> float:
         return self.y1 - (y - self.ylo) / (self.yhi - self.ylo) * (self.y1 - self.y0)
 
-    def axes(self, title: str, x_label: str, y_label: str) -> list[str]:
+    def axes(self, x_label: str, y_label: str) -> list[str]:
         out = [f'<rect x="{self.x0}" y="{self.y0}" width="{self.x1 - self.x0}" height="{self.y1 - self.y0}" '
                'fill="#fff" stroke="#444" stroke-width="0.8"/>']
         for t in self.yt:
@@ -102,8 +130,8 @@ class _Frame:
             out.append(f'<line y1="{self.y0}" y2="{self.y1}" x1="{x:.1f}" x2="{x:.1f}" stroke="#e5e5e5"/>'
                        f'<text x="{x:.1f}" y="{self.y1 + 13}" font-size="10" text-anchor="middle">'
                        f"{_esc(tick_label(t))}</text>")
-        out.append(f'<text x="{(self.x0 + self.x1) / 2:.1f}" y="15" font-size="12" font-weight="600" '
-                   f'text-anchor="middle">{_esc(title)}</text>')
+        out += [f'<text x="{self.w / 2:.1f}" y="{15 + _TITLE_LINE_PX * i}" font-size="12" font-weight="600" '
+                f'text-anchor="middle">{_esc(line)}</text>' for i, line in enumerate(self.title) if line]
         if x_label:
             out.append(f'<text x="{(self.x0 + self.x1) / 2:.1f}" y="{self.h - 6}" font-size="10.5" '
                        f'text-anchor="middle">{_esc(x_label)}</text>')
@@ -123,17 +151,27 @@ def _finite(values: Sequence[float | None] | None) -> list[float]:
 
 
 def line_chart(series: list[Series], *, title: str, x_label: str, y_label: str = "", width: int = 380,
-               height: int = 250) -> str:
-    """Lines with markers and shaded bands; an empty frame saying so when no series has a point."""
-    xs = [v for s in series for v in _finite(s.x)]
-    ys = [v for s in series for v in _finite(s.y) + _finite(s.lo) + _finite(s.hi)]
-    if not xs or not ys:
-        f = _Frame(width, height, (0.0, 1.0), (0.0, 1.0))
-        return f.svg(f.axes(title, x_label, y_label) + [
-            f'<text x="{(f.x0 + f.x1) / 2:.1f}" y="{(f.y0 + f.y1) / 2:.1f}" font-size="11" text-anchor="middle" '
-            'fill="#666">not recorded</text>'], title)
-    f = _Frame(width, height, padded(min(xs), max(xs), 0.03), padded(min(ys), max(ys)))
-    body = f.axes(title, x_label, y_label)
+               height: int = 250, extent: tuple[tuple[float, float], tuple[float, float]] | None = None,
+               left: int = 48, markers: bool = True) -> str:
+    """Lines with markers and shaded bands; an empty frame saying so when no series has a point.
+
+    extent: the (x, y) data ranges the axes span (padded as the chart pads its own), so that small
+    multiples share their scales; default: the series' own (:func:`data_range`); markers: a dot with
+    its value as a tooltip at each point (small multiples leave them out). A y range without
+    a span (a metric constant at every point: a KL of 0 without a KL term) gets the one tick at that
+    value and says so, not a range of round numbers around it."""
+    extent = extent or data_range(series)
+    top, bottom = 24 if title else 8, 36 if x_label else 20
+    if extent is None:
+        f = _Frame(width, height, (0.0, 1.0), (0.0, 1.0), left=left, top=top, bottom=bottom, title=title)
+        return f.svg(f.axes(x_label, y_label) + [_note(f, "not recorded")], title)
+    (xlo, xhi), (ylo, yhi) = extent
+    flat = not yhi > ylo
+    f = _Frame(width, height, padded(xlo, xhi, 0.03), padded(ylo, yhi), left=left, top=top, bottom=bottom,
+               title=title, y_ticks=[ylo] if flat else None)
+    body = f.axes(x_label, y_label)
+    if flat:
+        body.append(_note(f, f"constant {tick_label(ylo)}"))
     for s in series:
         pts = [(x, y) for x, y in zip(s.x, s.y) if math.isfinite(x) and math.isfinite(y)]
         if s.lo is not None and s.hi is not None:
@@ -143,12 +181,19 @@ def line_chart(series: list[Series], *, title: str, x_label: str, y_label: str =
                 body.append(f'<polygon points="{" ".join(f"{a:.1f},{b:.1f}" for a, b in poly)}" '
                             f'fill="{s.color}" fill-opacity="0.2" stroke="none"/>')
         if len(pts) > 1:
+            dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
             body.append(f'<polyline points="{" ".join(f"{f.px(x):.1f},{f.py(y):.1f}" for x, y in pts)}" '
-                        f'fill="none" stroke="{s.color}" stroke-width="1.6"/>')
+                        f'fill="none" stroke="{s.color}" stroke-width="1.6"{dash}/>')
         body += [f'<circle cx="{f.px(x):.1f}" cy="{f.py(y):.1f}" r="2.3" fill="{s.color}">'
                  f"<title>{_esc(s.label)}: {_esc(tick_label(y))} at {_esc(tick_label(x))}</title></circle>"
-                 for x, y in pts]
+                 for x, y in pts if markers]
     return f.svg(body, title)
+
+
+def _note(f: _Frame, text: str) -> str:
+    """A grey note in the middle of the plot area."""
+    return (f'<text x="{(f.x0 + f.x1) / 2:.1f}" y="{(f.y0 + f.y1) / 2 - 6:.1f}" font-size="11" '
+            f'text-anchor="middle" fill="#666">{_esc(text)}</text>')
 
 
 def _error_bars(s: Series) -> Sequence[float | None]:
@@ -165,8 +210,8 @@ def bar_chart(categories: list[str], series: list[Series], *, y_label: str, titl
             for y, e in zip(s.y, _error_bars(s)) if math.isfinite(y)]
     lo, hi = min([0.0] + vals), max([1.0] + tops)
     f = _Frame(max(420, 70 + len(categories) * (30 * len(series) + 36)), height, None,
-               (lo - 0.1 * (hi - lo) if lo < 0 else 0.0, hi + 0.12 * (hi - lo)))  # room for the value labels
-    body = f.axes(title, "", y_label)
+               (lo - 0.1 * (hi - lo) if lo < 0 else 0.0, hi + 0.12 * (hi - lo)), title=title)  # room for labels
+    body = f.axes("", y_label)
     group = (f.x1 - f.x0) / len(categories)
     bar = min(34.0, 0.8 * group / max(1, len(series)))
     for c, cat in enumerate(categories):

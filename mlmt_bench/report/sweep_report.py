@@ -148,12 +148,25 @@ def best_spec_yaml(study: optuna.Study) -> str:
 
 def plot_history(rows: list[dict[str, Any]], path: Path, *, metric: str, title: str) -> None:
     """The optimisation history as a PNG (see the module docstring), written atomically."""
+    import matplotlib.pyplot as plt
+
+    fig = history_figure(rows, metric=metric, title=title)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def history_figure(rows: list[dict[str, Any]], *, metric: str, title: str) -> Any:
+    """The optimisation history's matplotlib figure: trial numbers on whole ticks (a trial 1.5 is none)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(7, 4), constrained_layout=True)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     for state, marker, color in (("complete", "o", "C0"), ("pruned", "x", "0.55")):
         pts = [(r["number"], r["value"]) for r in rows if r["state"] == state and r["value"] is not None]
         if pts:
@@ -172,10 +185,7 @@ def plot_history(rows: list[dict[str, Any]], path: Path, *, metric: str, title: 
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    return fig
 
 
 def render_markdown(study: optuna.Study, rows: list[dict[str, Any]], found: dict[str, float],
