@@ -544,27 +544,17 @@ class RunDir:
         ``run --resume``) takes it before writing."""
         import fcntl
 
-        path = self.path / LOCK_FILE
-        try:  # never through a symlink, never blocking on a FIFO
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0),
-                         0o644)
-        except OSError as exc:
-            raise UserError(f"{_shown(path)}: cannot lock the run directory ({exc.strerror or exc})") from None
+        fd = _open_lock_file(self.path / LOCK_FILE, "the run directory")
         try:
-            mode = os.fstat(fd).st_mode
-            if not stat.S_ISREG(mode):
-                raise UserError(f"{_shown(path)}: is {_what(mode)}, refused (only regular files are written)")
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise UserError(f"{_shown(self.path)}: in use by process {_holder(fd)} (it holds {LOCK_FILE}); one "
-                                "process per run directory: wait for it to end or stop it, then resume") from None
-        except BaseException:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BaseException as exc:
+            holder = _holder(fd) if isinstance(exc, BlockingIOError) else None
             os.close(fd)
-            raise
-        with contextlib.suppress(OSError):  # the pid is for the message of whoever is refused
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            if holder is None:
+                raise
+            raise UserError(f"{_shown(self.path)}: in use by process {holder} (it holds {LOCK_FILE}); one "
+                            "process per run directory: wait for it to end or stop it, then resume") from None
+        _write_holder(fd)
         self._lock_fd = fd
 
     def unlock(self) -> None:
@@ -697,6 +687,58 @@ def _remove_entry(path: Path) -> None:
 
 def _step_of(checkpoint: Path) -> int:
     return int(checkpoint.name[5:])
+
+
+def _open_lock_file(path: Path, what: str) -> int:
+    """``path`` opened for an advisory ``flock`` (created if absent): never through a symlink,
+    never blocking on a FIFO; a one-line UserError unless it is a regular file."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0),
+                     0o644)
+    except OSError as exc:
+        raise UserError(f"{_shown(path)}: cannot lock {what} ({exc.strerror or exc})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise UserError(f"{_shown(path)}: is {_what(mode)}, refused (only regular files are written)")
+    return fd
+
+
+def _write_holder(fd: int) -> None:
+    with contextlib.suppress(OSError):  # the pid is for the message of whoever waits or is refused
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+
+
+@contextlib.contextmanager
+def one_at_a_time(path: Path, what: str, on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Run the block while holding an exclusive ``flock`` on ``path``, waiting for a process that
+    holds it (``on_wait(its pid)`` is called once first): what the block makes (a cache entry) is
+    made by one process, and the others then find it. The lock dies with its process, so a killed
+    holder never blocks anyone. A lock file owned by another user is not waited on (it could hold
+    it forever): the block then runs unlocked, as it did before there was a lock."""
+    import fcntl
+
+    try:
+        foreign = os.lstat(path).st_uid != os.getuid()
+    except OSError:
+        foreign = False  # absent: created below, this user's
+    if foreign:
+        yield
+        return
+    fd = _open_lock_file(path, what)
+    try:
+        if os.fstat(fd).st_uid == os.getuid():  # created by another user since the lstat: not waited on
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if on_wait is not None:
+                    on_wait(_holder(fd))
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            _write_holder(fd)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _holder(fd: int) -> str:

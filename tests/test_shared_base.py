@@ -201,3 +201,43 @@ def test_base_follows_the_runs_seed_and_synthetic_benchmark(tmp_path: Path) -> N
     spec = load_run_spec(_spec(tmp_path, "name: t\nbenchmark: {name: gsm8k}\npolicies: {solver: {model: tiny}}\n"
                                          "algorithm: {name: grpo}\nbase: {}\n"))
     assert base_config(spec).benchmark == "synthetic-arith"  # gsm8k has no oracle critic
+
+
+def test_a_concurrent_build_of_the_same_base_waits_and_reuses_the_first(tmp_path):
+    """issue 34 (minor): three `base` builds of one key started together each did the whole build.
+    A build now holds <cache>/.lock-<key>: here the test holds it, a second process (whose _build
+    fails if called) waits, and once the entry is in place it reuses it instead of building."""
+    import fcntl
+    import shutil
+
+    cfg = BaseConfig(**TINY)
+    built = ensure_base(cfg, cache_dir=tmp_path / "built", progress=False)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    fd = os.open(cache / f".lock-{cfg.key()}", os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    script = ("import sys; sys.path.insert(0, 'tests'); import mlmt_bench.warmstart.shared_base as sb; "
+              "from support import TINY\n"
+              "def boom(*a, **k): raise SystemExit('built again')\n"
+              f"sb._build = boom; b = sb.ensure_base(sb.BaseConfig(**TINY), cache_dir={str(cache)!r}, "
+              "require_valid=False); print('reused', b.directory)")
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stderr is not None
+        said = ""
+        for line in proc.stderr:  # it says so once it is blocked on the lock (or ends, without the lock)
+            said += line
+            if "waiting" in line:
+                break
+        assert f"process {os.getpid()} is building it; waiting" in said, said[-2000:]
+        assert proc.poll() is None
+        shutil.copytree(built.directory, cache / cfg.key())  # the first build's entry lands
+    finally:
+        os.close(fd)  # the lock is released
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    assert out.strip() == f"reused {cache / cfg.key()}"
+    assert "built by another process meanwhile" in err
+    assert not [p for p in cache.iterdir() if p.name.startswith(".tmp-")]

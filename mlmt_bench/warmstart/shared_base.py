@@ -19,7 +19,9 @@ pin, library versions) so that a base built elsewhere is told apart. It is cache
 ``<cache_dir>/<key>/`` with ``model/`` (an ordinary HF checkpoint with its tokenizer) and
 ``base.json`` (the config, what it was trained on, and its check on the validation split),
 written under a temporary name and renamed into place, so an entry is complete or absent; the
-temporary folder of a build that was killed is removed by the next build. The default cache is
+temporary folder of a build that was killed is removed by the next build. One process builds a
+key at a time (it holds ``<cache_dir>/.lock-<key>``): a concurrent build of the same key waits and
+reuses the entry. The default cache is
 ``$MLMT_BENCH_CACHE`` or ``~/.cache/mlmt-bench/bootstrap``. A base whose entry ships with the
 package (:mod:`mlmt_bench.warmstart.shipped_bases`: the quickstart's) is copied from it instead
 of being built.
@@ -274,9 +276,43 @@ def _ensure_built(cfg: BaseConfig, cache_dir: Path | None, progress: bool) -> Ba
         return base
     bench = synthetic_benchmark(cfg.benchmark, cfg.benchmark_options)  # fail on a bad benchmark before any work
     cache_dir.mkdir(parents=True, exist_ok=True)
+    from mlmt_bench.tracking import one_at_a_time
+
+    def waiting(pid: str) -> None:
+        if progress:
+            tell(f"shared base {key}: process {pid} is building it; waiting to reuse it ...")
+
+    # one build per key at a time: a concurrent build of the same key (three runs of one seed
+    # started together) waits for the first and reuses its entry instead of building it again
+    with one_at_a_time(cache_dir / f".lock-{key}", f"the shared base {key}", waiting):
+        meanwhile = _load(final)
+        t0 = time.perf_counter()
+        if meanwhile is None:
+            _build_entry(cfg, bench, cache_dir, progress)
+    if meanwhile is not None:
+        if progress:
+            tell(f"shared base {key}: built by another process meanwhile, reused from {final}")
+        return _with_gate(meanwhile, cfg, progress)
+    result = _load(final)
+    assert result is not None
+    seconds = time.perf_counter() - t0  # the build and its check: the gate's passes are said on their own
+    _with_gate(result, cfg, progress)
+    if progress:
+        from mlmt_bench.progress import duration
+
+        why = result.invalid_because()
+        tell(f"shared base {key} built in {duration(seconds)}{_on_threads(result.report)}, cached at "
+             f"{final} (later runs reuse it): {check_line(result.report.get('check') or {})}; "
+             + ("INVALID testbed: " + "; ".join(why) if why else "valid testbed"))
+    return result
+
+
+def _build_entry(cfg: BaseConfig, bench: Any, cache_dir: Path, progress: bool) -> None:
+    """Build and check the base of ``cfg`` in a temporary folder of ``cache_dir``, then rename it
+    to its entry ``cache_dir/<key>`` (nothing is left of a build that fails)."""
+    key = cfg.key()
     _remove_abandoned(cache_dir)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-{os.getpid()}-", dir=cache_dir))
-    t0 = time.perf_counter()
     try:
         report = _build(cfg, bench, tmp, progress)
         report["key"] = key
@@ -290,22 +326,10 @@ def _ensure_built(cfg: BaseConfig, cache_dir: Path | None, progress: bool) -> Ba
         (tmp / "base.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
         from mlmt_bench.tracking import rename_into_place
 
-        rename_into_place(tmp, final, lambda d: _load(d) is not None)
+        rename_into_place(tmp, cache_dir / key, lambda d: _load(d) is not None)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    result = _load(final)
-    assert result is not None
-    seconds = time.perf_counter() - t0  # the build and its check: the gate's passes are said on their own
-    _with_gate(result, cfg, progress)
-    if progress:
-        from mlmt_bench.progress import duration
-
-        why = result.invalid_because()
-        tell(f"shared base {key} built in {duration(seconds)}{_on_threads(result.report)}, cached at "
-             f"{final} (later runs reuse it): {check_line(result.report.get('check') or {})}; "
-             + ("INVALID testbed: " + "; ".join(why) if why else "valid testbed"))
-    return result
 
 
 def _on_threads(report: dict[str, Any]) -> str:
