@@ -49,11 +49,11 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from mlmt_bench.benchmarks.synthetic_curriculum import KINDS, Curriculum
-    from mlmt_bench.warmstart.sft import sft
-    from mlmt_bench.warmstart.shared_base import BaseConfig, synthetic_benchmark
     from mlmt_bench.models.tiny import build_tiny_model
     from mlmt_bench.models.tokenizer import build_char_tokenizer
     from mlmt_bench.reproducible import record, tensors_sha256
+    from mlmt_bench.warmstart.sft import sft
+    from mlmt_bench.warmstart.shared_base import BaseConfig, synthetic_benchmark
 
     torch.set_num_threads(1)
     cfg = BaseConfig(seed=0)

@@ -54,7 +54,6 @@ for _p in (ROOT, ROOT / "perf"):
 
 import grpo_step_time as gst  # noqa: E402  (perf/ is not a package)
 
-
 # ----------------------------------------------------------------------------------------------
 # children
 

@@ -161,8 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     from mlmt_bench.verifiers.sandbox import capabilities
 
     caps = capabilities()
-    print("isolation:", ", ".join(m for m in ("uid_drop", "pidns", "netns", "jail", "cgroup") if caps.get(m)) or "basic",
-          f"(cpus={os.cpu_count()})")
+    isolation = ", ".join(m for m in ("uid_drop", "pidns", "netns", "jail", "cgroup") if caps.get(m))
+    print("isolation:", isolation or "basic", f"(cpus={os.cpu_count()})")
     status = 0
     dump = {}
     totals = {"serial": 0.0, "parallel": 0.0}
@@ -209,9 +209,10 @@ def main(argv: list[str] | None = None) -> int:
             cheat, c_wall = run_set(items, args.workers, args.timeout, lambda p, c: cheat_response(p))
             const, _ = run_set(items, args.workers, args.timeout, lambda p, c: const_true_response(p))
             got = [(p, a, b) for (p, _), a, b in zip(items, cheat, const) if a.reward > 0]
-            print(f"  universal cheat (naive verifiers: 100%): mean reward {sum(v.reward for v in cheat) / len(items):.4f},"
+            cheat_mean, const_mean = (sum(v.reward for v in vs) / len(items) for vs in (cheat, const))
+            print(f"  universal cheat (naive verifiers: 100%): mean reward {cheat_mean:.4f},"
                   f" {sum(v.correct for v in cheat)} tasks fully passed, {len(got)} with reward > 0  ({c_wall:.1f} s)")
-            print(f"  constant-True control:                   mean reward {sum(v.reward for v in const) / len(items):.4f},"
+            print(f"  constant-True control:                   mean reward {const_mean:.4f},"
                   f" {sum(v.correct for v in const)} tasks fully passed")
             better = [(p.metadata["task_id"], a.reward, b.reward) for p, a, b in got if a.reward > b.reward]
             if better:
