@@ -95,6 +95,21 @@ def cpu_autocast(spec: RunSpec) -> contextlib.AbstractContextManager[Any]:
     return torch.autocast("cpu", dtype=torch.bfloat16)
 
 
+def cast_frozen_for_autocast(spec: RunSpec, policies: list[Any]) -> None:
+    """Where :func:`cpu_autocast` runs CPU matmuls in bfloat16, store the frozen linear weights of
+    ``policies`` (LoRA base layers, frozen critics) in bfloat16 once, rather than autocast casting
+    them on every call: bit-identical outputs inside the autocast region, which every forward of a
+    training run is in (:func:`mlmt_bench.models.frozen_cast.cast_frozen_linears`)."""
+    if cpu_dtype(spec)["dtype"] != "bfloat16":
+        return
+    import torch
+
+    from mlmt_bench.models.frozen_cast import cast_frozen_linears
+
+    for model in {id(p.model): p.model for p in policies if p is not None}.values():
+        cast_frozen_linears(model, torch.bfloat16)
+
+
 def configure_torch(spec: RunSpec) -> None:
     import torch
 
@@ -507,6 +522,7 @@ def _train(trainer: Any, run_dir: RunDir, progress: bool, bar: Any = None) -> di
     try:
         with contextlib.nullcontext(bar) if bar is not None else progress_bar(enabled=progress) as bar:
             with cpu_autocast(trainer.spec):
+                cast_frozen_for_autocast(trainer.spec, [*trainer.policies.values(), trainer.base_critic])
                 final = trainer.train(bar)
     except KeyboardInterrupt as exc:
         _end_with(run_dir, exc, "interrupted")
