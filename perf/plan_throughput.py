@@ -73,6 +73,59 @@ def train_tokens_per_s(preset: str, args: argparse.Namespace) -> float:
     return tokens / statistics.median(times)
 
 
+def pretrained_rates(path: str, args: argparse.Namespace) -> dict[str, float]:
+    """Generated and trained tokens per second (process CPU time on a CPU) of a pretrained model
+    loaded the way a run loads it (``model: hf``; ``--lora R``: an all-linear adapter, the base
+    frozen), under the run's CPU matmul dtype (``--cpu-dtype bfloat16``: bfloat16 autocast with the
+    frozen weights cast once, as ``runner._train`` does); ``params`` is the model's parameter count."""
+    import contextlib
+
+    import torch
+
+    from mlmt_bench.algorithms.update import LossConfig, TrainItem, update_policy
+    from mlmt_bench.models.frozen_cast import cast_frozen_linears
+    from mlmt_bench.models.policy import load_hf_policy
+    from mlmt_bench.models.pretrained import resolve
+    from mlmt_bench.rollout.hf_backend import HFBackend
+    from mlmt_bench.spec import PolicySpec
+    from static_decode_speed import attempt_prompts
+
+    lora = {"lora": {"r": args.lora, "alpha": 2 * args.lora, "target_modules": "all-linear"}} if args.lora else {}
+    policy = load_hf_policy("solver", PolicySpec(model="hf", path=resolve(path), dtype=args.dtype, **lora),
+                            device=args.device if args.device != "cpu" else None)
+    model, tok = policy.model, policy.tokenizer
+    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if args.cpu_dtype == "bfloat16"
+                else contextlib.nullcontext())
+    if args.cpu_dtype == "bfloat16":
+        cast_frozen_linears(model, torch.bfloat16)
+    prompts = attempt_prompts(tok, args.prompts)
+    model.generation_config.min_new_tokens = args.max_new_tokens
+    backend = HFBackend(batch_size=args.prompts)
+    gen_cpu: list[float] = []
+    tokens = 0
+    with autocast:
+        for r in range(args.repeats + 1):  # the first call warms up
+            c0 = time.process_time()
+            gens = backend.generate(model, tok, prompts, seed=args.seed + r, max_new_tokens=args.max_new_tokens,
+                                    temperature=args.temperature, top_p=1.0)
+            if r > 0:
+                gen_cpu.append(time.process_time() - c0)
+            tokens = sum(len(g.ids) for g in gens)
+        items = [TrainItem(p, g.ids, 1.0 if i % 2 else -1.0) for i, (p, g) in enumerate(zip(prompts, gens))]
+        trained = sum(len(it.prompt_ids) + len(it.ids) for it in items)
+        opt = torch.optim.AdamW(policy.trainable_parameters(), lr=1e-5)
+        cfg = LossConfig(clip_low=0.2, clip_high=0.2, loss_agg="token_mean", epochs=1, grad_accum=args.grad_accum,
+                         grad_clip=1.0, micro_batch_tokens=args.micro_batch_tokens)
+        train_cpu: list[float] = []
+        for r in range(args.repeats + 1):
+            c0 = time.process_time()
+            update_policy(policy, opt, None, items, cfg)
+            if r > 0:
+                train_cpu.append(time.process_time() - c0)
+    return {"params": policy.n_params, "gen": tokens / statistics.median(gen_cpu),
+            "train": trained / statistics.median(train_cpu)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--presets", default="tiny-2m,tiny-8m,tiny-20m")
@@ -87,6 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", help="a pretrained checkpoint (directory or registered alias, e.g. "
+                                   "smollm2-135m-instruct) instead of --presets; CPU only")
+    p.add_argument("--lora", type=int, default=0, help="--model: LoRA rank (alpha 2r, all-linear); 0: full")
+    p.add_argument("--cpu-dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="--model: what CPU matmuls run in (the table row's cpu_dtype)")
     args = p.parse_args(argv)
 
     import os
@@ -100,6 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     stamp = time.strftime("%Y-%m-%d")
     print(f"# {cmd}\n# torch {torch.__version__}, {os.cpu_count()} cpus, threads {args.threads}, "
           f"load average {os.getloadavg()}")
+    if args.model:
+        r = pretrained_rates(args.model, args)
+        print(f"  - device: {args.device_kind}\n    model: {args.model}\n    params: {r['params']}\n"
+              f"    dtype: {args.dtype}\n    cpu_dtype: {args.cpu_dtype}\n    lora: {bool(args.lora)}\n"
+              f"    gen: {{hf-generate: {r['gen']:.0f}}}\n    train: {r['train']:.0f}\n"
+              f"    source: \"{cmd} ({stamp}; {args.prompts} sequences x {args.max_new_tokens} new tokens, "
+              f"{args.threads} thread(s), process CPU time, load average {os.getloadavg()[0]:.1f})\"", flush=True)
+        return 0
     for preset in [s.strip() for s in args.presets.split(",") if s.strip()]:
         g = measure(preset, argparse.Namespace(**{**vars(args), "out": None}))
         gen = g["tokens_per_s"] if args.device.startswith("cuda") else g["tokens_per_cpu_s"]
