@@ -51,10 +51,11 @@ $(VENV)/.installed-smollm2: $(VENV)/.installed-core mlmt_bench/models/pretrained
 	$(BIN)/python -c "from mlmt_bench.models.pretrained import ensure_pretrained; ensure_pretrained('smollm2-135m-instruct')"
 	touch $@
 
-# The lint gate, before the tests: ruff (rules in pyproject.toml [tool.ruff]) and mypy
+# The lint gate, before the tests: ruff on every Python file of the checkout (rules in
+# pyproject.toml [tool.ruff]; perf/ and docs/snippets/ included) and mypy on the package
 # ([tool.mypy], its `files`); also a pre-commit hook (.pre-commit-config.yaml).
 lint: install
-	$(BIN)/ruff check mlmt_bench tests
+	$(BIN)/ruff check .
 	$(BIN)/mypy
 
 test: install lint

@@ -509,8 +509,9 @@ def print_table(args: argparse.Namespace, reward: str, runs: list[dict[str, Any]
     print(f"\nreward = {reward}: {args.preset}, {args.prompts} prompts x G={args.group_size}, "
           f"{args.max_new_tokens} new tokens{' (forced)' if args.force_length else ''}, {args.threads} threads, "
           f"{args.warmup} warm-up + {args.steps} measured steps x {args.repeats} run(s) per side")
-    print(f"{'':6} {'s/step (mean ± std)':>20} {'median':>7} {'min':>7} {'CPU s/step':>15} {'gen tok/step':>12} {'trained tok/step':>16} {'gen tok/s':>9} "
-          f"{'peak RSS MB':>11} | {'rollout+reward':>14} {'update':>7} {'other':>6}")
+    print(f"{'':6} {'s/step (mean ± std)':>20} {'median':>7} {'min':>7} {'CPU s/step':>15} {'gen tok/step':>12} "
+          f"{'trained tok/step':>16} {'gen tok/s':>9} {'peak RSS MB':>11} | {'rollout+reward':>14} {'update':>7} "
+          f"{'other':>6}")
     for side in ("mlmt", "trl"):
         s = summary[side]
         ph = list(s["phases_s"].values())
@@ -524,8 +525,8 @@ def print_table(args: argparse.Namespace, reward: str, runs: list[dict[str, Any]
           f"goal <= 0.5: {'met' if r <= 0.5 else 'NOT met'}; TRL core step (on_step_begin->end) "
           f"{summary['trl_core_step_s']:.3f} s; TRL prompt ids == mlmt's: {summary['trl_prompts_match_mlmt']}")
     for i, x in enumerate(runs, 1):
-        print(f"  run {i} {x['side']:4}: {_fmt(_stats(x['step_s']))} s/step wall, {_fmt(_stats(x['cpu_s']))} CPU s/step, "
-              f"load average (1 min) "
+        print(f"  run {i} {x['side']:4}: {_fmt(_stats(x['step_s']))} s/step wall, "
+              f"{_fmt(_stats(x['cpu_s']))} CPU s/step, load average (1 min) "
               f"{x['loadavg_before'][0]:.2f} -> {x['loadavg_after'][0]:.2f}")
 
 
