@@ -679,6 +679,7 @@ def _check_model_paths(spec: RunSpec, source: str) -> None:
     """A role's ``path`` that looks local (absolute, ``./``, ``../``, ``~``, or under a folder that
     exists here) and does not exist: one line now, not a hub lookup at load time
     (:func:`mlmt_bench.models.hub.missing_local`). Hub names are not looked up here."""
+    from mlmt_bench.models import pretrained
     from mlmt_bench.models.hub import missing_local
 
     for role in ("solver", "critic"):
@@ -686,6 +687,12 @@ def _check_model_paths(spec: RunSpec, source: str) -> None:
         problem = missing_local(policy.path) if policy is not None and policy.path else None
         if problem:
             raise UserError(f"{source}: policies.{role}.path: {bounded_input.echo_path(policy.path)}: {problem}")
+        shipped = pretrained.lookup(policy.path) if policy is not None and policy.path else None
+        if shipped is not None and pretrained.cached(shipped.alias) is None:
+            try:  # not converted yet: its wheel must be there to convert from (found, not read)
+                pretrained.wheel_dir(shipped)
+            except UserError as exc:
+                raise UserError(f"{source}: policies.{role}.path: {exc}") from None
 
 
 #: what every role's spec must agree on when the roles share one base model

