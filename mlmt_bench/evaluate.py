@@ -202,5 +202,6 @@ def _samples(ro: Rollout, n: int) -> list[dict[str, Any]]:
             if t.redaction is not None:  # feedback.redact: what the refiner was shown of this feedback
                 chain[-1]["shown_text"] = t.redaction.text
             node = t.children[0] if t.children else None
-        out.append({"problem_id": ro.problems[ro.turns[ai].problem].id, "turns": chain})
+        problem = ro.problems[ro.turns[ai].problem]  # its statement and gold: the report's problem browser
+        out.append({"problem_id": problem.id, "problem": problem.prompt, "gold": problem.answer, "turns": chain})
     return out

@@ -115,7 +115,9 @@ def test_reports_show_test_time_flops_per_problem_beside_training_flops(tmp_path
     label = "test-time FLOPs per problem (2·P·(prompt + generated), every turn)"
     assert table_row(md, label) == ["1.50e+06 ± 7.07e+05", "4.00e+06 ± 1.41e+06"]  # (1e6, 2e6); (3e6, 5e6)
     assert table_row(md, "FLOPs (training, at the end)") == ["1.00e+09 ± 0.00e+00"] * 2
-    assert label in (tmp_path / "out" / "index.html").read_text()
+    # the page's column header: the name, its parenthetical on a second line
+    assert "test-time FLOPs per problem<div class=sub>(2·P·(prompt + generated), every turn)</div>" in (
+        tmp_path / "out" / "index.html").read_text()
 
 
 def test_runs_without_test_time_flops_show_no_row(tmp_path):

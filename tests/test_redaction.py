@@ -264,6 +264,7 @@ def test_evaluation_logs_redaction_copy_rate_and_the_critic_as_second_solver(pol
     assert res.per_problem[0]["t2_critic_solver"] is True
     feedback_turn = res.samples[0]["turns"][1]
     assert (feedback_turn["text"], feedback_turn["shown_text"]) == (FEEDBACK, SHOWN)
+    assert (res.samples[0]["problem"], res.samples[0]["gold"]) == (ARITH.prompt, ARITH.answer)  # the problem browser's
     # unredacted, the refinement copies the 13 the feedback supplies
     res = evaluate(Program(1, "critic", 1, 1), _actors(policy, CopyingBackend(ATTEMPT, FEEDBACK), False), [ARITH],
                    Sampling(0.0, 1.0, 40, 80), feedback_metrics=False, n_samples=1)

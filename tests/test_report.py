@@ -231,7 +231,8 @@ def test_figure_and_atomic_outputs(arms, tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     assert (out / "comparison.md").read_text() != "old"
     # no temp files
-    assert sorted(p.name for p in out.iterdir()) == ["acc_vs_tokens.png", "comparison.md", "index.html"]
+    assert sorted(p.name for p in out.iterdir()) == ["acc_vs_tokens.png", "comparison.md", "index.html",
+                                                    "problems.html"]
 
 
 def test_no_baseline_and_interrupted_run(arms, tmp_path):

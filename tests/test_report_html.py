@@ -394,3 +394,126 @@ def test_the_page_policy_runs_no_script_but_its_own(experiment, tmp_path):
     assert sum("Executing inline event handler" in e for e in refused) == 1
     images = ((out / "x").as_uri(), "http://127.0.0.1:9/x.png")
     assert sum(f"Loading the image '{u}'" in e for e in refused for u in images) == 2
+
+
+def test_the_problem_browser_lists_every_problem_with_each_arms_outcomes(experiment, tmp_path):
+    """problem_rows: every problem of the final evaluation, each arm's transition on every seed and
+    its first logged episode; the statement and gold from samples.jsonl, else from a generated
+    benchmark; problems.html: a card per problem, tokens the filter reads, escaped, one script that
+    its policy lets run."""
+    from mlmt_bench.report.page_script import BROWSER_JS, csp
+    from mlmt_bench.report.problem_set import problem_rows
+
+    loaded = {arm: [load_run(p) for p in paths] for arm, paths in experiment.items()}
+    rows = problem_rows(loaded)
+    assert [r.problem_id for r in rows] == [f"p{i}" for i in range(8)]
+    p2 = rows[2]
+    assert (p2.text, p2.gold) == (None, None)  # no samples record says, and the spec names no benchmark
+    assert p2.arms["grpo"].runs == [(0, False, False), (1, False, False)]
+    assert p2.arms["mlmt"].transitions == ["i->c", "i->c"] and rows[0].arms["mlmt"].transitions == ["c->c"] * 2
+    assert p2.arms["mlmt"].episode_seed == 0 and p2.arms["mlmt"].episode[2]["text"] == HOSTILE
+    assert rows[4].arms["mlmt"].episode == [] and rows[4].arms["mlmt"].episode_seed is None
+
+    out = tmp_path / "report"
+    summary = build_comparison(experiment, out, baseline="grpo", title="toy")
+    page = (out / "problems.html").read_text(encoding="utf-8")
+    assert summary["files"]["problems.html"] == str(out / "problems.html")
+    cards = re.findall(r'<article class=prob data-t="([^"]*)">', page)
+    assert len(cards) == 8 and cards[2] == "0:ii 1:ic" and cards[0] == "0:cc 1:cc"
+    assert page.count("<script") == 1 and f"<script>{BROWSER_JS}</script>" in page
+    assert f"content=\"{csp(BROWSER_JS)}\"" in page and HOSTILE not in page and esc(HOSTILE[:40]) in page
+    assert "<a href='problems.html'>" in (out / "index.html").read_text(encoding="utf-8")
+
+
+def test_the_problem_statement_comes_from_samples_or_a_generated_benchmark(tmp_path):
+    import json
+
+    from mlmt_bench.report.problem_set import problem_rows
+
+    r = tmp_path / "runs"
+    spec = "name: x\nbenchmark:\n  name: synthetic-arith\n  options: {}\n  eval_split: test\n"
+    run = make_run(r, "a-20250101T000000Z", seed=0, arm="a", curve=[(0, 0, 0.0, .5, .5)], t1=[1, 0, 1], t2=[1, 0, 1],
+                   spec=spec, samples={0: {"p2": _episode("1", "1", True)}})
+    problems = run / "eval_problems.jsonl"
+    problems.write_text(problems.read_text().replace('"p0"', '"test/000000"').replace('"p1"', '"test/000001"'))
+    with (run / "samples.jsonl").open("a") as f:  # a run that logs the statement: it wins
+        f.write(json.dumps({"step": 0, "problem_id": "test/000001", "problem": "1+1", "gold": "2", "turns": []}) + "\n")
+    from mlmt_bench import registry
+
+    test0 = registry.benchmarks.get("synthetic-arith")().load("test")[0]
+    rows = {row.problem_id: row for row in problem_rows({"a": [load_run(run)]})}
+    assert (rows["test/000000"].text, rows["test/000000"].gold) == (test0.prompt, test0.answer)
+    assert (rows["test/000001"].text, rows["test/000001"].gold) == ("1+1", "2")
+    assert (rows["p2"].text, rows["p2"].gold) == (None, None)  # not a problem of the benchmark's split
+
+
+def _choose(select: str, value: str) -> str:
+    """JavaScript: choose ``value`` in ``select#<select>`` as a reader would (a change event)."""
+    return (f"(() => {{ const s = document.getElementById({select!r}); s.value = {value!r};"
+            " s.dispatchEvent(new Event('change')); return 0; })()")
+
+
+_SHOWN = ("[document.querySelectorAll('article.prob:not([hidden])').length,"
+          " document.getElementById('count').textContent]")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium or Chrome on this machine")
+def test_the_problem_browser_filters_by_arm_and_transition(experiment, tmp_path):
+    """grpo (arm 0) never changes its answer; mlmt (arm 1) fixes p2..p7 on both seeds."""
+    out = tmp_path / "report"
+    build_comparison(experiment, out, baseline="grpo", title="toy")
+    report = load_page(CHROMIUM, out / "problems.html", probes={
+        "all": _SHOWN,
+        "mlmt": _choose("f-arm", "1"), "mlmt_fixed": f"({_choose('f-t', 'ic')}, {_SHOWN})",
+        "grpo_fixed": f"({_choose('f-arm', '0')}, {_SHOWN})",
+        "any_fixed": f"({_choose('f-arm', '')}, {_SHOWN})",
+        "hostile_shown_as_text": "document.body.innerText.includes('<script>console.error(\"injected\")</script>')",
+    })
+    assert report.errors() == []
+    assert report.probes == {"all": [8, "1–8 of 8 problems (page 1 of 1)"], "mlmt": 0,
+                             "mlmt_fixed": [6, "1–6 of 6 problems (page 1 of 1)"],
+                             "grpo_fixed": [0, "no problem matches"],
+                             "any_fixed": [6, "1–6 of 6 problems (page 1 of 1)"],
+                             "hostile_shown_as_text": True}
+
+
+HEADLINE = Path(__file__).resolve().parents[1] / "reports" / "headline-v3"
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium or Chrome on this machine")
+def test_the_committed_headline_at_1280_px(tmp_path):
+    """The committed headline report as a reader opens it 1280 px wide: every arm's row of every
+    table in view without scrolling sideways, the training curves of its 11 trained arms drawn, and
+    the problem browser listing all 500 problems of the final evaluation, 25 at a time."""
+    index = load_page(CHROMIUM, HEADLINE / "index.html", probes={
+        "page_fits": "document.documentElement.scrollWidth <= 1280",
+        "tables_fit": "[...document.querySelectorAll('.wide')].every(w => w.scrollWidth <= w.clientWidth)",
+        "headline_rows": "document.querySelector('table.arms').rows.length - 1",
+        "dynamics_rows": "document.querySelectorAll('.dyn-arm').length",
+        "curves": "[...document.querySelectorAll('.dyn svg')].filter(s => s.querySelector('polyline')).length",
+    })
+    (tmp_path / "headline.png").write_bytes(index.screenshot)
+    assert index.errors() == []
+    assert index.probes == {"page_fits": True, "tables_fit": True, "headline_rows": 12, "dynamics_rows": 11,
+                            "curves": 11 * 7}
+    browser = load_page(CHROMIUM, HEADLINE / "problems.html", probes={
+        "cards": "document.querySelectorAll('article.prob').length", "shown": _SHOWN,
+        "page_fits": "document.documentElement.scrollWidth <= 1280"})
+    assert browser.errors() == []
+    assert browser.probes == {"cards": 500, "shown": [25, "1–25 of 500 problems (page 1 of 20)"], "page_fits": True}
+
+
+def test_a_crafted_spec_does_not_make_the_report_generate_a_billion_problems(tmp_path):
+    """Options above MAX_REBUILT_OPTION (n_test: 150000 here; a billion would do as well) are not
+    rebuilt: the statement stays unknown, where rebuilding would have found it."""
+    from mlmt_bench.report.problem_set import MAX_REBUILT_OPTION, problem_rows
+
+    n = MAX_REBUILT_OPTION + 50_000
+    spec = (f"name: x\nbenchmark:\n  name: synthetic-arith\n  options: {{n_test: {n}, difficulty: 8}}\n"
+            "  eval_split: test\n")
+    run = make_run(tmp_path, "a-20250101T000000Z", seed=0, arm="a", curve=[(0, 0, 0.0, .5, .5)], t1=[1], t2=[1],
+                   spec=spec)
+    problems = run / "eval_problems.jsonl"
+    problems.write_text(problems.read_text().replace('"p0"', '"test/000000"'))
+    [row] = problem_rows({"a": [load_run(run)]})
+    assert (row.problem_id, row.text) == ("test/000000", None)

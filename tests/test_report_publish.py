@@ -21,7 +21,7 @@ from mlmt_bench.report.episodes import find_disagreements
 from mlmt_bench.report.runs import group_runs, load_run
 from support import episode as _episode, make_run, table_row
 
-RENDERED = ("comparison.md", "index.html", "acc_vs_tokens.png")
+RENDERED = ("comparison.md", "index.html", "acc_vs_tokens.png", "problems.html")
 
 
 def _cli(*args: str):
@@ -188,10 +188,15 @@ def test_only_the_episodes_the_report_reads_are_shipped(experiment, tmp_path):
     shipped = {run.name: [json.loads(line)
                           for line in gzip.decompress((run / "samples.jsonl.gz").read_bytes()).splitlines()]
                for run in (pub / "runs").iterdir() if (run / "samples.jsonl.gz").is_file()}
-    # p2's episodes at the final step, of the first seed of each arm (grpo's serves its base-critic
-    # row too); not step 0's, not p0 (no disagreement), not mlmt's other problems
+    # the episodes at the final step of the first seed of each arm (grpo's serves its base-critic
+    # row too): p2's for the example where the arms disagree, and every problem's for the problem
+    # browser (problems.html); not step 0's, not the second seed's
     assert {name: [(r["step"], r["problem_id"]) for r in rows] for name, rows in shipped.items()} == {
-        "toy-grpo-s0-20250100T000000Z": [(20, "p2")], "toy-mlmt-s0-20250100T000100Z": [(20, "p2")]}
+        "toy-grpo-s0-20250100T000000Z": [(20, "p0"), (20, "p2")],
+        "toy-mlmt-s0-20250100T000100Z": [(20, f"p{i}") for i in range(8)]}
+    # so the published browser shows what one rendered from the runs themselves shows
+    assert _cli("report", str(experiment), "--out", str(tmp_path / "src-report")).exit_code == 0
+    assert (pub / "problems.html").read_text() == (tmp_path / "src-report" / "problems.html").read_text()
 
 
 def test_a_report_read_at_equal_flops_rerenders_with_its_recorded_budget(experiment, tmp_path):

@@ -23,6 +23,9 @@ class Benchmark:
     default_verifier: ClassVar[str] = ""
     splits: ClassVar[tuple[str, ...]] = ("train", "validation", "test")
     templates: ClassVar[PromptTemplates] = PromptTemplates()
+    #: its problems are generated from its options alone, offline and in milliseconds, so a report
+    #: may rebuild a run's problem statements and gold answers (runs from before samples.jsonl held them)
+    generated: ClassVar[bool] = False
 
     def __init__(self, path: str | None = None, seed: int = 0, verdict_fallback: str | None = None,
                  **options: Any) -> None:

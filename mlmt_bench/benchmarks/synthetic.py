@@ -479,6 +479,7 @@ class SyntheticArith(OracleBenchmark):
     default_verifier: ClassVar[str] = "synthetic"
     splits: ClassVar[tuple[str, ...]] = ("train", "validation", "test")
     templates: ClassVar[PromptTemplates] = TEMPLATES
+    generated: ClassVar[bool] = True
 
     def __init__(self, path: str | None = None, seed: int = 0, difficulty: int = 3, max_operand: int = 9,
                  modulus: int = 100, ops: str = DEFAULT_OPS, n_train: int = 20000, n_validation: int = 500,

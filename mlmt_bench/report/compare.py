@@ -317,14 +317,16 @@ def build_comparison(
     out_dir.mkdir(parents=True, exist_ok=True)
     md_path = out_dir / "comparison.md"
     png_path = out_dir / "acc_vs_tokens.png"
+    from mlmt_bench.report.browser_page import write_problems
     from mlmt_bench.report.figures import plot_acc_vs_tokens
     from mlmt_bench.report.html import write_html
 
     plot_acc_vs_tokens(loaded, png_path, target=target, baseline=baseline, title=title)
     atomic_write_text(md_path, render_markdown(summary))
     html_path = write_html(summary, loaded, out_dir / "index.html", acc_png=png_path.read_bytes())
+    problems_path = write_problems(summary, loaded, out_dir / "problems.html")
     summary["files"] = {"comparison.md": str(md_path), "acc_vs_tokens.png": str(png_path),
-                        "index.html": str(html_path)}
+                        "index.html": str(html_path), "problems.html": str(problems_path)}
     return summary
 
 

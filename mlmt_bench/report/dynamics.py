@@ -100,10 +100,10 @@ def dynamics_grid(runs: dict[str, list[RunRecord]], baseline: str | None) -> Gri
     for arm, by_panel in drawn.items():
         cells: list[str | None] = []
         for p in panels:
-            own = by_panel[p.title]
+            lines = by_panel[p.title]
             grey = behind.get(p.title, []) if arm != baseline else []
-            cells.append(svg.line_chart(grey + own, title="", x_label="", width=WIDTH, height=HEIGHT, left=40,
-                                        extent=extents[p.title], markers=False) if own else None)
+            cells.append(svg.line_chart(grey + lines, title="", x_label="", width=WIDTH, height=HEIGHT, left=40,
+                                        extent=extents[p.title], markers=False) if lines else None)
         rows.append((arm, cells))
     return Grid(panels, rows)
 

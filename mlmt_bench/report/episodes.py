@@ -53,8 +53,10 @@ class Examples:
     n_covered: int
 
 
-def _final_samples(run: RunRecord) -> tuple[int | None, dict[str, list[dict[str, Any]]]]:
-    """(the step, ``{problem id: turns}``) of the episodes :func:`samples_at_final_step` reads."""
+def final_sample_records(run: RunRecord) -> tuple[int | None, dict[str, dict[str, Any]]]:
+    """(the step, ``{problem id: its samples.jsonl record}``) of the episodes a run logged at its
+    final evaluation step (else at its last logged step; the last line per problem wins, as a
+    resume may repeat a step); (None, {}) without samples.jsonl (or samples.jsonl.gz)."""
     path = log_file(run.path, "samples.jsonl")
     if not path.is_file():
         return None, {}
@@ -63,7 +65,13 @@ def _final_samples(run: RunRecord) -> tuple[int | None, dict[str, list[dict[str,
     if not steps:
         return None, {}
     step = run.final_step if run.final_step in steps else max(steps)
-    return step, {str(rec.get("problem_id")): rec["turns"] for rec in rows if rec.get("step") == step}
+    return step, {str(rec.get("problem_id")): rec for rec in rows if rec.get("step") == step}
+
+
+def _final_samples(run: RunRecord) -> tuple[int | None, dict[str, list[dict[str, Any]]]]:
+    """(the step, ``{problem id: turns}``) of the episodes :func:`samples_at_final_step` reads."""
+    step, records = final_sample_records(run)
+    return step, {pid: rec["turns"] for pid, rec in records.items()}
 
 
 def samples_at_final_step(run: RunRecord) -> dict[str, list[dict[str, Any]]]:

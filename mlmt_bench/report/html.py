@@ -71,7 +71,8 @@ COST = [("gen_tokens", "generated tokens", "tok"), ("trained_tokens", "trained t
 MAX_TURN_CHARS = 4000
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-_CSS = """
+#: the pages' style sheet (index.html and problems.html)
+PAGE_CSS = """
 body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0 auto;max-width:1280px;
  padding:1.2em 2em 4em;color:#1d1d1f;background:#fff}
 h1{margin:.2em 0 .3em;font-size:1.7em}h2{margin-top:2em;border-bottom:1px solid #ddd;padding-bottom:.2em}
@@ -408,13 +409,15 @@ def _cost_table(summary: dict[str, Any], loaded: dict[str, list[RunRecord]]) -> 
     return f"<div class=wide><table>{head}{''.join(rows)}</table></div>"
 
 
-def _turn(t: dict[str, Any]) -> str:
+def turn_html(t: dict[str, Any], limit: int = MAX_TURN_CHARS) -> str:
+    """One turn of a logged episode: its kind, policy and verdict facts, and its text (escaped, cut
+    after ``limit`` characters, which it says)."""
     text = str(t.get("text") or "")
-    cut = f" (cut: {len(text)} characters)" if len(text) > MAX_TURN_CHARS else ""
+    cut = f" (cut: {len(text)} characters)" if len(text) > limit else ""
     facts = [f"{k} {t[k]}" for k in ("verdict", "reward", "tokens", "finish_reason") if t.get(k) is not None]
     return (f'<div class="turn"><div class="head"><b>{esc(t.get("kind", "?"))}</b> ({esc(t.get("policy", "?"))})'
             f"{' · ' + esc(', '.join(facts)) if facts else ''}{esc(cut)}</div>"
-            f"<pre>{esc(text[:MAX_TURN_CHARS])}</pre></div>")
+            f"<pre>{esc(text[:limit])}</pre></div>")
 
 
 def _disagreement(d: Disagreement) -> str:
@@ -422,7 +425,7 @@ def _disagreement(d: Disagreement) -> str:
     cards = []
     for arm, e in d.episodes.items():
         verdict = '<span class="badge right">right</span>' if e.correct else '<span class="badge wrong">wrong</span>'
-        turns = "".join(_turn(t) for t in e.turns if isinstance(t, dict))
+        turns = "".join(turn_html(t) for t in e.turns if isinstance(t, dict))
         cards.append(f'<div class="episode"><b>{esc(arm)}</b>, seed {esc(e.seed)}: final answer {verdict}{turns}</div>')
     return (f"<h3>problem <code>{esc(d.problem_id)}</code></h3>"
             f"<p class='sub'>final acc@t2 over seeds: {esc(acc)}</p><div class='episodes'>{''.join(cards)}</div>")
@@ -490,7 +493,8 @@ def render_html(summary: dict[str, Any], loaded: dict[str, list[RunRecord]], acc
         "<nav><a href='#metrics'>metrics</a><a href='#arms'>arms</a><a href='#per-seed'>per seed</a>"
         "<a href='#curves'>curves</a><a href='#dynamics'>training</a><a href='#transitions'>transitions</a>"
         "<a href='#feedback'>feedback</a><a href='#cost'>cost</a><a href='#episodes'>episodes</a>"
-        "<a href='#runs'>runs</a><a href='comparison.md'>comparison.md</a></nav>",
+        "<a href='#runs'>runs</a><a href='problems.html'>every problem</a><a href='comparison.md'>comparison.md</a>"
+        "</nav>",
         "<h2 id='metrics'>Final metrics</h2>", _metrics_table(summary), _downloads(summary, loaded),
         _group_tables(summary),
         "<h2 id='arms'>What each arm is</h2>",
@@ -546,6 +550,8 @@ def render_html(summary: dict[str, Any], loaded: dict[str, list[RunRecord]], acc
         "METHOD.md v2 estimate (prompts, trained sequences and extra passes counted).</p>",
         _cost_table(summary, loaded),
         "<h2 id='episodes'>Example episodes where the arms disagree</h2>",
+        "<p>Every problem of the final evaluation, with each arm's outcome on every seed and its logged episode, "
+        "filtered by arm and transition: <a href='problems.html'>problems.html</a>.</p>",
         _episodes(find_disagreements(loaded)),
     ]
     if summary["notes"]:
@@ -557,7 +563,7 @@ def render_html(summary: dict[str, Any], loaded: dict[str, list[RunRecord]], acc
     return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
             f"<meta http-equiv='Content-Security-Policy' content=\"{page_script.CSP}\">"
             "<meta name='viewport' content='width=device-width, initial-scale=1'>"
-            f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>\n"
+            f"<title>{esc(title)}</title><style>{PAGE_CSS}</style></head><body>\n"
             + "\n".join(sections) + f"\n<script>{page_script.SORT_JS}</script>\n</body></html>\n")
 
 

@@ -1,5 +1,5 @@
-"""The results page's one script (sortable tables) and the Content-Security-Policy that lets it,
-and nothing else, run.
+"""The results page's one script (sortable tables), the problem browser's (filters and pages), and
+the Content-Security-Policy that lets a page's own script, and nothing else, run.
 
 A header cell of class ``sort`` sorts its table's rows (the arms) by that column when clicked.
 The first click puts the largest value first, the next the smallest; a cell's
@@ -50,6 +50,51 @@ SORT_JS = r"""(function () {
   });
 })();"""
 
-#: the page's Content-Security-Policy (a <meta http-equiv> in its head)
-CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; "
-       f"script-src 'sha256-{base64.b64encode(hashlib.sha256(SORT_JS.encode()).digest()).decode('ascii')}'")
+#: problems.html's script: shows the problem cards (``article.prob``) that match the arm and the
+#: transition chosen (``select#f-arm``, ``select#f-t``; a card's ``data-t`` lists its
+#: ``<arm index>:<transition>`` of every run, a transition as ``ic``: incorrect, then correct), a
+#: page of ``PER_PAGE`` at a time (buttons ``#prev``, ``#next``; ``#count`` says which). It sets
+#: attributes and text only, never markup.
+BROWSER_JS = r"""(function () {
+  "use strict";
+  var PER_PAGE = 25, page = 0;
+  var cards = [].slice.call(document.querySelectorAll("article.prob"));
+  var arm = document.getElementById("f-arm"), tr = document.getElementById("f-t");
+  var prev = document.getElementById("prev"), next = document.getElementById("next");
+  var count = document.getElementById("count");
+  function matches(card) {
+    var a = arm.value, t = tr.value;
+    if (a === "" && t === "") return true;
+    return (card.getAttribute("data-t") || "").split(" ").some(function (token) {
+      var i = token.indexOf(":");
+      return (a === "" || token.slice(0, i) === a) && (t === "" || token.slice(i + 1) === t);
+    });
+  }
+  function show() {
+    var shown = cards.filter(matches), pages = Math.max(1, Math.ceil(shown.length / PER_PAGE));
+    page = Math.min(page, pages - 1);
+    cards.forEach(function (c) { c.hidden = true; });
+    shown.slice(page * PER_PAGE, (page + 1) * PER_PAGE).forEach(function (c) { c.hidden = false; });
+    count.textContent = shown.length ? (page * PER_PAGE + 1) + "–" +
+      Math.min(shown.length, (page + 1) * PER_PAGE) + " of " + shown.length + " problems (page " +
+      (page + 1) + " of " + pages + ")" : "no problem matches";
+    prev.disabled = page === 0;
+    next.disabled = page >= pages - 1;
+  }
+  arm.addEventListener("change", function () { page = 0; show(); });
+  tr.addEventListener("change", function () { page = 0; show(); });
+  prev.addEventListener("click", function () { page -= 1; show(); window.scrollTo(0, 0); });
+  next.addEventListener("click", function () { page += 1; show(); window.scrollTo(0, 0); });
+  show();
+})();"""
+
+
+def csp(script: str) -> str:
+    """The Content-Security-Policy of a page whose one script is ``script`` (a <meta http-equiv>
+    in its head): nothing fetched, images only from ``data:`` URLs, no other script."""
+    digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode("ascii")
+    return f"default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'sha256-{digest}'"
+
+
+#: index.html's Content-Security-Policy
+CSP = csp(SORT_JS)

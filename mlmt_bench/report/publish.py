@@ -11,9 +11,10 @@ renders the report from those copies:
     DIR/runs/<run>/metrics.jsonl.gz, eval_problems.jsonl.gz the run's logs (every evaluation's
                                 per-problem outcomes), gzip of the bytes the run wrote
     DIR/runs/<run>/samples.jsonl.gz   only the logged episodes the report reads (the example
-                                episodes where arms disagree: :func:`episodes.episodes_used`);
-                                absent when it reads none
-    DIR/comparison.md, acc_vs_tokens.png, index.html
+                                episodes where arms disagree: :func:`episodes.episodes_used`; the
+                                problem browser's, one run's per arm and problem:
+                                :func:`problem_set.episodes_shown`); absent when it reads none
+    DIR/comparison.md, acc_vs_tokens.png, index.html, problems.html
 
 No checkpoints and no other samples. ``mlmt-bench report DIR`` (no ``--out``: in place) reads the
 copies with the recorded options and writes the same comparison.md and index.html, wherever DIR
@@ -34,6 +35,7 @@ from typing import Any
 from mlmt_bench.errors import UserError
 from mlmt_bench.jsonl import open_jsonl
 from mlmt_bench.report.episodes import episodes_used
+from mlmt_bench.report.problem_set import episodes_shown
 from mlmt_bench.report.runs import log_file
 from mlmt_bench.tracking import atomic_write_bytes, atomic_write_text
 
@@ -171,7 +173,9 @@ def publish_runs(grouped: dict[str, list[Path]], out_dir: Path, *, record: dict[
     _check_target(out_dir, set(src_of))
     loaded = with_base_critic_arms({arm: [load_run(p, at_flops=at_flops) for p in dirs]
                                     for arm, dirs in grouped.items()})
-    used = {os.path.abspath(path): v for path, v in episodes_used(loaded).items()}
+    used: dict[str, tuple[int | None, set[str]]] = {}
+    for path, (step, pids) in [*episodes_used(loaded).items(), *episodes_shown(loaded).items()]:
+        used.setdefault(os.path.abspath(path), (step, set()))[1].update(pids)  # one final step per run
     for name, src in src_of.items():
         dest = out_dir / RUNS / name
         if os.path.abspath(src) != os.path.abspath(dest):  # not already this report's copy
