@@ -437,6 +437,12 @@ def test_a_run_untrained_within_the_flops_budget_is_flagged_in_the_table(tmp_pat
     assert summary["notes"][0].startswith("UNTRAINED within 1.05e+09 FLOPs: mlmt had no evaluation after step 0")
     page = (tmp_path / "out" / "index.html").read_text()
     assert "s0: UNTRAINED (step 0)" in page and "s0: step 5, 1.00e+09 FLOPs" in page
+    # the page's cell: how many runs were read within the tolerance, shaded when not all (or one is
+    # untrained), each run's evaluation in a disclosure beneath
+    assert ('<td class="num wrap" data-v="1.0"><details><summary>1/1 runs within ±10%</summary>'
+            "<div>s0: step 5, 1.00e+09 FLOPs</div></details></td>") in page
+    assert ('<td class="num wrap sig down" data-v="0.0"><details><summary>0/1 runs within ±10%, 1 UNTRAINED'
+            "</summary><div>s0: UNTRAINED (step 0) (0.00× the budget: NOT WITHIN 10%)</div></details></td>") in page
     plain = build_comparison({"grpo": [a], "mlmt": [b]}, tmp_path / "out2", at_flops=3.1e9)
     assert "UNTRAINED" not in (tmp_path / "out2" / "comparison.md").read_text()
     assert not any(n.startswith("UNTRAINED") for n in plain["notes"])

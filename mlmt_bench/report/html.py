@@ -31,7 +31,6 @@ from mlmt_bench.report.episodes import Disagreement, Examples, find_disagreement
 from mlmt_bench.report.formatting import (
     CI_METRICS,
     DASH,
-    OFF_BUDGET,
     SHARED_BASE,
     TABLE_METRICS,
     fmt,
@@ -48,7 +47,7 @@ from mlmt_bench.report.formatting import (
     mark,
     read_at_label,
 )
-from mlmt_bench.report.runs import RunRecord, acc_t2, is_num, own_arms
+from mlmt_bench.report.runs import AT_FLOPS_TOLERANCE, RunRecord, acc_t2, is_num, own_arms
 from mlmt_bench.tracking import atomic_write_text
 
 #: the feedback metrics drawn over training: (eval record key, panel title, scale)
@@ -90,7 +89,8 @@ td.sig{font-weight:600}td.up{background:#e3f5e3}td.down{background:#fbe4e4}
 figure{margin:1em 0}figure img{max-width:100%;height:auto;border:1px solid #eee}figure svg{max-width:100%;height:auto}
 .panels{display:flex;flex-wrap:wrap;gap:.5em 1.2em}
 table.arms th{max-width:11em;overflow-wrap:anywhere}td.num.wrap{white-space:normal;min-width:14em}
-table.arms tr>th:first-child{max-width:16em}table.seeds td,table.seeds th{padding:.3em .35em;font-size:.9em}
+table.arms tr>th:first-child{max-width:16em;min-width:7em;overflow-wrap:normal}
+table.seeds td,table.seeds th{padding:.3em .35em;font-size:.9em}
 .dyn{display:grid;gap:2px 6px;align-items:center}.dyn svg{width:100%;height:auto;display:block}
 .dyn-head{font-size:.8em;font-weight:600;align-self:end}.dyn-arm{font-size:.85em;font-weight:600;overflow-wrap:anywhere}
 .legend span{margin-right:1.2em;font-size:.9em}
@@ -241,8 +241,7 @@ def _metrics_table(summary: dict[str, Any]) -> str:
     columns: list[tuple[str, Any]] = []
     if summary.get("at_flops") is not None:
         columns.append((_head(read_at_label(summary["at_flops"])),
-                        lambda a: _td(t := fmt_read_at(arms[a]), sig="down" if "UNTRAINED" in t or OFF_BUDGET in t
-                                      else "")))
+                        lambda a: _read_at_cell(arms[a])))
     columns += [_metric_column(summary, *m) for m in _shown_metrics(summary, HEADLINE)]
     columns.append((_head("gain in acc@t2 (over its own step 0)"),
                     lambda a: _change(g, "mean") if (g := arms[a]["gain"]) else _td(DASH)))
@@ -258,6 +257,23 @@ def _metrics_table(summary: dict[str, Any]) -> str:
         columns.append((_head(f"acc@t2 − {baseline}'s (seeds × problems)"), versus))
     columns.append((_head("seeds × problems (in the CIs)"), lambda a: _td(fmt_units(arms[a]))))
     return _arms_table(summary, columns)
+
+
+def _read_at_cell(arm: dict[str, Any]) -> str:
+    """Where an arm's runs were read at a FLOPs budget: how many within its tolerance (shaded red
+    when not all, or when one is UNTRAINED), each run's evaluation in a disclosure beneath
+    (:func:`~mlmt_bench.report.formatting.fmt_read_at`); sorted by the share within."""
+    reads = [at for at in arm.get("read_at") or [] if at is not None]
+    if not reads:
+        return _td(DASH)
+    within = sum(at.get("within") is not False for at in reads)
+    untrained = sum(not at.get("step") for at in reads)
+    short = f"{within}/{len(reads)} runs within ±{AT_FLOPS_TOLERANCE:.0%}" + (
+        f", {untrained} UNTRAINED" if untrained else "")
+    shade = " sig down" if untrained or within < len(reads) else ""
+    runs = "".join(f"<div>{esc(part)}</div>" for part in fmt_read_at(arm).split("; "))
+    return (f'<td class="num wrap{shade}"{_data_v(within / len(reads))}><details><summary>{esc(short)}</summary>'
+            f"{runs}</details></td>")
 
 
 def _group_tables(summary: dict[str, Any]) -> str:
