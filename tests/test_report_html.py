@@ -481,11 +481,13 @@ HEADLINE = Path(__file__).resolve().parents[1] / "reports" / "headline-v3"
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no Chromium or Chrome on this machine")
-def test_the_committed_headline_at_1280_px(tmp_path):
-    """The committed headline report as a reader opens it 1280 px wide: every arm's row of every
-    table in view without scrolling sideways, the training curves of its 11 trained arms drawn, and
-    the problem browser listing all 500 problems of the final evaluation, 25 at a time."""
-    index = load_page(CHROMIUM, HEADLINE / "index.html", probes={
+@pytest.mark.parametrize("report", ["headline-v3", "headline-v3-flops"])
+def test_the_committed_headline_at_1280_px(report, tmp_path):
+    """The committed headline report (also read at equal FLOPs) as a reader opens it 1280 px wide:
+    every arm's row of every table in view without scrolling sideways, the training curves of its
+    11 trained arms drawn, and the problem browser listing all 500 problems of the final
+    evaluation, 25 at a time."""
+    index = load_page(CHROMIUM, HEADLINE.parent / report / "index.html", probes={
         "page_fits": "document.documentElement.scrollWidth <= 1280",
         "tables_fit": "[...document.querySelectorAll('.wide')].every(w => w.scrollWidth <= w.clientWidth)",
         "headline_rows": "document.querySelector('table.arms').rows.length - 1",
@@ -496,7 +498,7 @@ def test_the_committed_headline_at_1280_px(tmp_path):
     assert index.errors() == []
     assert index.probes == {"page_fits": True, "tables_fit": True, "headline_rows": 12, "dynamics_rows": 11,
                             "curves": 11 * 7}
-    browser = load_page(CHROMIUM, HEADLINE / "problems.html", probes={
+    browser = load_page(CHROMIUM, HEADLINE.parent / report / "problems.html", probes={
         "cards": "document.querySelectorAll('article.prob').length", "shown": _SHOWN,
         "page_fits": "document.documentElement.scrollWidth <= 1280"})
     assert browser.errors() == []
