@@ -194,12 +194,16 @@ def _builtin() -> None:
     b("gpqa-extended", "mlmt_bench.benchmarks.gpqa:GPQAExtended", "GPQA extended: 546 graduate science multiple-choice")
     b("synthetic-arith", "mlmt_bench.benchmarks.synthetic:SyntheticArith",
       "multi-step integer arithmetic with written steps and a rule-based oracle critic")
+    b("nl-arith", "mlmt_bench.benchmarks.nl_arith:NLArith",
+      "arithmetic and word problems in natural language with difficulty knobs and an answer-free oracle critic")
     # Verifiers (mlmt_bench/verifiers/).
     v = verifiers.register
     v("math", "mlmt_bench.verifiers.math:MathVerifier", "final-answer extraction + math-verify equivalence")
     v("code", "mlmt_bench.verifiers.code:CodeVerifier", "runs code against tests in a resource-limited sandbox")
     v("choice", "mlmt_bench.verifiers.choice:ChoiceVerifier", "multiple-choice letter extraction")
     v("synthetic", "mlmt_bench.verifiers.synthetic:SyntheticVerifier", "exact integer answer of a synthetic problem")
+    v("stated-answer", "mlmt_bench.verifiers.stated_answer:StatedAnswerVerifier",
+      "exact integer of the last answer statement ('Answer: N', 'the answer is N'), no last-number fallback")
     # Policies (mlmt_bench/models/): ModelFactory objects (models/factory.py: what each needs).
     m = models.register
     m("hf", "mlmt_bench.models.factory:hf", "any HF causal LM from a hub name, a local directory or a shipped alias "

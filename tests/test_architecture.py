@@ -92,6 +92,7 @@ FLOORS: list[tuple[str, set[str]]] = [
 SAME_FLOOR: set[tuple[str, str]] = {
     ("metrics", "verifiers"),  # leakage rates use the verifiers' leak checks
     ("benchmarks", "models"), ("benchmarks", "rollout"),  # prompts are rendered with a tokenizer's chat template
+    ("benchmarks", "verifiers"),  # nl-arith's oracle reads an attempt's answer as its verifier does
     ("fsdp", "rollout"),
     ("rollout", "models"), ("fsdp", "models"),  # a policy's model may be an adapter of a shared base (adapters.py)
     ("trainer", "evaluate"), ("warmstart", "evaluate"),

@@ -93,7 +93,9 @@ def _strip_math_delims(s: str) -> str:
     return s
 
 
-def _phrase_answer(text: str) -> str | None:
+def phrase_answer(text: str) -> str | None:
+    """What the last answer phrase of ``text`` states ("final answer is X", "the answer is X",
+    "Answer: X", "#### X"), up to the end of its sentence or line; None without one."""
     last = None
     for m in _PHRASE_RE.finditer(text):
         last = m
@@ -124,7 +126,7 @@ def extract_answer(response: str) -> str | None:
     boxed = extract_boxed(response)
     if boxed is not None:
         return boxed
-    phrase = _phrase_answer(response)
+    phrase = phrase_answer(response)
     if phrase is not None:
         return phrase
     last = None

@@ -1,0 +1,478 @@
+"""``nl-arith``: arithmetic and word problems in natural language, at a small pretrained model's level.
+
+METHOD v4's real testbed (issue 33): SmolLM2-135M-Instruct scores about 1% on GSM8K, so it needs
+a task it can partly solve, with knobs to set how hard. A problem is a start value and ``steps``
+operations applied in order (``ops`` from ``+``, ``-``, ``*``; operands of ``digits`` digits;
+subtractions never go below 0), written as one of two ``style`` s::
+
+    plain   What is 7 + 5?                     What is (7 + 5) * 3?
+    word    Tom has 7 apples. He buys 5 more apples. Then he gives 3 apples to a friend.
+            How many apples does Tom have now?
+            Anna has 4 boxes with 6 eggs in each box. How many eggs does Anna have?
+
+(``style: mixed`` draws one of the two per problem.) The gold solution writes one equation per
+step and the answer line: ``Step 1: 7 + 5 = 12.`` ... ``Answer: 9``. The prompt asks "Think step by
+step, then write the final answer as 'Answer: <number>'"; the default verifier is ``stated-answer``
+(:mod:`mlmt_bench.verifiers.stated_answer`: the exact integer of the last answer statement).
+
+Splits are generated from ``seed`` and the problem options, and are disjoint by problem: no start
+value and sequence of operations (``7+5-3``) is in two splits, whatever its words. ``test`` depends
+only on the seed and the problem options, ``validation`` also on ``n_test``, ``train`` on both.
+
+The oracle critic (:func:`oracle_feedback`) checks the attempt's written equations against the
+gold steps and writes, in words, where the first wrong step is and what is wrong with it (an
+arithmetic slip, a wrong operation, a wrong number, a missing step, the answer line), never a
+value the attempt and the problem do not already contain; it ends with the strict verdict line
+(:func:`mlmt_bench.benchmarks.base.verdict_line`). Its redaction rule is the numeric one of
+:meth:`Benchmark.redact_feedback` (numbers in neither x nor z become ``?``), which therefore leaves
+the oracle's feedback unchanged; the probe's edits are the free-text maths ones
+(:func:`mlmt_bench.benchmarks.perturbations.math_perturbations`) plus the oracle's feedback.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from mlmt_bench.benchmarks.base import OracleBenchmark, verdict_line
+from mlmt_bench.benchmarks.perturbations import math_perturbations, numbers
+from mlmt_bench.benchmarks.redaction import last_number
+from mlmt_bench.errors import UserError
+from mlmt_bench.types import VERDICT_INSTRUCTION, Problem, PromptTemplates
+from mlmt_bench.verifiers.stated_answer import stated_integer
+
+OPS = "+-*"
+STYLES = ("plain", "word", "mixed")
+ANSWER_INSTRUCTION = "Think step by step, then write the final answer as 'Answer: <number>'."
+
+TEMPLATES = PromptTemplates(
+    attempt="{problem}\n\n" + ANSWER_INSTRUCTION,
+    feedback=(
+        "Here is a math problem and an attempted solution.\n\nProblem:\n{problem}\n\n"
+        "Attempted solution:\n{attempt}\n\n"
+        "Check the attempt step by step. Point out the first wrong step, if any, and say what is "
+        "wrong with it. Do not state the correct answer. " + VERDICT_INSTRUCTION
+    ),
+    refine=(
+        "Feedback on your solution:\n{feedback}\n\n"
+        "Using this feedback, solve the problem again step by step, then write the final answer as "
+        "'Answer: <number>'."
+    ),
+    null_feedback="Check your solution carefully for errors.",
+)
+
+Step = tuple[int, str, int, int]  # (a, op, b, result): one operation on the running value
+
+_OP_NAMES = {"+": "an addition", "-": "a subtraction", "*": "a multiplication"}
+_OP_VERBS = {"+": "add {b}", "-": "subtract {b}", "*": "multiply by {b}"}
+
+# --------------------------------------------------------------------------- words
+
+#: (name, subject pronoun, object pronoun)
+_PEOPLE = (("Tom", "he", "him"), ("Anna", "she", "her"), ("Sam", "he", "him"), ("Lily", "she", "her"),
+           ("Ben", "he", "him"), ("Maya", "she", "her"), ("Leo", "he", "him"), ("Emma", "she", "her"))
+#: (singular, plural)
+_ITEMS = (("apple", "apples"), ("pencil", "pencils"), ("marble", "marbles"), ("book", "books"),
+          ("sticker", "stickers"), ("coin", "coins"), ("card", "cards"), ("shell", "shells"),
+          ("cookie", "cookies"), ("egg", "eggs"))
+_CONTAINERS = (("box", "boxes"), ("bag", "bags"), ("jar", "jars"), ("basket", "baskets"))
+_ADD = ("{He} buys {b} more {items}.", "{He} finds {b} more {items}.", "A friend gives {him} {b} more {items}.")
+_SUB = ("{He} gives {b} {items} to a friend.", "{He} loses {b} {items}.", "{He} sells {b} {items}.")
+_MUL = ("The number of {items} {he} has is multiplied by {b}.",)
+
+
+def _plural(n: int, noun: tuple[str, str]) -> str:
+    return noun[0] if n == 1 else noun[1]
+
+
+def apply_op(a: int, op: str, b: int) -> int:
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    raise ValueError(f"unknown operator {op!r}")
+
+
+def solve(first: int, ops: Sequence[tuple[str, int]]) -> list[Step]:
+    """The gold steps of ``first`` followed by ``ops`` applied in order."""
+    steps: list[Step] = []
+    a = first
+    for op, b in ops:
+        r = apply_op(a, op, b)
+        steps.append((a, op, b, r))
+        a = r
+    return steps
+
+
+def format_solution(steps: Sequence[Step]) -> str:
+    """``Step 1: 7 + 5 = 12.`` per step, then ``Answer: <last result>``."""
+    lines = [f"Step {i}: {a} {op} {b} = {r}." for i, (a, op, b, r) in enumerate(steps, 1)]
+    return "\n".join([*lines, f"Answer: {steps[-1][3]}"])
+
+
+def plain_text(first: int, ops: Sequence[tuple[str, int]]) -> tuple[str, list[str]]:
+    """``What is (7 + 5) * 3?`` (brackets fix the left-to-right order) and each step's description
+    (``add 5``, ``multiply by 3``)."""
+    expr = str(first)
+    for j, (op, b) in enumerate(ops):
+        expr = f"{expr} {op} {b}" if j == 0 else f"({expr}) {op} {b}"
+    return f"What is {expr}?", [_OP_VERBS[op].format(b=b) for op, b in ops]
+
+
+def word_text(first: int, ops: Sequence[tuple[str, int]], rng: random.Random) -> tuple[str, list[str]]:
+    """A story with one sentence per step, and each step's sentence (quoted by the oracle). A first
+    multiplication is ``<a> boxes with <b> <items> in each box``; later ones multiply the count."""
+    name, he, him = rng.choice(_PEOPLE)
+    item = rng.choice(_ITEMS)
+    words = {"He": he.capitalize(), "he": he, "him": him}
+    sentences: list[str] = []
+    clauses: list[str] = []
+    rest = list(ops)
+    if rest and rest[0][0] == "*":
+        box = rng.choice(_CONTAINERS)
+        b = rest.pop(0)[1]
+        first_sentence = (f"{name} has {first} {_plural(first, box)} with {b} {_plural(b, item)} "
+                          f"in each {box[0]}.")
+        clauses.append(first_sentence)
+    else:
+        first_sentence = f"{name} has {first} {_plural(first, item)}."
+    sentences.append(first_sentence)
+    for j, (op, b) in enumerate(rest):
+        pattern = rng.choice({"+": _ADD, "-": _SUB, "*": _MUL}[op])
+        sentence = pattern.format(b=b, items=_plural(b, item) if op != "*" else item[1], **words)
+        if j > 0 or clauses:
+            sentence = "Then " + sentence[0].lower() + sentence[1:]
+        sentences.append(sentence)
+        clauses.append(sentence)
+    sentences.append(f"How many {item[1]} does {name} have{' now' if rest else ''}?")
+    return " ".join(sentences), clauses
+
+
+# --------------------------------------------------------------------------- reading attempts
+
+#: an integer of at most 18 digits (longer runs are no number here: int() has a digit limit)
+_NUM = r"-?\d{1,3}(?:,\d{3}){1,5}(?![\d,])|-?\d{1,18}(?!\d)"
+_OP = r"[+\-*×xX·]|plus|minus|times|multiplied\s+by"
+#: at most 8 operations in a chain, so that a long text without "=" is read in linear time
+_EQUATION_RE = re.compile(rf"(?<![\w.])({_NUM})((?:\s*(?:{_OP})\s*(?:{_NUM})){{1,8}})\s*(?:=|equals)\s*({_NUM})"
+                          r"(?!\.\d)")
+_TERM_RE = re.compile(rf"\s*({_OP})\s*({_NUM})")
+_OP_CANON = {"+": "+", "plus": "+", "-": "-", "minus": "-", "*": "*", "×": "*", "x": "*", "·": "*", "times": "*",
+             "multiplied by": "*"}
+
+
+@dataclass(frozen=True)
+class Equation:
+    """One equation an attempt writes: ``operands[0] ops[0] operands[1] ... = result`` and its text."""
+
+    operands: tuple[int, ...]
+    ops: tuple[str, ...]
+    result: int
+    text: str
+
+
+def _int(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def equations(text: str) -> list[Equation]:
+    """The equations ``text`` writes, in order: ``7 + 5 = 12``, ``7 plus 5 equals 12``, chains
+    ``7 + 5 - 3 = 9``; ``x`` and ``×`` are multiplication. Brackets are dropped first, so
+    ``(7 + 5) * 3 = 36`` reads as the chain ``7 + 5 * 3 = 36`` (its steps in order)."""
+    out = []
+    for m in _EQUATION_RE.finditer(re.sub(r"[()]", "", text)):
+        terms = _TERM_RE.findall(m.group(2))
+        ops = tuple(_OP_CANON[re.sub(r"\s+", " ", op.lower())] for op, _ in terms)
+        operands = (_int(m.group(1)), *(_int(n) for _, n in terms))
+        out.append(Equation(operands, ops, _int(m.group(3)), m.group(0).strip()))
+    return out
+
+
+def _covers(eq: Equation, gold: Sequence[Step], i: int) -> bool:
+    """Whether ``eq`` computes gold steps ``i .. i + len(eq.ops) - 1`` (operands and operations in
+    order; a single addition or multiplication in either order)."""
+    k = len(eq.ops)
+    if i + k > len(gold):
+        return False
+    want_ops = tuple(g[1] for g in gold[i:i + k])
+    want = (gold[i][0], *(g[2] for g in gold[i:i + k]))
+    if eq.ops != want_ops:
+        return False
+    return eq.operands == want or (k == 1 and eq.ops[0] in "+*" and eq.operands == want[::-1])
+
+
+# --------------------------------------------------------------------------- oracle critic
+
+APPROVAL = "I checked every step: each calculation is right and the final answer follows from them."
+
+
+#: steps are named in words, so that the oracle writes no number the problem and attempt lack
+_ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth")
+
+
+def _nth(i: int) -> str:
+    """``the second step`` for ``i`` = 1 (0-based)."""
+    return f"the {_ORDINALS[i]} step" if i < len(_ORDINALS) else "a later step"
+
+
+def _quote(eq: Equation) -> str:
+    return f'"{eq.text}"'
+
+
+def _diagnose(eq: Equation, gold: Sequence[Step], i: int, clauses: Sequence[str]) -> str:
+    """What is wrong with ``eq``, the attempt's equation in place of gold step ``i`` (0-based), which
+    does not compute it: the first of its operations (a chain has several) with a wrong operation,
+    start value or number. States only numbers of the problem and the attempt."""
+    for k, (op_k, operand) in enumerate(zip(eq.ops, eq.operands[1:])):
+        if i + k >= len(gold):
+            return f"{_nth(i + k - 1).capitalize()} should be the last, but {_quote(eq)} goes on."
+        a, op, b, _ = gold[i + k]
+        where = f"{_nth(i + k).capitalize()} is wrong: in {_quote(eq)},"
+        if op_k != op:
+            return f"{where} {_clause(clauses, gold, i + k)} calls for {_OP_NAMES[op]}, not {_OP_NAMES[op_k]}."
+        swapped = k == 0 and op in "+*" and (operand, eq.operands[0]) == (a, b)
+        if k == 0 and eq.operands[0] != a and not swapped:
+            source = f"the result of {_nth(i - 1)}" if i > 0 else "what the problem starts with"
+            return f"{where} the calculation should start from {a}, {source}, not from {eq.operands[0]}."
+        if operand != b and not swapped:
+            return f"{where} {_clause(clauses, gold, i + k)} uses the number {b}, not {operand}."
+    return f"{_nth(i).capitalize()} is wrong: {_quote(eq)} does not do {_clause(clauses, gold, i)}."
+
+
+def oracle_feedback(problem: Problem, attempt: str) -> str:
+    """Rule-based feedback from a critic that sees the gold steps, in words, answer-free.
+
+    A right final answer (as the ``stated-answer`` verifier reads it) is approved. Otherwise the
+    gold steps are walked in order against the attempt's equations (:func:`equations`): step ``i``
+    is done by the first later equation that computes it (:func:`_covers`; a chain covers several
+    steps); the first step not done is the wrong one: an equation that computes it with a wrong
+    result is an arithmetic slip ("recompute 12 * 3"); else the next unused equation is diagnosed
+    (:func:`_diagnose`: wrong operation, start value or number); else the step is missing. When
+    every step is done right, what is wrong is an equation after them (a step the problem does not
+    ask for) or the answer line (missing, or not the last result)::
+
+        What is (7 + 5) * 3?   7 + 5 = 12. 12 * 3 = 35. Answer: 35
+        ->  The first step (7 + 5 = 12) is right.
+            The second step is wrong: "12 * 3 = 35" has a calculation error. Recompute 12 * 3.
+            Verdict: incorrect
+
+    Steps are named in words and every number it writes occurs in the problem or the attempt (the
+    gold answer only where they contain it), so the numeric redaction rule leaves it unchanged.
+    Pure; never raises on an attempt.
+    """
+    gold: list[Step] = [(int(a), str(op), int(b), int(r)) for a, op, b, r in problem.metadata["steps"]]
+    clauses = list(problem.metadata.get("clauses") or [])
+    answer = stated_integer(attempt)
+    if answer is not None and problem.answer is not None and answer == str(problem.answer).strip():
+        return f"{APPROVAL}\nVerdict: correct"
+    eqs = equations(attempt)
+    lines: list[str] = []
+    i, at = 0, 0
+    while i < len(gold):
+        found = next((j for j in range(at, len(eqs)) if _covers(eqs[j], gold, i)), None)
+        if found is None:
+            if at < len(eqs):
+                lines.append(_diagnose(eqs[at], gold, i, clauses))
+            elif not eqs:
+                lines.append(f"The attempt writes no equation such as 'a + b = c'. {_nth(i).capitalize()} should "
+                             f"work out {_clause(clauses, gold, i)}.")
+            else:
+                lines.append(f"{_nth(i).capitalize()} is missing: the attempt never works out "
+                             f"{_clause(clauses, gold, i)}.")
+            return _close(lines)
+        eq = eqs[found]
+        last = i + len(eq.ops) - 1
+        if eq.result != gold[last][3]:
+            redo = (f"Recompute {eq.operands[0]} {eq.ops[0]} {eq.operands[1]}." if len(eq.ops) == 1
+                    else "Recompute it one operation at a time.")
+            lines.append(f"{_nth(i).capitalize()} is wrong: {_quote(eq)} has a calculation error. {redo}")
+            return _close(lines)
+        lines.append(f"{_nth(i).capitalize()} ({eq.text}) is right." if last == i else
+                     f"The {_ORDINALS[i]} to {_nth(last)[4:]}s ({eq.text}) are right.")
+        i, at = last + 1, found + 1
+    if at < len(eqs):
+        lines.append(f"Every step the problem asks for is right, but then {_quote(eqs[at])} is a step it does not "
+                     "ask for.")
+    elif answer is None:
+        lines.append("Every step is right, but the attempt does not end with a line 'Answer: <number>'.")
+    else:
+        lines.append(f"Every step is right, but the answer line gives {answer}, which is not the result of the "
+                     "last step.")
+    return _close(lines)
+
+
+def _clause(clauses: Sequence[str], gold: Sequence[Step], i: int) -> str:
+    """How the oracle names gold step ``i``: the problem's sentence for it, quoted, else its
+    operation in words (``add 5``): always numbers of the problem, or of the attempt's previous step."""
+    if i < len(clauses):
+        return f'the sentence "{clauses[i].rstrip(".")}"'
+    _, op, b, _ = gold[i]
+    return f'the operation "{_OP_VERBS[op].format(b=b)}"'
+
+
+def _close(lines: list[str]) -> str:
+    return "\n".join([*lines, "Verdict: incorrect"])
+
+
+# --------------------------------------------------------------------------- benchmark
+
+
+class NLArith(OracleBenchmark):
+    """Arithmetic and word problems in natural language (see the module docstring).
+
+    Options: ``ops`` (operations drawn from, a subset of ``"+-*"``, default ``"+"``), ``digits``
+    (operand digits, 1-4, default 1), ``steps`` (operations per problem, 1-4, default 1), ``style``
+    (``plain``, ``word`` or ``mixed``, default ``word``), ``n_train`` (default 33),
+    ``n_validation`` (default 24), ``n_test`` (default 24).
+
+    The default level is the one where SmolLM2-135M-Instruct (the shipped Q4_1 conversion) was
+    measured at 20-60% greedy on validation (``registry/runs/smollm2-nl-arith-level.yaml``: one-step
+    one-digit word sums, 10/48 = 20.8%; every two-digit or two-step level probed was at 8% or less).
+    It has 81 distinct problems (a + b, both 1-9), all of them in the default splits.
+    """
+
+    name: ClassVar[str] = "nl-arith"
+    default_verifier: ClassVar[str] = "stated-answer"
+    splits: ClassVar[tuple[str, ...]] = ("train", "validation", "test")
+    templates: ClassVar[PromptTemplates] = TEMPLATES
+
+    def __init__(self, path: str | None = None, seed: int = 0, ops: str = "+", digits: int = 1, steps: int = 1,
+                 style: str = "word", n_train: int = 33, n_validation: int = 24, n_test: int = 24,
+                 **options: Any) -> None:
+        super().__init__(path=path, seed=seed, **options)
+        if path is not None:
+            raise UserError("benchmark nl-arith: generated locally, it takes no path")
+        if not isinstance(ops, str) or not ops or any(o not in OPS for o in ops):
+            raise UserError(f"benchmark nl-arith: ops must be a non-empty subset of {OPS!r}, got {ops!r}")
+        if not 1 <= int(digits) <= 4 or not 1 <= int(steps) <= 4:
+            raise UserError(f"benchmark nl-arith: digits and steps must be 1..4, got {digits!r} and {steps!r}")
+        if style not in STYLES:
+            raise UserError(f"benchmark nl-arith: style must be one of {', '.join(STYLES)}, got {style!r}")
+        self.ops = "".join(dict.fromkeys(ops))
+        self.digits, self.steps, self.style = int(digits), int(steps), style
+        self.sizes = {"test": int(n_test), "validation": int(n_validation), "train": int(n_train)}
+        if min(self.sizes.values()) < 0:
+            raise UserError(f"benchmark nl-arith: split sizes must be >= 0, got {self.sizes}")
+        lo, hi = self._operand_range()
+        space = (hi - lo + 1) ** (self.steps + 1) * len(self.ops) ** self.steps
+        if sum(self.sizes.values()) > space:
+            raise UserError(self._too_many(space))
+        self._cache: dict[str, list[Problem]] = {}
+
+    # -- problems
+
+    def _too_many(self, space: int) -> str:
+        return (f"benchmark nl-arith: {sum(self.sizes.values())} problems asked, but at most {space} distinct ones "
+                f"exist at digits {self.digits}, steps {self.steps}, ops {self.ops!r} (fewer with subtractions, which "
+                "never go below 0); lower n_train/n_validation/n_test or widen the options")
+
+    def _operand_range(self) -> tuple[int, int]:
+        return (1 if self.digits == 1 else 10 ** (self.digits - 1)), 10 ** self.digits - 1
+
+    def _draw(self, rng: random.Random) -> tuple[int, list[tuple[str, int]]] | None:
+        """A start value and operations, or None when a subtraction would go below 0 (redrawn)."""
+        lo, hi = self._operand_range()
+        first = rng.randint(lo, hi)
+        ops, value = [], first
+        for _ in range(self.steps):
+            op, b = rng.choice(self.ops), rng.randint(lo, hi)
+            if op == "-" and b > value:
+                if value < lo:
+                    return None
+                b = rng.randint(lo, value)
+            ops.append((op, b))
+            value = apply_op(value, op, b)
+        return first, ops
+
+    def _generate(self, split: str, n: int, exclude: set[str]) -> list[Problem]:
+        rng = random.Random(f"nl-arith:{self.seed}:{self.ops}:{self.digits}:{self.steps}:{self.style}:{split}")
+        seen = set(exclude)
+        problems: list[Problem] = []
+        misses = 0  # draws in a row that gave no new problem: the space is (nearly) used up
+        while len(problems) < n:
+            drawn = self._draw(rng)
+            key = "" if drawn is None else str(drawn[0]) + "".join(f"{op}{b}" for op, b in drawn[1])
+            if drawn is None or key in seen:
+                misses += 1
+                if misses > 100_000:
+                    raise UserError(self._too_many(len(seen)))
+                continue
+            misses = 0
+            first, ops = drawn
+            style = rng.choice(("plain", "word")) if self.style == "mixed" else self.style
+            seen.add(key)
+            prompt, clauses = plain_text(first, ops) if style == "plain" else word_text(first, ops, rng)
+            steps = solve(first, ops)
+            problems.append(Problem(
+                id=f"{split}/{len(problems):06d}",
+                benchmark=self.name,
+                prompt=prompt,
+                answer=str(steps[-1][3]),
+                metadata={"steps": [list(s) for s in steps], "solution": format_solution(steps), "key": key,
+                          "style": style, "clauses": clauses if style == "word" else []},
+            ))
+        return problems
+
+    def load(self, split: str) -> list[Problem]:
+        self.check_split(split)
+        taken: set[str] = set()
+        for name in ("test", "validation", "train"):  # generation order: each excludes the ones before
+            if name not in self._cache:
+                self._cache[name] = self._generate(name, self.sizes[name], taken)
+            if name == split:
+                break
+            taken |= {p.metadata["key"] for p in self._cache[name]}
+        return list(self._cache[split])
+
+    # -- the oracle critic and what the probe needs
+
+    def solution(self, problem: Problem) -> str:
+        return str(problem.metadata["solution"])
+
+    def oracle_feedback(self, problem: Problem, attempt: str) -> str:
+        return oracle_feedback(problem, attempt)
+
+    def inject_errors(self, solution: str, rng: random.Random, second_error_rate: float = 0.15) -> str:
+        """``solution`` (:func:`format_solution`'s form) with one arithmetic slip at a random step
+        (later steps recomputed from it, the answer line following): a wrong attempt for tests and
+        diagnostics. ``second_error_rate`` is not used (one slip)."""
+        eqs = equations(solution)
+        if not eqs or any(len(e.ops) != 1 for e in eqs):
+            raise ValueError(f"not a well-formed nl-arith solution: {solution!r}")
+        gold = solve(eqs[0].operands[0], [(e.ops[0], e.operands[1]) for e in eqs])
+        i = rng.randrange(len(gold))
+        a, op, b, r = gold[i]
+        steps = list(gold[:i]) + [(a, op, b, r + rng.choice((-2, -1, 1, 2, 10)))]
+        for _, op2, b2, _ in gold[i + 1:]:
+            prev = steps[-1][3]
+            steps.append((prev, op2, b2, apply_op(prev, op2, b2)))
+        return format_solution(steps)
+
+    def apply_feedback(self, problem: Problem, attempt: str, feedback: str, *, revision: bool = False,
+                       **options: Any) -> str:
+        """The refinement that follows an oracle feedback exactly: the attempt when it approves,
+        else the gold solution (the flagged step redone and every later step recomputed; the steps
+        before it are right by the oracle's walk). ``revision`` is not used (full solutions)."""
+        return attempt if verdict_line(feedback) else self.solution(problem)
+
+    def stated_answer(self, feedback: str) -> str | None:
+        """The last number the feedback writes, as an answer line ``Answer: N``; None without one."""
+        value = last_number(feedback)
+        return None if value is None else f"Answer: {value}"
+
+    def feedback_perturbations(self, problem: Problem, attempt: str, feedback: str, *,
+                               answer: str | None = None) -> dict[str, str | None]:
+        """Free-text maths edits (:func:`~mlmt_bench.benchmarks.perturbations.math_perturbations`)
+        and the oracle's feedback (:class:`OracleBenchmark`)."""
+        return {**super().feedback_perturbations(problem, attempt, feedback, answer=answer),
+                **math_perturbations(problem.prompt, attempt, feedback, problem.answer, answer),
+                "oracle": self.oracle_feedback(problem, attempt)}
+
+    def stated_values(self, feedback: str) -> list[str] | None:
+        """The numbers the feedback writes (:func:`~mlmt_bench.benchmarks.perturbations.numbers`)."""
+        return numbers(feedback)
