@@ -519,3 +519,25 @@ def test_a_crafted_spec_does_not_make_the_report_generate_a_billion_problems(tmp
     problems.write_text(problems.read_text().replace('"p0"', '"test/000000"'))
     [row] = problem_rows({"a": [load_run(run)]})
     assert (row.problem_id, row.text) == ("test/000000", None)
+
+
+def test_the_pages_show_control_characters_escaped(tmp_path):
+    """An arm named with an ESC sequence, a C1 CSI and the bidi override U+202E, a model output with
+    them (and a NUL, a lone surrogate, lines and a tab): the pages write each as its escape
+    (``\\x1b``), as comparison.md does, never raw; line breaks and tabs of the output stay."""
+    from mlmt_bench.bounded_input import printable
+    from mlmt_bench.report.escape import esc as escape
+
+    evil = "mlmt\x1b[2J\u202e\x9b31m"
+    output = "line 1\n\tline 2 \x00 \ud800 \x1b]8;;http://x\x1b\\"
+    r = tmp_path / "runs"
+    runs = {arm: [make_run(r, f"{name}-20250101T000000Z", seed=0, arm=arm, curve=[(0, 0, 0.0, .5, .5)],
+                           t1=[1, 0], t2=[1, 1], samples={0: {"p1": _episode("1", output, True)}})]
+            for arm, name in (("grpo", "grpo"), (evil, "mlmt"))}
+    build_comparison(runs, tmp_path / "o", baseline="grpo")
+    for name in ("index.html", "problems.html"):
+        page = (tmp_path / "o" / name).read_text(encoding="utf-8")
+        assert not [c for c in ("\x1b", "\u202e", "\x9b", "\x00") if c in page], name
+        assert escape(printable(evil)) in page and "mlmt\\x1b[2J\\u202e\\x9b31m" in page
+    assert "line 1\n\tline 2 \\x00 \\ud800 \\x1b]8;;http://x\\x1b\\" in (tmp_path / "o" / "problems.html").read_text()
+    assert escape("\x1b") == "\\x1b" and escape("a\n\tb") == "a\n\tb" and escape("<\u202e>") == "&lt;\\u202e&gt;"

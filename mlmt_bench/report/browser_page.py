@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlmt_bench.report import page_script
-from mlmt_bench.report.html import DASH, PAGE_CSS, esc
+from mlmt_bench.report.escape import esc
+from mlmt_bench.report.html import DASH, PAGE_CSS
 from mlmt_bench.report.problem_set import TRANSITIONS, ProblemRow, problem_rows
 from mlmt_bench.tracking import atomic_write_text
 

@@ -18,7 +18,6 @@ escaped.
 from __future__ import annotations
 
 import base64
-import html
 import json
 import math
 import re
@@ -28,6 +27,7 @@ from typing import Any
 from mlmt_bench.metrics.stats import mean_std
 from mlmt_bench.report import analysis, arm_specs, downloads, dynamics, figures, page_script, svg
 from mlmt_bench.report.episodes import Disagreement, Examples, find_disagreements
+from mlmt_bench.report.escape import esc
 from mlmt_bench.report.formatting import (
     CI_METRICS,
     DASH,
@@ -69,7 +69,6 @@ COST = [("gen_tokens", "generated tokens", "tok"), ("trained_tokens", "trained t
 #: an episode's turn text is cut after this many characters (a page of a runaway generation is enough)
 MAX_TURN_CHARS = 4000
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 #: the pages' style sheet (index.html and problems.html)
 PAGE_CSS = """
 body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0 auto;max-width:1280px;
@@ -107,13 +106,6 @@ th.sort{cursor:pointer}th.sort:after{content:" \\2195";color:#999;font-weight:40
 th[aria-sort=descending]:after{content:" \\25BE";color:#1d1d1f}
 th[aria-sort=ascending]:after{content:" \\25B4";color:#1d1d1f}
 """
-
-
-def esc(value: Any) -> str:
-    """``value`` as text safe inside HTML elements and quoted attributes: control characters
-    (NUL included) and lone surrogates of broken model output are replaced, then escaped."""
-    text = _CONTROL.sub("\ufffd", str(value))
-    return html.escape(text.encode("utf-8", "replace").decode("utf-8"), quote=True)
 
 
 def _md_inline(text: str) -> str:

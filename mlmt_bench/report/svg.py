@@ -8,10 +8,11 @@ acc_vs_tokens.png. Every text is escaped.
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from mlmt_bench.report.escape import esc
 
 #: matplotlib's tab10 cycle (its grey C7 swapped for navy: grey draws the baseline), then tab20's
 #: light shades and four darker ones: twenty colours, so that an experiment of up to twenty arms
@@ -85,10 +86,6 @@ def tick_label(v: float) -> str:
     return f"{v:.6g}"
 
 
-def _esc(text: str) -> str:
-    return html.escape(str(text), quote=True)
-
-
 #: a title's characters per pixel of width at its font size (12 px), on the safe side, and its line height
 _TITLE_CHAR_PX, _TITLE_LINE_PX = 6.8, 14
 
@@ -124,26 +121,26 @@ class _Frame:
             y = self.py(t)
             out.append(f'<line x1="{self.x0}" x2="{self.x1}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e5e5e5"/>'
                        f'<text x="{self.x0 - 4}" y="{y + 3.5:.1f}" font-size="10" text-anchor="end">'
-                       f"{_esc(tick_label(t))}</text>")
+                       f"{esc(tick_label(t))}</text>")
         for t in self.xt:
             x = self.px(t)
             out.append(f'<line y1="{self.y0}" y2="{self.y1}" x1="{x:.1f}" x2="{x:.1f}" stroke="#e5e5e5"/>'
                        f'<text x="{x:.1f}" y="{self.y1 + 13}" font-size="10" text-anchor="middle">'
-                       f"{_esc(tick_label(t))}</text>")
+                       f"{esc(tick_label(t))}</text>")
         out += [f'<text x="{self.w / 2:.1f}" y="{15 + _TITLE_LINE_PX * i}" font-size="12" font-weight="600" '
-                f'text-anchor="middle">{_esc(line)}</text>' for i, line in enumerate(self.title) if line]
+                f'text-anchor="middle">{esc(line)}</text>' for i, line in enumerate(self.title) if line]
         if x_label:
             out.append(f'<text x="{(self.x0 + self.x1) / 2:.1f}" y="{self.h - 6}" font-size="10.5" '
-                       f'text-anchor="middle">{_esc(x_label)}</text>')
+                       f'text-anchor="middle">{esc(x_label)}</text>')
         if y_label:
             cy = (self.y0 + self.y1) / 2
             out.append(f'<text x="11" y="{cy:.1f}" font-size="10.5" text-anchor="middle" '
-                       f'transform="rotate(-90 11 {cy:.1f})">{_esc(y_label)}</text>')
+                       f'transform="rotate(-90 11 {cy:.1f})">{esc(y_label)}</text>')
         return out
 
     def svg(self, body: list[str], label: str) -> str:
         return (f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {self.w} {self.h}" width="{self.w}" '
-                f'height="{self.h}" role="img" aria-label="{_esc(label)}" {_FONT}>{"".join(body)}</svg>')
+                f'height="{self.h}" role="img" aria-label="{esc(label)}" {_FONT}>{"".join(body)}</svg>')
 
 
 def _finite(values: Sequence[float | None] | None) -> list[float]:
@@ -185,7 +182,7 @@ def line_chart(series: list[Series], *, title: str, x_label: str, y_label: str =
             body.append(f'<polyline points="{" ".join(f"{f.px(x):.1f},{f.py(y):.1f}" for x, y in pts)}" '
                         f'fill="none" stroke="{s.color}" stroke-width="1.6"{dash}/>')
         body += [f'<circle cx="{f.px(x):.1f}" cy="{f.py(y):.1f}" r="2.3" fill="{s.color}">'
-                 f"<title>{_esc(s.label)}: {_esc(tick_label(y))} at {_esc(tick_label(x))}</title></circle>"
+                 f"<title>{esc(s.label)}: {esc(tick_label(y))} at {esc(tick_label(x))}</title></circle>"
                  for x, y in pts if markers]
     return f.svg(body, title)
 
@@ -193,7 +190,7 @@ def line_chart(series: list[Series], *, title: str, x_label: str, y_label: str =
 def _note(f: _Frame, text: str) -> str:
     """A grey note in the middle of the plot area."""
     return (f'<text x="{(f.x0 + f.x1) / 2:.1f}" y="{(f.y0 + f.y1) / 2 - 6:.1f}" font-size="11" '
-            f'text-anchor="middle" fill="#666">{_esc(text)}</text>')
+            f'text-anchor="middle" fill="#666">{esc(text)}</text>')
 
 
 def _error_bars(s: Series) -> Sequence[float | None]:
@@ -216,7 +213,7 @@ def bar_chart(categories: list[str], series: list[Series], *, y_label: str, titl
     bar = min(34.0, 0.8 * group / max(1, len(series)))
     for c, cat in enumerate(categories):
         cx = f.x0 + (c + 0.5) * group
-        body.append(f'<text x="{cx:.1f}" y="{f.y1 + 14}" font-size="11" text-anchor="middle">{_esc(cat)}</text>')
+        body.append(f'<text x="{cx:.1f}" y="{f.y1 + 14}" font-size="11" text-anchor="middle">{esc(cat)}</text>')
         for j, s in enumerate(series):
             y = s.y[c]
             if not math.isfinite(y):
@@ -224,7 +221,7 @@ def bar_chart(categories: list[str], series: list[Series], *, y_label: str, titl
             x = cx + (j - len(series) / 2) * bar
             top, base = f.py(max(y, 0.0)), f.py(min(y, 0.0))
             body.append(f'<rect x="{x:.1f}" y="{top:.1f}" width="{bar:.1f}" height="{max(base - top, 0.5):.1f}" '
-                        f'fill="{s.color}"><title>{_esc(s.label)}: {y:.1f}</title></rect>')
+                        f'fill="{s.color}"><title>{esc(s.label)}: {y:.1f}</title></rect>')
             err = _error_bars(s)[c]
             if err is not None and math.isfinite(err) and err > 0:
                 mid = x + bar / 2
@@ -240,4 +237,4 @@ def bar_chart(categories: list[str], series: list[Series], *, y_label: str, titl
 def legend(items: list[tuple[str, str]]) -> str:
     """An HTML legend: (label, colour) swatches in a row."""
     return '<div class="legend">' + "".join(
-        f'<span><i style="background:{c}"></i>{_esc(label)}</span>' for label, c in items) + "</div>"
+        f'<span><i style="background:{c}"></i>{esc(label)}</span>' for label, c in items) + "</div>"
