@@ -541,3 +541,30 @@ def test_the_pages_show_control_characters_escaped(tmp_path):
         assert escape(printable(evil)) in page and "mlmt\\x1b[2J\\u202e\\x9b31m" in page
     assert "line 1\n\tline 2 \\x00 \\ud800 \\x1b]8;;http://x\\x1b\\" in (tmp_path / "o" / "problems.html").read_text()
     assert escape("\x1b") == "\\x1b" and escape("a\n\tb") == "a\n\tb" and escape("<\u202e>") == "&lt;\\u202e&gt;"
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium or Chrome on this machine")
+def test_four_arms_like_the_quickstart_fit_1280_px(tmp_path):
+    """The quickstart's four arms (given in an order that puts the baseline third): its row first,
+    each arm's row and every metric column in view at 1280 px with nothing scrolling sideways."""
+    r = tmp_path / "runs"
+    arms = ["mlmt", "self_correct", "grpo", "mlmt-critic_only"]
+    runs = {arm: [make_run(r, f"{arm}-2025010{s}T000000Z", seed=s, arm=arm, feedback=arm != "grpo",
+                           curve=[(0, 0, 0.0, .25, .25), (10, 1000 + s, 1e12, .4 + .1 * i, .5 + .1 * i)],
+                           t1=[1, 0, 1, 0] * 25, t2=[1, 1, 0, 0] * 25,
+                           train_extra={0: {"kl/solver": 0.0}, 10: {"kl/solver": 0.01 * i}})
+                 for s in (0, 1, 2)]
+            for i, arm in enumerate(arms)}
+    out = tmp_path / "report"
+    build_comparison(runs, out, baseline="grpo", title="quickstart-like")
+    report = load_page(CHROMIUM, out / "index.html", probes={
+        "rows": "[...document.querySelector('table.arms').rows].slice(1).map(r => r.cells[0].textContent)",
+        "in_view": "[...document.querySelectorAll('table.arms td')].every(c => c.getBoundingClientRect().right <= 1280)",
+        "fits": "[...document.querySelectorAll('.wide')].every(w => w.scrollWidth <= w.clientWidth)"
+                " && document.documentElement.scrollWidth <= 1280",
+        "dynamics_rows": "[...document.querySelectorAll('.dyn-arm')].map(d => d.textContent)",
+    })
+    (tmp_path / "quickstart.png").write_bytes(report.screenshot)
+    assert report.errors() == []
+    assert report.probes == {"rows": ["grpobaseline", "mlmt", "self_correct", "mlmt-critic_only"], "in_view": True,
+                             "fits": True, "dynamics_rows": ["grpo", "mlmt", "self_correct", "mlmt-critic_only"]}
