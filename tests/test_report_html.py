@@ -559,7 +559,8 @@ def test_four_arms_like_the_quickstart_fit_1280_px(tmp_path):
     build_comparison(runs, out, baseline="grpo", title="quickstart-like")
     report = load_page(CHROMIUM, out / "index.html", probes={
         "rows": "[...document.querySelector('table.arms').rows].slice(1).map(r => r.cells[0].textContent)",
-        "in_view": "[...document.querySelectorAll('table.arms td')].every(c => c.getBoundingClientRect().right <= 1280)",
+        "in_view": "[...document.querySelectorAll('table.arms td')]"
+                   ".every(c => c.getBoundingClientRect().right <= 1280)",
         "fits": "[...document.querySelectorAll('.wide')].every(w => w.scrollWidth <= w.clientWidth)"
                 " && document.documentElement.scrollWidth <= 1280",
         "dynamics_rows": "[...document.querySelectorAll('.dyn-arm')].map(d => d.textContent)",
