@@ -4,7 +4,8 @@ apart from the other arms, for the results page's "Arms" table.
 A fixed set of columns a reader of the method looks for first (:data:`COLUMNS`: algorithm,
 variant, λ, group size G, learning rates, sampling temperatures) and the base checkpoint's key
 (``manifest.json``), then, per arm, every other setting whose value is not the one most arms of
-the comparison share: algorithm parameters compared among the arms of the same algorithm
+the comparison share (on a tie, the first arm's: the baseline's in a report, which lists it
+first): algorithm parameters compared among the arms of the same algorithm
 (GRPO has no λ to differ in), the rest among all arms. The per-run fields (name, seed, output
 directory, description) never count. An arm is read from its first run; the fields in which its
 seeds' specs differ from each other are listed too.
