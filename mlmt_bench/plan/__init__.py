@@ -115,7 +115,10 @@ def plan_run(spec: RunSpec, device: Device, gpus: int = 1, table: dict[str, Any]
     eval_total = one_eval.scaled(n_eval_runs)
 
     memory = estimate_memory(spec, params, policies, turns, trained, eval_turns, device)
-    time_est = time_estimate(table, device, policies, step, one_eval, steps, n_eval_runs, backend_key(spec))
+    from mlmt_bench.runner import cpu_dtype
+
+    time_est = time_estimate(table, device, policies, step, one_eval, steps, n_eval_runs, backend_key(spec),
+                             cpu_dtype(spec)["dtype"])
     return {
         "spec": spec.name, "algorithm": spec.algorithm.name,
         "device": {"kind": device.kind, "memory_bytes": device.memory, "description": device.description},

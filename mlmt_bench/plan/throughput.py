@@ -72,24 +72,37 @@ def backend_key(spec: RunSpec) -> str:
     return backend_class(spec.backend.name).throughput_key(spec.backend.options)
 
 
-def throughput(table: dict[str, Any], device: str, params: int, backend: str) -> dict[str, Any] | None:
+def throughput(table: dict[str, Any], device: str, params: int, backend: str, cpu_dtype: str = "float32",
+               lora: bool = False) -> dict[str, Any] | None:
     """Generated and trained tokens/s for a model of ``params`` on ``device``: the row of the nearest
     model size (log scale), scaled by parameter count (both phases are bound by reading or
-    multiplying every weight once per token). None if the table has no row for the device."""
+    multiplying every weight once per token). Rows measured as the run will run are preferred: the
+    same CPU matmul dtype (a row's ``cpu_dtype``, default float32; bfloat16 autocast is ~1.5x) and,
+    among those, the same kind of training (a row's ``lora``: a LoRA update skips the base weights'
+    gradients). None if the table has no row for the device."""
     rows = [r for r in table["rows"] if r["device"] == device]
     if not rows:
         return None
+    same_dtype = [r for r in rows if r.get("cpu_dtype", "float32") == cpu_dtype] or rows
+    rows = [r for r in same_dtype if bool(r.get("lora", False)) == lora] or same_dtype
     row = min(rows, key=lambda r: abs(math.log(r["params"] / params)))
     scale = row["params"] / params
     gen_key = backend if backend in row["gen"] else next(k for k in ("vllm", "hf-static", "hf-generate")
                                                           if k in row["gen"])
     note = "" if gen_key == backend else f" (no {backend} figure: {gen_key}'s, so likely slower than {backend} will be)"
-    return {"gen": row["gen"][gen_key] * scale, "train": row["train"] * scale, "row": row["model"],
+    return {"gen": row["gen"][gen_key] * scale, "train": row["train"] * scale,
+            "row": row["model"] + (f" ({row['cpu_dtype']} matmuls)" if "cpu_dtype" in row else "")
+            + (" (LoRA)" if row.get("lora") else ""),
             "row_params": row["params"], "scale": scale, "backend": gen_key + note, "source": row["source"]}
 
 
-def time_estimate(table, device, policies, step: Work, one_eval: Work, steps: int, n_eval: int, backend: str):
-    found = {r: throughput(table, device.kind, p.shape.params, backend) for r, p in policies.items()}
+def time_estimate(table, device, policies, step: Work, one_eval: Work, steps: int, n_eval: int, backend: str,
+                  cpu_dtype: str = "float32"):
+    """Seconds per step, per evaluation and in all, from the throughput table (:func:`throughput`);
+    ``cpu_dtype`` is what the run's CPU matmuls run in (:func:`mlmt_bench.runner.cpu_dtype`)."""
+    found = {r: throughput(table, device.kind, p.shape.params, backend,
+                           cpu_dtype if device.kind == "cpu" else "float32", p.spec.lora is not None)
+             for r, p in policies.items()}
     if any(v is None for v in found.values()):
         measured = sorted({r["device"] for r in table["rows"]})
         return {"available": False,
