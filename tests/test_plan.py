@@ -448,3 +448,21 @@ def test_throughput_rows_from_the_benchmark_feed_the_time_estimate(capsys, tiny_
     plan = plan_run(validate_run(d, "t"), resolve_device("cpu", load_table()), 1,
                     {"devices": {"cpu": {}}, "rows": rows})
     assert plan["time"]["available"] and plan["time"]["basis"]["solver"]["backend"] == "hf-static"
+
+
+def test_a_run_is_timed_from_rows_measured_as_it_will_run():
+    """The throughput row of the run's CPU matmul dtype and kind of training wins over a nearer size."""
+    from mlmt_bench.plan.throughput import throughput
+
+    def row(model, params, gen, **kw):
+        return {"device": "cpu", "model": model, "params": params, "gen": {"hf-generate": gen}, "train": gen,
+                "source": "test", **kw}
+
+    table = {"rows": [row("a", 100, 10.0), row("b", 400, 4.0, cpu_dtype="bfloat16"),
+                      row("c", 400, 8.0, cpu_dtype="bfloat16", lora=True)]}
+    assert throughput(table, "cpu", 100, "hf-generate")["row"] == "a"  # float32, full: the default
+    got = throughput(table, "cpu", 100, "hf-generate", "bfloat16")
+    assert got["row"] == "b (bfloat16 matmuls)" and got["gen"] == 4.0 * 4  # scaled by 400 / 100
+    assert throughput(table, "cpu", 100, "hf-generate", "bfloat16", lora=True)["row"] == "c (bfloat16 matmuls) (LoRA)"
+    # no row of the run's kind: the nearest size of those there are
+    assert throughput(table, "cpu", 100, "hf-generate", "float32", lora=True)["row"] == "a"
