@@ -193,10 +193,13 @@ def score(spec: RunSpec) -> float:
 
 
 class FakeTrainer:
-    """Evaluates at steps 0..3; ``curve(spec, step)`` gives acc@t2 at each (the last is final)."""
+    """Evaluates at steps 0..3; ``curve(spec, step)`` gives acc@t2 at each (the last is final).
+    It has no models (``policies``, ``base_critic``: what ``runner._train`` reads of a trainer)."""
 
     def __init__(self, spec: RunSpec, on_eval, curve):
         self.spec, self.on_eval, self.curve = spec, on_eval, curve
+        self.policies: dict = {}
+        self.base_critic = None
 
     def train(self, bar):
         record = {}
