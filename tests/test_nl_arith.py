@@ -274,10 +274,11 @@ def test_the_oracle_reads_hostile_attempts_quickly_and_never_raises() -> None:
     assert time.monotonic() - start < 10
 
 
-def test_the_default_level_is_one_digit_word_sums_split_three_ways() -> None:
+def test_the_default_level_is_one_digit_products_split_three_ways() -> None:
     bench = NLArith()
     splits = {s: bench.load(s) for s in bench.splits}
     keys = {p.metadata["key"] for ps in splits.values() for p in ps}
     assert {s: len(ps) for s, ps in splits.items()} == {"train": 33, "validation": 24, "test": 24}
-    assert keys == {f"{a}+{b}" for a in range(1, 10) for b in range(1, 10)}  # all 81, each once
-    assert all(p.metadata["style"] == "word" for ps in splits.values() for p in ps)
+    assert keys == {f"{a}*{b}" for a in range(1, 10) for b in range(1, 10)}  # all 81, each once
+    assert all(p.prompt == "What is {} * {}?".format(*p.metadata["key"].split("*"))
+               for ps in splits.values() for p in ps)
