@@ -427,6 +427,24 @@ with --sweep, a sweep's history, importances and best spec)."""
     _emit(summary, human)
 
 
+@app.command("export")
+@_user_errors
+def export(
+    run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="A run directory."),
+    role: str = typer.Option(..., "--role", help="solver or critic."),
+    out: Path = typer.Option(..., "--out", "-o", help="New (or empty) directory to write."),
+    merge: bool = typer.Option(False, "--merge", help="LoRA: merge the adapter into its base (full weights)."),
+    step: int | None = typer.Option(None, "--step", min=0, metavar="N", help="checkpoints/step-N (default: the "
+                                    "newest intact one, as `eval` picks)."),
+) -> None:
+    """Export a role's checkpoint as a Hub-ready directory with a model card (mlmt_bench/export.py)."""
+    from mlmt_bench.export import export_run
+
+    summary = export_run(run_dir, role, out, merge=merge, step=step)
+    _emit(summary, lambda: typer.echo(f"wrote {summary['out']} ({summary['role']}, step {summary['step']}, "
+                                      f"{summary['library_name']}, base {summary['base']})"))
+
+
 @app.command("eval")
 @_user_errors
 def eval_(

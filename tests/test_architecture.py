@@ -86,7 +86,7 @@ FLOORS: list[tuple[str, set[str]]] = [
     ("algorithms", {"algorithms"}),
     ("training", {"evaluate", "trainer", "probe", "warmstart"}),
     ("composition", {"spec", "runner", "plan"}),
-    ("experiments", {"sweep", "experiment", "report", "external_eval"}),
+    ("experiments", {"sweep", "experiment", "report", "external_eval", "export"}),
     ("interface", {"cli"}),
 ]
 SAME_FLOOR: set[tuple[str, str]] = {
@@ -98,6 +98,7 @@ SAME_FLOOR: set[tuple[str, str]] = {
     ("trainer", "evaluate"), ("warmstart", "evaluate"),
     ("runner", "spec"), ("plan", "spec"), ("plan", "runner"),  # plan builds what a run would build
     ("experiment", "report"), ("report", "sweep"),
+    ("export", "external_eval"),  # an export picks the checkpoint `eval` picks
 }
 
 
