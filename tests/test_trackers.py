@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import minimal_spec
+from mlmt_bench import registry
 from mlmt_bench.errors import UserError
 from mlmt_bench.trackers import Tracker
 from support import one_line_error, require
@@ -20,6 +21,10 @@ from support import one_line_error, require
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 TRACKERS = ("tensorboard", "mlflow", "wandb")
+
+if "parity-test" not in registry.verifiers:  # rewards that vary, so that the policy is updated (kl, entropy)
+    registry.verifiers.register("parity-test", "support:ParityVerifier", "parity of the response length (tests)",
+                                overwrite=True)
 
 
 def _have(package: str) -> bool:
@@ -29,6 +34,7 @@ def _have(package: str) -> bool:
 def _spec(ckpt: Path, out: Path, report_to, options=None, **over) -> dict:
     d = minimal_spec(output_dir=str(out), **over)
     d["policies"]["solver"]["path"] = str(ckpt)
+    d["benchmark"]["verifier"] = "parity-test"
     d["train"].update(steps=3, checkpoint_every=1)
     d["eval"] = {"every": 2, "limit": 4}
     d["backend"] = {"max_new_tokens": 8}
@@ -37,11 +43,12 @@ def _spec(ckpt: Path, out: Path, report_to, options=None, **over) -> dict:
 
 
 def _expected(run_dir: Path) -> list[dict]:
-    """metrics.jsonl as the trackers must have it: ``<kind>/<field>`` → value, with the counters."""
-    from mlmt_bench.trackers import scalars
+    """metrics.jsonl as the trackers must have it: name → value (the names every tracker logs), with
+    the counters."""
+    from mlmt_bench.trackers.names import logged
     from mlmt_bench.tracking import read_jsonl
 
-    return [{"step": r["step"], "gen_tokens": r["gen_tokens"], "flops": r["flops"], "metrics": scalars(r)}
+    return [{"step": r["step"], "gen_tokens": r["gen_tokens"], "flops": r["flops"], "metrics": logged(r)}
             for r in read_jsonl(run_dir / "metrics.jsonl")]
 
 
@@ -95,6 +102,70 @@ def test_every_tracker_follows_the_whole_run(tracked_run):
     assert {k.split("/")[0] for m in kinds for k in m} == {"train", "eval", "final"}
 
 
+def _tensorboard_names(run_dir: Path) -> set[str]:
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tensorboard" / "step"), size_guidance={SCALARS: 0})
+    acc.Reload()
+    return set(acc.Tags()["scalars"])
+
+
+def _mlflow_client(run_dir: Path):
+    from mlflow.tracking import MlflowClient
+
+    state = json.loads((run_dir / "manifest.json").read_text())["trackers"]["mlflow"]
+    return MlflowClient(state["tracking_uri"]), state
+
+
+def _wandb_rows(run_dir: Path) -> dict[int, dict[str, float]]:
+    """The W&B offline run's history: step → {name: value} (W&B's own ``_step`` ... left out)."""
+    state = json.loads((run_dir / "manifest.json").read_text())["trackers"]["wandb"]
+    files = list((run_dir / "wandb").glob(f"offline-run-*-{state['id']}/run-{state['id']}.wandb"))
+    assert len(files) == 1, list((run_dir / "wandb").rglob("*"))
+    rows: dict[int, dict[str, float]] = {}
+    for rec in _wandb_records(files[0]):
+        if rec.WhichOneof("record_type") == "history":
+            row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in rec.history.item}
+            rows.setdefault(int(row["_step"]), {}).update({k: v for k, v in row.items() if k != "_step"})
+    return {step: {k: v for k, v in row.items() if not k.startswith("_")} for step, row in rows.items()}
+
+
+TRL_NAMES = ("train/reward", "train/reward_std", "train/frac_reward_zero_std", "train/kl", "train/entropy",
+             "train/clip_ratio/region_mean", "train/completions/mean_length", "train/completions/clipped_ratio")
+
+
+def test_one_metric_has_one_name_in_every_tracker_and_trl_names_are_there(tracked_run):
+    """MLflow, TensorBoard and W&B hold the same names (MLflow's spelling: no ``@``, no ``->``),
+    TRL's names beside ours with the values metrics.jsonl has under our keys, and the step-0
+    evaluation carries ``train/gen_tokens`` (0) for charts against it."""
+    from mlmt_bench.tracking import read_jsonl
+
+    run_dir, have = tracked_run
+    require(len(have) == len(TRACKERS), "the trackers extra (pip install 'mlmt-bench[trackers]')")
+    client, state = _mlflow_client(run_dir)
+    in_mlflow = set(client.get_run(state["run_id"]).data.metrics)
+    rows = _wandb_rows(run_dir)
+    in_wandb = {k for row in rows.values() for k in row}
+    in_tensorboard = _tensorboard_names(run_dir)
+    assert in_mlflow == in_tensorboard == in_wandb, (sorted(in_mlflow ^ in_tensorboard), sorted(in_mlflow ^ in_wandb))
+    assert {"eval/acc_at_t2", "eval/acc_at_t1", "final/acc_at_t2", *TRL_NAMES} <= in_mlflow
+    assert not any("@" in k or ">" in k for k in in_mlflow)
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    train = {r["step"]: r for r in records if r["kind"] == "train"}
+    history = {k: {m.step: m.value for m in client.get_metric_history(state["run_id"], k)}
+               for k in ("train/reward", "train/frac_reward_zero_std", "train/kl", "train/entropy",
+                         "train/clip_ratio/region_mean", "train/completions/mean_length", "train/gen_tokens")}
+    for step, r in train.items():
+        ours = {"train/reward": r["reward_mean"], "train/frac_reward_zero_std": r["frac_zero_std"],
+                "train/kl": r["kl/solver"], "train/entropy": r["entropy/solver"],
+                "train/clip_ratio/region_mean": r["clip_frac/solver"],
+                "train/completions/mean_length": r["len/attempt"]}  # GRPO generates attempts only
+        for name, value in ours.items():
+            assert history[name][step] == value and rows[step][name] == value, (step, name)
+    assert history["train/gen_tokens"][0] == 0.0 and rows[0]["train/gen_tokens"] == 0
+    assert min(train) == 1  # no train record at step 0: the evaluation row carried it
+
+
 def test_tensorboard_event_files_hold_every_metric_on_every_axis(tracked_run):
     """Read with TensorBoard's own reader (the one ``tensorboard --inspect`` uses): every metric is
     a scalar, on every axis, with the value metrics.jsonl has (as float32)."""
@@ -118,15 +189,11 @@ def test_tensorboard_event_files_hold_every_metric_on_every_axis(tracked_run):
 
 
 def test_mlflow_store_holds_every_metric_at_every_step_and_the_spec_as_params(tracked_run):
-    from mlflow.tracking import MlflowClient
-
     from mlmt_bench.trackers import flat_params
-    from mlmt_bench.trackers.mlflow import mlflow_key
 
     run_dir = _run_of(tracked_run, "mlflow")
-    state = json.loads((run_dir / "manifest.json").read_text())["trackers"]["mlflow"]
+    client, state = _mlflow_client(run_dir)
     assert state["tracking_uri"] == f"sqlite:///{(run_dir.parent / 'mlflow.db').resolve()}"
-    client = MlflowClient(state["tracking_uri"])
     run = client.get_run(state["run_id"])
     assert run.info.status == "FINISHED" and run.info.run_name == run_dir.name
     assert run.data.tags["seed"] == "0" and run.data.tags["mlmt_bench.run_dir"] == str(run_dir.resolve())
@@ -135,9 +202,9 @@ def test_mlflow_store_holds_every_metric_at_every_step_and_the_spec_as_params(tr
     config = yaml.safe_load((run_dir / "spec.resolved.yaml").read_text())
     assert run.data.params == {k: v[:6000] for k, v in flat_params(config).items()}
     want = _series(_expected(run_dir))
-    assert set(run.data.metrics) == {mlflow_key(k) for k in want}
+    assert set(run.data.metrics) == set(want)
     for key, points in want.items():
-        history = client.get_metric_history(state["run_id"], mlflow_key(key))
+        history = client.get_metric_history(state["run_id"], key)
         got = sorted(((m.step, m.value) for m in history), key=lambda p: p[0])  # stable: one value per step
         assert len(got) == len(points) and all(g[0] == p[0] and _same(g[1], p[1]) for g, p in zip(got, points)), \
             (key, got, points)
@@ -173,16 +240,11 @@ def _wandb_records(path: Path):
 def test_wandb_offline_run_holds_every_metric_at_every_step_and_the_spec_as_config(tracked_run):
     run_dir = _run_of(tracked_run, "wandb")
     state = json.loads((run_dir / "manifest.json").read_text())["trackers"]["wandb"]
-    files = list((run_dir / "wandb").glob(f"offline-run-*-{state['id']}/run-{state['id']}.wandb"))
-    assert len(files) == 1, list((run_dir / "wandb").rglob("*"))
-    rows: dict[int, dict[str, float]] = {}
+    file = next((run_dir / "wandb").glob(f"offline-run-*-{state['id']}/run-{state['id']}.wandb"))
+    rows = _wandb_rows(run_dir)
     config = None
-    for rec in _wandb_records(files[0]):
-        kind = rec.WhichOneof("record_type")
-        if kind == "history":
-            row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in rec.history.item}
-            rows.setdefault(int(row["_step"]), {}).update(row)
-        elif kind == "run":
+    for rec in _wandb_records(file):
+        if rec.WhichOneof("record_type") == "run":
             config = {u.key: json.loads(u.value_json) for u in rec.run.config.update}
             assert rec.run.display_name == run_dir.name and rec.run.project == "mlmt-bench"
     import yaml
@@ -194,7 +256,7 @@ def test_wandb_offline_run_holds_every_metric_at_every_step_and_the_spec_as_conf
         want.setdefault(r["step"], {}).update(r["metrics"])
     assert sorted(rows) == sorted(want)
     for step, metrics in want.items():
-        got = {k: v for k, v in rows[step].items() if not k.startswith("_")}
+        got = rows[step]
         assert set(got) == set(metrics), (step, set(got) ^ set(metrics))
         assert all(_same(float(got[k]), v) for k, v in metrics.items()), step
 
@@ -371,7 +433,7 @@ class _Exploding(Tracker):
 
 def test_a_tracker_failing_mid_run_is_a_warning_and_the_run_keeps_every_record(tiny_ckpt, tmp_path, capsys,
                                                                               monkeypatch):
-    from mlmt_bench import registry, runner
+    from mlmt_bench import runner
     from mlmt_bench.spec import validate_run
     _Exploding.seen = []
     monkeypatch.setitem(registry.trackers._entries, "exploding",
@@ -390,7 +452,8 @@ def test_a_tracker_failing_mid_run_is_a_warning_and_the_run_keeps_every_record(t
 
 
 def test_scalars_keep_numbers_and_leave_the_rest():
-    from mlmt_bench.trackers import axes_of, scalars
+    from mlmt_bench.trackers import axes_of
+    from mlmt_bench.trackers.names import scalars
 
     record = {"kind": "train", "step": 3, "gen_tokens": 40, "flops": 1.5e9, "updated": ["solver"], "x": None,
               "mem/source": "cpu_rss", "ok": True, "acc@t2": float("nan")}
@@ -400,12 +463,39 @@ def test_scalars_keep_numbers_and_leave_the_rest():
     assert axes_of(record).gen_tokens == 40 and axes_of(record).flops == 1.5e9
 
 
-def test_mlflow_key_spells_out_what_mlflow_refuses():
-    from mlmt_bench.trackers.mlflow import mlflow_key
+def test_tracker_name_spells_out_what_mlflow_refuses():
+    from mlmt_bench.trackers.names import tracker_name
 
-    assert mlflow_key("eval/acc@t2") == "eval/acc_at_t2"
-    assert mlflow_key("eval/base_critic/i->c") == "eval/base_critic/i_to_c"
-    assert mlflow_key("train/len/attempt") == "train/len/attempt"
+    assert tracker_name("eval/acc@t2") == "eval/acc_at_t2"
+    assert tracker_name("eval/base_critic/i->c") == "eval/base_critic/i_to_c"
+    assert tracker_name("train/len/attempt") == "train/len/attempt"
+    assert tracker_name("eval/a+b (x)") == "eval/a_b _x_"
+
+
+def test_logged_adds_trl_names_and_the_step_0_axes_by_hand():
+    from mlmt_bench.trackers.names import logged
+
+    train = {"kind": "train", "step": 3, "gen_tokens": 40, "flops": 2.0, "reward_mean": 0.25, "reward_std": 0.5,
+             "frac_zero_std": 0.125, "kl/solver": 0.01, "kl/critic": 0.02, "entropy/solver": 1.5,
+             "clip_frac/solver": 0.0625, "len/attempt": 12.0, "completions/clipped_ratio": 0.75,
+             "completions/clipped_ratio/attempt": 0.75, "updated": ["solver"]}
+    assert logged(train) == {
+        "train/step": 3.0, "train/gen_tokens": 40.0, "train/flops": 2.0, "train/reward_mean": 0.25,
+        "train/reward_std": 0.5, "train/frac_zero_std": 0.125, "train/kl/solver": 0.01, "train/kl/critic": 0.02,
+        "train/entropy/solver": 1.5, "train/clip_frac/solver": 0.0625, "train/len/attempt": 12.0,
+        "train/completions/clipped_ratio": 0.75, "train/completions/clipped_ratio/attempt": 0.75,
+        # TRL's names, the solver's values
+        "train/reward": 0.25, "train/frac_reward_zero_std": 0.125, "train/kl": 0.01, "train/entropy": 1.5,
+        "train/clip_ratio/region_mean": 0.0625, "train/completions/mean_length": 12.0,
+        "train/completions/mean_length/attempt": 12.0}
+    two_kinds = logged({"kind": "train", "step": 1, "len/attempt": 10.0, "len/refine": 4.0})
+    assert two_kinds["train/completions/mean_length/refine"] == 4.0
+    assert "train/completions/mean_length" not in two_kinds  # TRL's mean over all completions is not known
+    start = logged({"kind": "eval", "step": 0, "gen_tokens": 0, "flops": 0.0, "acc@t2": 0.5, "i->c": 0.1})
+    assert start == {"eval/step": 0.0, "eval/gen_tokens": 0.0, "eval/flops": 0.0, "eval/acc_at_t2": 0.5,
+                     "eval/i_to_c": 0.1, "train/gen_tokens": 0.0, "train/flops": 0.0}
+    later = logged({"kind": "eval", "step": 2, "gen_tokens": 9, "flops": 1.0, "acc@t2": 0.5})
+    assert "train/gen_tokens" not in later and "eval/acc_at_t2" in later  # step 2's train record has it
 
 
 def test_check_tracking_refuses_before_a_package_is_imported():

@@ -17,9 +17,12 @@ checked when the spec is validated (:func:`check_tracking`: the names, the optio
 installed, the form of a tracking URI) and once more when the run starts (:meth:`Tracker.preflight`:
 the store reached), each a one-line :class:`UserError`.
 
-What a tracker receives (:func:`scalars`, :func:`axes_of`): every numeric field of a record as
-``<kind>/<field>`` (``train/reward_mean``, ``eval/acc@t2``, ``final/acc@t2``; strings, lists and
-nulls are left out), with the record's step, generated tokens and FLOPs (:class:`Axes`).
+What a tracker receives (:func:`~mlmt_bench.trackers.names.logged`, :func:`axes_of`): every numeric
+field of a record as ``<kind>/<field>`` (``train/reward_mean``, ``eval/acc_at_t2``,
+``final/acc_at_t2``; strings, lists and nulls are left out), under one name that every tracker
+accepts, with TRL's names alongside where a metric means the same (``train/reward``,
+``train/kl`` ...; :mod:`mlmt_bench.trackers.names`), and the record's step, generated tokens and
+FLOPs (:class:`Axes`).
 Experiments and sweeps group their runs (:func:`open_group`, once, in the process that
 schedules them): a group's name is the experiment's or the study's directory, and each run's tags
 say its arm and seed, or its trial. Trackers are a registry kind (``tracker``, see
@@ -40,6 +43,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from mlmt_bench.errors import UserError
+from mlmt_bench.trackers.names import logged
 
 EXTRA = "pip install 'mlmt-bench[trackers]'"
 
@@ -152,7 +156,8 @@ class Tracker:
         return {}
 
     def log(self, metrics: dict[str, float], axes: Axes) -> None:
-        """One record: ``metrics`` from :func:`scalars` (``<kind>/<field>`` → value)."""
+        """One record: ``metrics`` from :func:`~mlmt_bench.trackers.names.logged` (name → value),
+        logged under these names as they are (every tracker the same)."""
         raise NotImplementedError
 
     def close(self, status: str) -> None:
@@ -162,14 +167,6 @@ class Tracker:
 
 # ----------------------------------------------------------------------------------------------
 # What a record becomes
-
-
-def scalars(record: dict[str, Any]) -> dict[str, float]:
-    """The numeric fields of a ``metrics.jsonl`` record as ``<kind>/<field>`` → float (ints,
-    floats, non-finite included; booleans, strings, lists and nulls are not metrics)."""
-    kind = record.get("kind", "metrics")
-    return {f"{kind}/{k}": float(v) for k, v in record.items()
-            if k != "kind" and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def axes_of(record: dict[str, Any]) -> Axes:
@@ -343,7 +340,7 @@ class RunTrackers:
     def log(self, record: dict[str, Any]) -> None:
         if not self.trackers:
             return
-        metrics, axes = scalars(record), axes_of(record)
+        metrics, axes = logged(record), axes_of(record)
         for name, t in list(self.trackers.items()):
             try:
                 t.log(metrics, axes)

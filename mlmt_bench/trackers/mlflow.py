@@ -10,9 +10,9 @@ named after its directory (tags ``arm``, ``seed``, or ``trial``).
 
 Each run's parameters are its resolved spec, flattened to dotted keys (:func:`flat_params`); its
 metrics are every record's numeric fields at the record's step (``train/gen_tokens`` and
-``train/flops`` among them: choose either as the x-axis in the UI). MLflow's metric names allow
-letters, digits and ``_ - . / : space``: :func:`mlflow_key` spells the rest out (``acc@t2`` →
-``acc_at_t2``, ``i->c`` → ``i_to_c``). A resumed run continues the same MLflow run (its id is in the
+``train/flops`` among them: choose either as the x-axis in the UI), under the names every tracker
+uses (:mod:`mlmt_bench.trackers.names`: ``acc@t2`` is ``acc_at_t2``, as MLflow's names allow
+letters, digits and ``_ - . / : space`` only). A resumed run continues the same MLflow run (its id is in the
 manifest); the steps it redoes are logged again, with the same values on a CPU.
 """
 
@@ -36,7 +36,6 @@ from mlmt_bench.trackers import Axes, Group, NoOptions, RunInfo, Tracker, flat_p
 #: URI schemes MLflow's client resolves to a tracking store (a plain path: a file store)
 SCHEMES = ("file", "sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks", "databricks-uc")
 _STATUS = {"completed": "FINISHED", "failed": "FAILED", "interrupted": "KILLED", "pruned": "FINISHED"}
-_BAD = re.compile(r"[^\w\-. /:]")
 MAX_METRICS, MAX_PARAMS, MAX_PARAM_CHARS = 1000, 100, 6000  # MLflow's limits per log_batch / per value
 
 
@@ -45,12 +44,6 @@ class MLflowOptions(NoOptions):
     experiment: str = Field("mlmt-bench", min_length=1, description="the MLflow experiment the runs go to")
     timeout_s: int = Field(10, ge=1, le=600, description="seconds a request to a tracking server may take (no retries "
                            "while checking that it answers)")
-
-
-def mlflow_key(key: str) -> str:
-    """``key`` as an MLflow metric name: ``->`` → ``_to_``, ``@`` → ``_at_``, any other character
-    MLflow refuses → ``_`` (``eval/acc@t2`` → ``eval/acc_at_t2``)."""
-    return _BAD.sub("_", key.replace("->", "_to_").replace("@", "_at_"))
 
 
 def default_uri(root: Path | str) -> str:
@@ -188,7 +181,7 @@ class MLflowTracker(Tracker):
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        batch = [Metric(mlflow_key(k), v, now, axes.step) for k, v in metrics.items()]
+        batch = [Metric(k, v, now, axes.step) for k, v in metrics.items()]
         for i in range(0, len(batch), MAX_METRICS):
             self.client.log_batch(self.run_id, metrics=batch[i:i + MAX_METRICS])
 

@@ -1,8 +1,9 @@
 """TensorBoard: event files written by torch's ``SummaryWriter``, one per axis.
 
-``<run dir>/tensorboard/{step,tokens,flops}/`` each hold the same scalar tags
-(``train/reward_mean``, ``eval/acc@t2`` ...) as ordinary scalar summaries (float32, as TensorBoard
-stores scalars, so that ``tensorboard --inspect``, its scalars dashboard and
+``<run dir>/tensorboard/{step,tokens,flops}/`` each hold the same scalar tags, named as in every
+tracker (``train/reward_mean``, ``eval/acc_at_t2``, TRL's ``train/reward`` ...:
+:mod:`mlmt_bench.trackers.names`), as ordinary scalar summaries (float32, as TensorBoard stores
+scalars, so that ``tensorboard --inspect``, its scalars dashboard and
 ``EventAccumulator(...).Tags()["scalars"]`` list them; ``metrics.jsonl`` keeps the exact values),
 with the trainer's step, the generated tokens or the FLOPs (as an integer) as TensorBoard's step,
 so ``tensorboard --logdir <output_dir>`` draws every metric against each axis (filter runs by

@@ -5,9 +5,10 @@ later with ``wandb sync <run dir>/wandb/offline-run-*``; ``mode: online`` logs a
 needs ``wandb login`` or ``WANDB_API_KEY``). The run's config is the resolved spec, its name the run
 directory's; the runs of an experiment or a sweep share a group named after its directory, with
 the arm as job type and tags ``arm=...``, ``seed=...`` (or ``trial=...``). Every record's
-numeric fields are logged at its step (``train/gen_tokens`` and ``train/flops`` among them: choose
-either as the x-axis). System metrics, code and git state are not collected. A resumed run
-continues the same W&B run id (``resume: allow``).
+numeric fields are logged at its step (``train/gen_tokens`` and ``train/flops`` among them, from the
+step-0 evaluation on: choose either as the x-axis), under the names every tracker uses
+(:mod:`mlmt_bench.trackers.names`: ``eval/acc_at_t2``, TRL's ``train/reward`` ...). System metrics,
+code and git state are not collected. A resumed run continues the same W&B run id (``resume: allow``).
 """
 
 from __future__ import annotations
