@@ -157,9 +157,13 @@ def test_verifier_reads_thousands_and_huge_numbers() -> None:
                                  '"multiply by 3".']),
     # no working at all
     ("The answer is 40.", ["The attempt writes no equation such as 'a + b = c'. The first step should work out"]),
-    # every step right, then one the problem does not ask for
+    # every step right, then one the problem does not ask for: said without the right result 36
     ("7 + 5 = 12. 12 * 3 = 36. Then 36 + 3 = 39. The answer is 39.",
-     ['Every step the problem asks for is right, but then "36 + 3 = 39" is a step it does not ask for.']),
+     ["The first step (7 + 5 = 12) is right.\nThe second step is right.\nEvery step the problem asks for is right, "
+      "but then the attempt goes on with a step it does not ask for."]),
+    # the same with an extra step that does not start from the gold: quoted
+    ("7 + 5 = 12. 12 * 3 = 36. Then 12 + 3 = 15. The answer is 15.",
+     ['but then "12 + 3 = 15" is a step it does not ask for.']),
     # every step right, the answer line not
     ("7 + 5 = 12. 12 * 3 = 36.\nAnswer: 38", ["Every step is right, but the answer line gives 38"]),
     ("7 + 5 = 12. 12 * 3 = 36.", ["Every step is right, but the attempt does not end with a line"]),
@@ -171,6 +175,7 @@ def test_oracle_locates_the_first_wrong_step_in_words(attempt: str, says: list[s
     for text in says:
         assert text in feedback, feedback
     assert feedback.endswith("\nVerdict: incorrect") and verdict_line(feedback) is False
+    assert not is_leak(feedback, PLAIN.answer, "math")  # never 36, even where the attempt wrote it
 
 
 def test_oracle_quotes_the_word_problems_sentence() -> None:
@@ -200,7 +205,8 @@ def _wrong_attempts(bench: NLArith, problem: Problem, rng: random.Random) -> lis
                                      {"style": "word", "ops": "+-*", "steps": 3, "digits": 2}])
 def test_oracle_feedback_on_a_wrong_attempt_never_states_the_gold_answer(options: dict[str, object]) -> None:
     """Answer-free: every number it writes is the problem's or the attempt's, so the redaction rule
-    removes nothing; and where neither contains the gold answer, the feedback does not either."""
+    removes nothing; and it never states the gold answer, even where the attempt wrote it (a right
+    step before a wrong answer line), unless the problem itself states it."""
     bench = small(**options)
     verifier = StatedAnswerVerifier()
     rng = random.Random(0)
@@ -211,7 +217,7 @@ def test_oracle_feedback_on_a_wrong_attempt_never_states_the_gold_answer(options
             feedback = bench.oracle_feedback(p, attempt)
             assert verdict_line(feedback) is False
             assert bench.redact_feedback(p, attempt, feedback).removed == 0, feedback
-            if not is_leak(p.prompt + "\n" + attempt, p.answer, "math"):
+            if not is_leak(p.prompt, p.answer, "math"):  # only a problem that states its answer may be quoted
                 assert not is_leak(feedback, p.answer, "math"), (attempt, feedback)
                 checked += 1
     assert checked > 50
@@ -260,8 +266,10 @@ def test_the_critic_as_second_solver_reads_the_feedbacks_last_number() -> None:
 
 def test_equations_are_read_from_words_symbols_and_brackets() -> None:
     read = [(e.operands, e.ops, e.result) for e in equations(
-        "First 7 plus 5 equals 12, then (12 x 3) = 36 and 1,234 + 5 - 1 = 1,238; 2.5 + 1 = 3.5 is no integer step.")]
-    assert read == [((7, 5), ("+",), 12), ((12, 3), ("*",), 36), ((1234, 5, 1), ("+", "-"), 1238)]
+        "First 7 plus 5 equals 12, then (12 x 3) = 36 and 1,234 + 5 - 1 = 1,238; 2.5 + 1 = 3.5 is no integer step. "
+        "1 + 2 = 2((6 - 2) = 4)")]
+    assert read == [((7, 5), ("+",), 12), ((12, 3), ("*",), 36), ((1234, 5, 1), ("+", "-"), 1238),
+                    ((1, 2), ("+",), 2), ((6, 2), ("-",), 4)]  # a bracket never glues 2(6 into 26
 
 
 def test_the_oracle_reads_hostile_attempts_quickly_and_never_raises() -> None:

@@ -42,7 +42,8 @@ from mlmt_bench.benchmarks.perturbations import math_perturbations, numbers
 from mlmt_bench.benchmarks.redaction import last_number
 from mlmt_bench.errors import UserError
 from mlmt_bench.types import VERDICT_INSTRUCTION, Problem, PromptTemplates
-from mlmt_bench.verifiers.stated_answer import stated_integer
+from mlmt_bench.verifiers.leaks import is_leak
+from mlmt_bench.verifiers.stated_answer import StatedAnswerVerifier, stated_integer
 
 OPS = "+-*"
 STYLES = ("plain", "word", "mixed")
@@ -182,14 +183,15 @@ def _int(text: str) -> int:
 
 def equations(text: str) -> list[Equation]:
     """The equations ``text`` writes, in order: ``7 + 5 = 12``, ``7 plus 5 equals 12``, chains
-    ``7 + 5 - 3 = 9``; ``x`` and ``×`` are multiplication. Brackets are dropped first, so
-    ``(7 + 5) * 3 = 36`` reads as the chain ``7 + 5 * 3 = 36`` (its steps in order)."""
+    ``7 + 5 - 3 = 9``; ``x`` and ``×`` are multiplication. Brackets become spaces first (never
+    glue digits: ``2(6`` is 2 and 6), so ``(7 + 5) * 3 = 36`` reads as the chain ``7 + 5 * 3 = 36``
+    (its steps in order)."""
     out = []
-    for m in _EQUATION_RE.finditer(re.sub(r"[()]", "", text)):
+    for m in _EQUATION_RE.finditer(re.sub(r"[()]", " ", text)):
         terms = _TERM_RE.findall(m.group(2))
         ops = tuple(_OP_CANON[re.sub(r"\s+", " ", op.lower())] for op, _ in terms)
         operands = (_int(m.group(1)), *(_int(n) for _, n in terms))
-        out.append(Equation(operands, ops, _int(m.group(3)), m.group(0).strip()))
+        out.append(Equation(operands, ops, _int(m.group(3)), re.sub(r"\s+", " ", m.group(0).strip())))
     return out
 
 
@@ -224,24 +226,30 @@ def _quote(eq: Equation) -> str:
     return f'"{eq.text}"'
 
 
-def _diagnose(eq: Equation, gold: Sequence[Step], i: int, clauses: Sequence[str]) -> str:
+def _diagnose(eq: Equation, gold: Sequence[Step], i: int, clauses: Sequence[str]) -> tuple[str, str]:
     """What is wrong with ``eq``, the attempt's equation in place of gold step ``i`` (0-based), which
     does not compute it: the first of its operations (a chain has several) with a wrong operation,
-    start value or number. States only numbers of the problem and the attempt."""
+    start value or number; as ``(specific, number-free)`` sentences (:func:`oracle_feedback` says the
+    second where the first would state the gold answer). Numbers of the problem and the attempt only."""
     for k, (op_k, operand) in enumerate(zip(eq.ops, eq.operands[1:])):
         if i + k >= len(gold):
-            return f"{_nth(i + k - 1).capitalize()} should be the last, but {_quote(eq)} goes on."
+            return (f"{_nth(i + k - 1).capitalize()} should be the last, but {_quote(eq)} goes on.",
+                    f"{_nth(i + k - 1).capitalize()} should be the last, but the attempt goes on.")
         a, op, b, _ = gold[i + k]
-        where = f"{_nth(i + k).capitalize()} is wrong: in {_quote(eq)},"
+        where, nth = f"{_nth(i + k).capitalize()} is wrong: in {_quote(eq)},", f"{_nth(i + k).capitalize()} is wrong:"
         if op_k != op:
-            return f"{where} {_clause(clauses, gold, i + k)} calls for {_OP_NAMES[op]}, not {_OP_NAMES[op_k]}."
+            return (f"{where} {_clause(clauses, gold, i + k)} calls for {_OP_NAMES[op]}, not {_OP_NAMES[op_k]}.",
+                    f"{nth} it calls for {_OP_NAMES[op]}, not {_OP_NAMES[op_k]}.")
         swapped = k == 0 and op in "+*" and (operand, eq.operands[0]) == (a, b)
         if k == 0 and eq.operands[0] != a and not swapped:
             source = f"the result of {_nth(i - 1)}" if i > 0 else "what the problem starts with"
-            return f"{where} the calculation should start from {a}, {source}, not from {eq.operands[0]}."
+            return (f"{where} the calculation should start from {a}, {source}, not from {eq.operands[0]}.",
+                    f"{nth} the calculation should start from {source}.")
         if operand != b and not swapped:
-            return f"{where} {_clause(clauses, gold, i + k)} uses the number {b}, not {operand}."
-    return f"{_nth(i).capitalize()} is wrong: {_quote(eq)} does not do {_clause(clauses, gold, i)}."
+            return (f"{where} {_clause(clauses, gold, i + k)} uses the number {b}, not {operand}.",
+                    f"{nth} it uses a number the problem does not give for it.")
+    return (f"{_nth(i).capitalize()} is wrong: {_quote(eq)} does not do {_clause(clauses, gold, i)}.",
+            f"{_nth(i).capitalize()} is wrong: it does not do what the problem asks.")
 
 
 def oracle_feedback(problem: Problem, attempt: str) -> str:
@@ -261,15 +269,23 @@ def oracle_feedback(problem: Problem, attempt: str) -> str:
             The second step is wrong: "12 * 3 = 35" has a calculation error. Recompute 12 * 3.
             Verdict: incorrect
 
-    Steps are named in words and every number it writes occurs in the problem or the attempt (the
-    gold answer only where they contain it), so the numeric redaction rule leaves it unchanged.
-    Pure; never raises on an attempt.
+    Answer-free, in two ways: steps are named in words and every number it writes occurs in the
+    problem or the attempt, so the numeric redaction rule leaves it unchanged; and a sentence that
+    would state the gold answer (by the verifier's leak rule: a right step quoted, or an extra step
+    starting from the right result, "21 * 3 = 62") is said without its numbers ("The first step is
+    right."), unless the problem itself states the answer. Pure; never raises on an attempt.
     """
     gold: list[Step] = [(int(a), str(op), int(b), int(r)) for a, op, b, r in problem.metadata["steps"]]
     clauses = list(problem.metadata.get("clauses") or [])
     answer = stated_integer(attempt)
     if answer is not None and problem.answer is not None and answer == str(problem.answer).strip():
         return f"{APPROVAL}\nVerdict: correct"
+    kind = StatedAnswerVerifier.leak_kind
+    given = bool(is_leak(problem.prompt, problem.answer, kind))  # the problem states it: nothing to hide
+
+    def say(specific: str, generic: str) -> str:
+        return specific if given or not is_leak(specific, problem.answer, kind) else generic
+
     eqs = equations(attempt)
     lines: list[str] = []
     i, at = 0, 0
@@ -277,27 +293,31 @@ def oracle_feedback(problem: Problem, attempt: str) -> str:
         found = next((j for j in range(at, len(eqs)) if _covers(eqs[j], gold, i)), None)
         if found is None:
             if at < len(eqs):
-                lines.append(_diagnose(eqs[at], gold, i, clauses))
+                lines.append(say(*_diagnose(eqs[at], gold, i, clauses)))
             elif not eqs:
-                lines.append(f"The attempt writes no equation such as 'a + b = c'. {_nth(i).capitalize()} should "
-                             f"work out {_clause(clauses, gold, i)}.")
+                lines.append(say(f"The attempt writes no equation such as 'a + b = c'. {_nth(i).capitalize()} should "
+                                 f"work out {_clause(clauses, gold, i)}.",
+                                 "The attempt writes no equation such as 'a + b = c'."))
             else:
-                lines.append(f"{_nth(i).capitalize()} is missing: the attempt never works out "
-                             f"{_clause(clauses, gold, i)}.")
+                lines.append(say(f"{_nth(i).capitalize()} is missing: the attempt never works out "
+                                 f"{_clause(clauses, gold, i)}.", f"{_nth(i).capitalize()} is missing."))
             return _close(lines)
         eq = eqs[found]
         last = i + len(eq.ops) - 1
         if eq.result != gold[last][3]:
             redo = (f"Recompute {eq.operands[0]} {eq.ops[0]} {eq.operands[1]}." if len(eq.ops) == 1
                     else "Recompute it one operation at a time.")
-            lines.append(f"{_nth(i).capitalize()} is wrong: {_quote(eq)} has a calculation error. {redo}")
+            lines.append(say(f"{_nth(i).capitalize()} is wrong: {_quote(eq)} has a calculation error. {redo}",
+                             f"{_nth(i).capitalize()} is wrong: it has a calculation error. Recompute it."))
             return _close(lines)
-        lines.append(f"{_nth(i).capitalize()} ({eq.text}) is right." if last == i else
-                     f"The {_ORDINALS[i]} to {_nth(last)[4:]}s ({eq.text}) are right.")
+        done = _nth(i).capitalize() if last == i else f"The {_ORDINALS[i]} to {_nth(last)[4:]}s"
+        verb = "is" if last == i else "are"
+        lines.append(say(f"{done} ({eq.text}) {verb} right.", f"{done} {verb} right."))
         i, at = last + 1, found + 1
     if at < len(eqs):
-        lines.append(f"Every step the problem asks for is right, but then {_quote(eqs[at])} is a step it does not "
-                     "ask for.")
+        lines.append(say(f"Every step the problem asks for is right, but then {_quote(eqs[at])} is a step it does not "
+                         "ask for.", "Every step the problem asks for is right, but then the attempt goes on with a "
+                         "step it does not ask for."))
     elif answer is None:
         lines.append("Every step is right, but the attempt does not end with a line 'Answer: <number>'.")
     else:
