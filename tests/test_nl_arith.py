@@ -161,6 +161,11 @@ def test_verifier_reads_thousands_and_huge_numbers() -> None:
     ("7 + 5 = 12. 12 * 3 = 36. Then 36 + 3 = 39. The answer is 39.",
      ["The first step (7 + 5 = 12) is right.\nThe second step is right.\nEvery step the problem asks for is right, "
       "but then the attempt goes on with a step it does not ask for."]),
+    # a right step said again is no extra step, and no wrong one
+    ("7 + 5 = 12. 12 * 3 = 36. So 12 * 3 = 36 is the result.", ["Every step is right, but the attempt does not end"]),
+    ("7 + 5 = 12. So, 7 + 5 = 12. Then 12 + 3 = 15. Answer: 15",
+     ['The second step is wrong: in "12 + 3 = 15", the operation "multiply by 3" calls for a multiplication, not an '
+      "addition."]),
     # the same with an extra step that does not start from the gold: quoted
     ("7 + 5 = 12. 12 * 3 = 36. Then 12 + 3 = 15. The answer is 15.",
      ['but then "12 + 3 = 15" is a step it does not ask for.']),

@@ -208,6 +208,12 @@ def _covers(eq: Equation, gold: Sequence[Step], i: int) -> bool:
     return eq.operands == want or (k == 1 and eq.ops[0] in "+*" and eq.operands == want[::-1])
 
 
+def _restates(eq: Equation, gold: Sequence[Step], done: int) -> bool:
+    """Whether ``eq`` computes, rightly, one of the first ``done`` gold steps again (``So, 7 * 3 = 21
+    is the final answer.``): a restatement, neither a new step nor a wrong one."""
+    return any(_covers(eq, gold, j) and eq.result == gold[j + len(eq.ops) - 1][3] for j in range(done))
+
+
 # --------------------------------------------------------------------------- oracle critic
 
 APPROVAL = "I checked every step: each calculation is right and the final answer follows from them."
@@ -292,8 +298,9 @@ def oracle_feedback(problem: Problem, attempt: str) -> str:
     while i < len(gold):
         found = next((j for j in range(at, len(eqs)) if _covers(eqs[j], gold, i)), None)
         if found is None:
-            if at < len(eqs):
-                lines.append(say(*_diagnose(eqs[at], gold, i, clauses)))
+            rest = [eq for eq in eqs[at:] if not _restates(eq, gold, i)]
+            if rest:
+                lines.append(say(*_diagnose(rest[0], gold, i, clauses)))
             elif not eqs:
                 lines.append(say(f"The attempt writes no equation such as 'a + b = c'. {_nth(i).capitalize()} should "
                                  f"work out {_clause(clauses, gold, i)}.",
@@ -314,8 +321,9 @@ def oracle_feedback(problem: Problem, attempt: str) -> str:
         verb = "is" if last == i else "are"
         lines.append(say(f"{done} ({eq.text}) {verb} right.", f"{done} {verb} right."))
         i, at = last + 1, found + 1
-    if at < len(eqs):
-        lines.append(say(f"Every step the problem asks for is right, but then {_quote(eqs[at])} is a step it does not "
+    extra = [eq for eq in eqs[at:] if not _restates(eq, gold, len(gold))]
+    if extra:
+        lines.append(say(f"Every step the problem asks for is right, but then {_quote(extra[0])} is a step it does not "
                          "ask for.", "Every step the problem asks for is right, but then the attempt goes on with a "
                          "step it does not ask for."))
     elif answer is None:
