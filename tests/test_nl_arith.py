@@ -87,7 +87,7 @@ def test_a_word_problem_with_a_first_multiplication_reads_as_groups() -> None:
 @pytest.mark.parametrize("options, message", [
     ({"ops": "/"}, "ops must be"), ({"style": "poem"}, "style must be"), ({"digits": 0}, "digits and steps"),
     ({"n_train": 100, "n_validation": 10, "n_test": 10}, "at most 81 distinct"), ({"path": "x"}, "takes no path"),
-    ({"colour": 1}, "unknown option"),
+    ({"colour": 1}, "unknown option"), ({"digits": "two"}, "must be integers"), ({"n_test": 2.5}, "must be integers"),
 ])
 def test_bad_options_are_one_line_errors(options: dict[str, object], message: str) -> None:
     with pytest.raises(UserError, match=message):

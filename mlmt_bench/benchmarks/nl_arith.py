@@ -378,7 +378,10 @@ class NLArith(OracleBenchmark):
             raise UserError("benchmark nl-arith: generated locally, it takes no path")
         if not isinstance(ops, str) or not ops or any(o not in OPS for o in ops):
             raise UserError(f"benchmark nl-arith: ops must be a non-empty subset of {OPS!r}, got {ops!r}")
-        if not 1 <= int(digits) <= 4 or not 1 <= int(steps) <= 4:
+        counts = (digits, steps, n_train, n_validation, n_test)
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in counts):
+            raise UserError("benchmark nl-arith: digits, steps, n_train, n_validation and n_test must be integers")
+        if not 1 <= digits <= 4 or not 1 <= steps <= 4:
             raise UserError(f"benchmark nl-arith: digits and steps must be 1..4, got {digits!r} and {steps!r}")
         if style not in STYLES:
             raise UserError(f"benchmark nl-arith: style must be one of {', '.join(STYLES)}, got {style!r}")
