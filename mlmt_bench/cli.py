@@ -463,7 +463,14 @@ def eval_(
     chat_template: bool = typer.Option(False, "--apply-chat-template/--no-chat-template",
                                        help="Render prompts with the model's chat template."),
     seed: int = typer.Option(0, "--seed", help="Seed of the harness's samplers."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Write the results (and the harness config) as JSON."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Write the results (and the harness config) as JSON; "
+                                    "lm-eval's own results_<time>.json beside it, as its --output_path writes it."),
+    model_args: str | None = typer.Option(None, "--model-args", help="lm-eval's model_args (key=value,...), over "
+                                          "the checkpoint's (e.g. dtype=float32)."),
+    gen_kwargs: str | None = typer.Option(None, "--gen-kwargs", help="lm-eval's gen_kwargs (key=value,...), e.g. "
+                                          "temperature=0,max_gen_toks=256."),
+    log_samples: bool = typer.Option(False, "--log-samples", help="Write lm-eval's samples_<task>_<time>.jsonl "
+                                     "beside --out."),
 ) -> None:
     """Evaluate a checkpoint with EleutherAI's lm-evaluation-harness (the `eval` extra)."""
     from mlmt_bench.external_eval import run_lm_eval
@@ -474,7 +481,8 @@ def eval_(
     bs: int | str = int(batch_size) if batch_size.isdigit() else batch_size
     summary = run_lm_eval(path, [t.strip() for t in tasks.split(",") if t.strip()], policy=policy,
                           include_path=include_path, limit=lim, num_fewshot=num_fewshot, batch_size=bs,
-                          device=device, backend=backend, apply_chat_template=chat_template, seed=seed, out=out)
+                          device=device, backend=backend, apply_chat_template=chat_template, seed=seed, out=out,
+                          model_args=model_args, gen_kwargs=gen_kwargs, log_samples=log_samples)
 
     def human() -> None:
         typer.echo(f"model: {summary['model']}")
@@ -483,7 +491,7 @@ def eval_(
                               and "_stderr," not in k and k != "sample_len")
             typer.echo(f"  {task} (n={summary['n_samples'].get(task, '?')}): {shown}")
         if out:
-            typer.echo(f"wrote {out}")
+            typer.echo(f"wrote {out}, {', '.join([summary['lm_eval_results'], *summary['lm_eval_samples']])}")
 
     _emit(summary, human)
 

@@ -106,6 +106,70 @@ def test_the_harness_scores_our_checkpoint_as_an_independent_computation_does(ha
     assert not list(out.parent.glob(".*tmp*"))
 
 
+def test_lm_eval_conventions_pass_through_and_its_own_files_are_written_beside_ours(harness, tiny_ckpt,
+                                                                                     model_and_rows, tmp_path):
+    """``--model-args``, ``--gen-kwargs`` and ``--log-samples`` reach the harness; with ``--out``
+    lm-eval's results_<time>.json (and samples_<task>_<time>.jsonl) lie beside ours, in its own
+    format; run outside any git repository, nothing says "fatal: not a git repository"."""
+    _, _, rows = model_and_rows
+    tasks = _task_dir(tmp_path, rows)
+    out = tmp_path / "res" / "ours.json"
+    work = tmp_path / "elsewhere"  # no git repository here or above (pytest's tmp under /tmp)
+    work.mkdir()
+    r = subprocess.run([sys.executable, "-m", "mlmt_bench.cli", "--json", "eval", str(tiny_ckpt),
+                        "--tasks", "local_mc,local_gen", "--include-path", str(tasks), "--device", "cpu",
+                        "--limit", "4", "--model-args", "dtype=float32,max_length=64",
+                        "--gen-kwargs", "max_gen_toks=1", "--log-samples", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600, cwd=work)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "not a git repository" not in r.stderr and "fatal" not in r.stderr, r.stderr[-2000:]
+    summary = json.loads(r.stdout)
+    ours = json.loads(out.read_text())
+    assert ours["model_args"] == {"pretrained": str(tiny_ckpt), "dtype": "float32", "max_length": 64}
+    assert ours["gen_kwargs"] == {"max_gen_toks": 1}
+    theirs_path = Path(summary["lm_eval_results"])
+    assert theirs_path.parent.parent == out.parent and theirs_path.name.startswith("results_")
+    theirs = json.loads(theirs_path.read_text())
+    assert summarise(theirs["results"]) == ours["tasks"] == summary["tasks"]
+    assert theirs["config"]["model_args"] == ours["model_args"] and theirs["n-samples"]["local_mc"]["effective"] == 4
+    assert theirs["configs"]["local_gen"]["generation_kwargs"]["max_gen_toks"] == 1  # the task said 4
+    assert theirs["git_hash"] == _checkout_commit() and set(theirs["task_hashes"]) == {"local_mc", "local_gen"}
+    samples = {Path(p).name.split("_2")[0]: p for p in summary["lm_eval_samples"]}
+    assert set(samples) == {"samples_local_mc", "samples_local_gen"}
+    for name, path in samples.items():
+        lines = [json.loads(line) for line in Path(path).read_text().splitlines()]
+        assert [d["doc"]["question"] for d in lines] == [row["question"] for row in rows[:4]], name
+        assert all({"resps", "filtered_resps", "doc_hash", "target"} <= set(d) for d in lines)
+    gen = [json.loads(line) for line in Path(samples["samples_local_gen"]).read_text().splitlines()]
+    assert all(d["arguments"]["gen_args_0"]["arg_1"]["max_gen_toks"] == 1 for d in gen)
+
+
+def _checkout_commit() -> str | None:
+    """This checkout's HEAD commit (git's own answer), or None outside one."""
+    r = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                       cwd=Path(__file__).resolve().parents[1])
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def test_harness_args_are_lm_evals_key_value_strings(harness):
+    from mlmt_bench.external_eval import parse_harness_args
+
+    assert parse_harness_args("temperature=0.7,do_sample=True,max_gen_toks=16,until=x", "--gen-kwargs") == {
+        "temperature": 0.7, "do_sample": True, "max_gen_toks": 16, "until": "x"}
+    assert parse_harness_args(None, "--model-args") == {} and parse_harness_args(" ", "--model-args") == {}
+    with pytest.raises(UserError, match="--model-args: 'dtype' is not key=value"):
+        parse_harness_args("dtype,trust_remote_code=True", "--model-args")
+    with pytest.raises(UserError, match="--gen-kwargs: '=3' is not key=value"):
+        parse_harness_args("=3", "--gen-kwargs")
+
+
+def test_log_samples_without_out_is_one_line(tiny_ckpt):
+    from mlmt_bench.external_eval import run_lm_eval
+
+    with pytest.raises(UserError, match="--log-samples needs --out"):
+        run_lm_eval(tiny_ckpt, ["local_mc"], log_samples=True)
+
+
 def test_resolve_checkpoint_accepts_run_step_and_model_dirs(tiny_ckpt, tmp_path):
     from mlmt_bench.checkpoint_state import save_state
 
