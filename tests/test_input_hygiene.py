@@ -153,7 +153,8 @@ def test_controls_that_messages_do_echo_are_escaped(tmp_path):
     spec.write_text(spec_text())
     one_line_error(["validate", str(spec), "--set", f"train.stepz{ESC_RED}\r{RLO}=1"], r"\x1b[31m\x0d\u202e")
     spec.write_text(spec_text(output_dir=str(tmp_path / "a\0b")))
-    one_line_error(["validate", str(spec)], "output_dir:", r"a\x00b")
+    # a path holding a NUL is no path: its text (whatever a file put there) is not shown at all
+    one_line_error(["validate", str(spec)], "output_dir:", "NUL byte, not shown")
 
 
 def test_json_errors_and_the_success_line_are_escaped_too(tmp_path):
