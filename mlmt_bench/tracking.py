@@ -317,15 +317,7 @@ class JsonlWriter:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        try:  # never through a symlink, never into a FIFO or device
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
-                         | getattr(os, "O_CLOEXEC", 0), 0o644)
-        except OSError as exc:
-            raise UserError(f"{_shown(path)}: cannot append ({exc.strerror or exc}; a symlink is refused)") from None
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            os.close(fd)
-            raise UserError(f"{_shown(path)}: is {_what(mode)}, refused (only regular files are written)")
+        fd = _open_regular(path, os.O_WRONLY | os.O_APPEND, "cannot append, a symlink is refused")
         os.set_blocking(fd, True)
         self._f = os.fdopen(fd, "a", encoding="utf-8")
 
@@ -689,19 +681,24 @@ def _step_of(checkpoint: Path) -> int:
     return int(checkpoint.name[5:])
 
 
-def _open_lock_file(path: Path, what: str) -> int:
-    """``path`` opened for an advisory ``flock`` (created if absent): never through a symlink,
-    never blocking on a FIFO; a one-line UserError unless it is a regular file."""
+def _open_regular(path: Path, flags: int, cannot: str) -> int:
+    """``path`` opened with ``flags`` (created if absent, mode 0644): never through a symlink, never
+    blocking on a FIFO; a one-line UserError unless it is a regular file (``cannot``: what the
+    error of a failed open says, followed by the reason in brackets)."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0),
-                     0o644)
+        fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), 0o644)
     except OSError as exc:
-        raise UserError(f"{_shown(path)}: cannot lock {what} ({exc.strerror or exc})") from None
+        raise UserError(f"{_shown(path)}: {cannot} ({exc.strerror or exc})") from None
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
         raise UserError(f"{_shown(path)}: is {_what(mode)}, refused (only regular files are written)")
     return fd
+
+
+def _open_lock_file(path: Path, what: str) -> int:
+    """``path`` opened for an advisory ``flock`` (:func:`_open_regular`)."""
+    return _open_regular(path, os.O_RDWR, f"cannot lock {what}")
 
 
 def _write_holder(fd: int) -> None:
