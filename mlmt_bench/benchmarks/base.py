@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from mlmt_bench.benchmarks.perturbations import none_apply
@@ -165,6 +166,23 @@ VERDICT_FALLBACKS: tuple[str | None, ...] = (None, "keywords")
 _VERDICT_LINE = re.compile(r"\s*verdict\s*:\s*(correct|incorrect)\s*", re.IGNORECASE)
 _WRONG_WORDS = re.compile(r"\b(wrong|incorrect|error|errors|mistake|mistakes|not correct|not right)\b")
 _RIGHT_WORDS = re.compile(r"\b(correct|right)\b")
+
+
+def generated_split(split: str, sizes: dict[str, int], cache: dict[str, list[Problem]],
+                    generate: Callable[[str, int, set[str]], list[Problem]],
+                    key: Callable[[Problem], str]) -> list[Problem]:
+    """Split ``split`` of a generated benchmark: the splits are generated in the order test,
+    validation, train (``generate(name, sizes[name], taken)``), each excluding the ``key`` of every
+    problem of the ones before, so they are disjoint and the test split depends only on its own
+    size and the seed; generated splits are kept in ``cache``. Returns a new list."""
+    taken: set[str] = set()
+    for name in ("test", "validation", "train"):
+        if name not in cache:
+            cache[name] = generate(name, sizes[name], taken)
+        if name == split:
+            break
+        taken |= {key(p) for p in cache[name]}
+    return list(cache[split])
 
 
 def verdict_line(feedback: str) -> bool | None:

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from mlmt_bench.benchmarks.base import OracleBenchmark, verdict_line
+from mlmt_bench.benchmarks.base import OracleBenchmark, generated_split, verdict_line
 from mlmt_bench.benchmarks.perturbations import math_perturbations, numbers
 from mlmt_bench.benchmarks.redaction import last_number
 from mlmt_bench.errors import UserError
@@ -452,14 +452,7 @@ class NLArith(OracleBenchmark):
 
     def load(self, split: str) -> list[Problem]:
         self.check_split(split)
-        taken: set[str] = set()
-        for name in ("test", "validation", "train"):  # generation order: each excludes the ones before
-            if name not in self._cache:
-                self._cache[name] = self._generate(name, self.sizes[name], taken)
-            if name == split:
-                break
-            taken |= {p.metadata["key"] for p in self._cache[name]}
-        return list(self._cache[split])
+        return generated_split(split, self.sizes, self._cache, self._generate, lambda p: p.metadata["key"])
 
     # -- the oracle critic and what the probe needs
 

@@ -43,7 +43,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from mlmt_bench.benchmarks.base import OracleBenchmark
+from mlmt_bench.benchmarks.base import OracleBenchmark, generated_split
 from mlmt_bench.errors import UserError
 from mlmt_bench.types import Problem, PromptTemplates
 
@@ -543,14 +543,7 @@ class SyntheticArith(OracleBenchmark):
 
     def load(self, split: str) -> list[Problem]:
         self.check_split(split)
-        taken: set[str] = set()
-        for name in ("test", "validation", "train"):  # generation order: each excludes the ones before
-            if name not in self._cache:
-                self._cache[name] = self._generate(name, self.sizes[name], taken)
-            if name == split:
-                break
-            taken |= {p.prompt for p in self._cache[name]}
-        return list(self._cache[split])
+        return generated_split(split, self.sizes, self._cache, self._generate, lambda p: p.prompt)
 
     # -- the pieces the bootstrap and the oracle ablation use
 
