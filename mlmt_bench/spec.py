@@ -128,7 +128,9 @@ class LoraSpec(_Spec):
     r: int = Field(8, ge=1, le=MAX_LORA_RANK)
     alpha: int = Field(16, ge=1)
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    target_modules: list[str] | Literal["all-linear"] = Field(default_factory=lambda: ["q_proj", "v_proj"])
+    # all-linear by default, as the README's examples and TRL/peft's own examples use (every linear layer
+    # but the output head); a list names modules instead (q_proj, v_proj was the default before 2026-12-04)
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
 
 
 class PolicySpec(_Spec):

@@ -64,3 +64,4 @@ def test_trainable_linears_are_never_cast():
     model = build_tiny_model("tiny-0.5m", tok, seed=0)
     assert cast_frozen_linears(model, torch.bfloat16) == 0
     assert all(p.dtype == torch.float32 for p in model.parameters())
+

@@ -96,3 +96,13 @@ def test_save_load_gives_bit_identical_logits(tok, tmp_path):
     auto = AutoModelForCausalLM.from_pretrained(str(tmp_path / "ckpt"), dtype=torch.float32)
     with torch.no_grad():
         assert torch.equal(model(ids).logits, auto(ids).logits)
+
+
+def test_a_lora_spec_adapts_every_linear_layer_by_default(tiny_ckpt):
+    """``lora: {r: 2}`` puts an adapter on all seven projections of every layer, not on the head."""
+    from mlmt_bench.models.policy import build_policy
+    from mlmt_bench.spec import LoraSpec, PolicySpec
+
+    policy = build_policy("solver", PolicySpec(model="tiny", lora=LoraSpec(r=2)), str(tiny_ckpt))
+    adapted = {name.split(".")[-2] for name, _ in policy.model.named_modules() if name.endswith(".lora_A")}
+    assert adapted == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
