@@ -11,6 +11,13 @@ A seeded generator starts from valid inputs and breaks them:
   mutated (truncated safetensors, a garbage or hostile trainer state, stray names, a file where a
   directory should be), symlinks (to /dev/zero, out of the case's directory, loops), FIFOs and
   sockets (opening a FIFO blocks: the readers must refuse it first; a timer catches a hang);
+- **published reports** (``run EXPERIMENT_SPEC --restore REPORT`` of the report directory's two
+  runs published with ``report --raw``, every one of which a valid restore copies in, leaving
+  nothing to train): the run files mutated as above, manifests with fields of the wrong kinds,
+  run directories named with control characters, dots, 255 bytes or a name the experiment
+  writes, duplicate and many runs (up to 200), ``runs/`` or a run a link, FIFO or file, the
+  REPORT argument a link, a file, ``/dev/zero``. The experiment's policy is the relative path
+  ``CKPT`` (absent): a run that restore leaves out is a one-line error, never a training run;
 - **verify inputs** (math and choice verifiers mostly, a few code cases since each runs a
   sandbox): malformed JSON lines, wrong types, huge numbers, deep nesting, lines near the 16 MiB
   limit and responses near the 2 Mi-character scoring limit, control characters, gzip, empty and
@@ -27,7 +34,8 @@ they start (the suite's earlier tests leave models in the process: the high-wate
 
 The cases run in an empty working directory with the hub offline (``HF_HUB_OFFLINE=1``: a mutated
 spec may name a hub model). The default suite runs the first ``FAST_CASES`` random cases;
-``-m slow`` runs ``MLMT_FUZZ_CASES`` (default 2,000) and the every-field sweep (~580 cases).
+``-m slow`` runs ``MLMT_FUZZ_CASES`` (default 2,000; a fifth of those past the fast ones restore
+cases, :func:`family_of`) and the every-field sweep (~580 cases).
 ``MLMT_FUZZ_KEEP_GOING=1`` runs every case and lists all failures, ``MLMT_FUZZ_ONLY=3,17`` runs
 those cases only, ``MLMT_FUZZ_STATS=FILE`` writes the statistics of a run (cases per family,
 exit codes, times, the slowest cases, peak RSS) as JSON (the sweep's to ``FILE.sweep``).
@@ -69,6 +77,8 @@ WALL_S = 10.0  # per case: a hang detector (cases take ~0.01-2 s), generous for 
 ALARM_S = 30  # a case still running after this is interrupted (SIGALRM) and fails as a hang
 RSS_LIMIT_MB = 1024
 FAST_CASES = 100  # ~30 s here (200: ~65 s on this shared 2-core machine)
+FAST_RESTORE = (23, 71)  # the restore cases among the fast ones
+RESTORE_EVERY = 5  # past the fast cases: case i is a restore case when i % RESTORE_EVERY == 3
 SLOW_CASES = int(os.environ.get("MLMT_FUZZ_CASES", "2000"))
 KEEP_GOING = os.environ.get("MLMT_FUZZ_KEEP_GOING") == "1"
 ONLY = [int(i) for i in os.environ.get("MLMT_FUZZ_ONLY", "").split(",") if i.strip()]  # reproduce these cases
@@ -652,6 +662,7 @@ class Env:
     protected: list[Path]  # snapshotted around every case
     cwd: Path
     case_dir: Path = Path()
+    published: Path = Path()  # report_base published with ``report --raw``: what ``run --restore`` reads
 
 
 def snapshot(path: Path) -> dict[str, tuple]:
@@ -731,7 +742,11 @@ def env(tmp_path_factory, tiny_ckpt) -> Env:
     shutil.copytree(resume / "checkpoints", outside / "checkpoints")
     cwd = root / "cwd"
     cwd.mkdir()
-    e = Env(root, outside, exp, resume, [outside, exp.parent, resume, Path(tiny_ckpt)], cwd)
+    published = root / "published" / "report"
+    e = Env(root, outside, exp, resume, [outside, exp.parent, resume, Path(tiny_ckpt), published.parent], cwd,
+            published=published)
+    res = CliRunner().invoke(app, ["-q", "report", str(exp), "--raw", "--out", str(published)])
+    assert res.exit_code == 0, (res.stderr[-2000:], res.exception)
     # the valid inputs pass (and the imports, the worker pools, the first model load are paid here)
     with _in_case(e, "warm-report") as d:
         res = CliRunner().invoke(app, ["report", str(copy_report(e, d)), "--out", str(d / "out")])
@@ -739,6 +754,12 @@ def env(tmp_path_factory, tiny_ckpt) -> Env:
     with _in_case(e, "warm-resume") as d:
         res = CliRunner().invoke(app, ["-q", "run", "--resume", str(copy_resume(e, d))])
         assert res.exit_code == 0, (res.stderr[-2000:], res.exception)
+    with _in_case(e, "warm-restore") as d:  # every run is restored: nothing is left to train
+        res = CliRunner().invoke(app, ["run", str(restore_spec(d)), "--restore", str(copy_published(e, d))])
+        assert res.exit_code == 0, (res.stderr[-2000:], res.exception)
+        assert "restored 2 finished run(s) of fz" in res.stderr and "] grpo seed" not in res.stderr, res.stderr
+        (exp_dir,) = (d / "runs").iterdir()
+        assert sorted(p.name for p in exp_dir.iterdir() if p.is_dir()) == sorted(p.name for p in runs_of(e))
     with _in_case(e, "warm-verify") as d:
         for verifier, lines in VALID_LINES.items():
             inp = d / f"{verifier}.jsonl"
@@ -894,6 +915,101 @@ def resume_case(rng: random.Random, e: Env, d: Path) -> tuple[list[str], list[st
     return ["-q", "run", "--resume", str(run)], what
 
 
+# the published-report side: ``run EXPERIMENT_SPEC --restore REPORT`` of a report someone else
+# published with ``report --raw`` (mlmt_bench.report.publish.restore_runs)
+
+#: names a run directory of a published report may carry (it becomes a directory name here)
+RUN_NAMES = ["run\x1b[2J\x1b]0;owned\x07", "run\nnext line", "run\r", "run\x85c1", "\u202erun", "run\ttab", "..run",
+             "run..", "a..b", ".restoring-x", ".hidden", "-rf", "*", "a b", "run\u2028", "r" * 255, "r" * 244,
+             "experiment.json", "comparison.md", "index.html", "acc_vs_tokens.png", "\ufeffrun", "٣", "CON"]
+#: hostile manifest values where the experiment reads a restored run's fields
+MANIFEST_FIELDS: dict[str, list[Any]] = {
+    "arm": ["grpo", "mlmt", "nope", None, ["grpo"], {"grpo": 1}, 0, "", CONTROL],
+    "seed": [0, 1, -1, None, "0", [0], {}, 0.0, 2.5, True, 10 ** 30],
+    "base": [None, "x", [], {}, {"key": None}, {"key": "k"}, {"key": [1]},
+             {"key": "k", "sha256": 5, "environment": "x"}, 1],
+    "experiment": ["fz", ["fz"], None], "status": ["completed", "running", ["completed"]]}
+
+
+def restore_spec(d: Path) -> Path:
+    """The experiment whose runs the published report holds (``fz``: arms grpo and mlmt, seed 0),
+    writing into ``d``. Its policy path is the relative ``CKPT`` the template runs were written
+    with (none exists in the cases' empty working directory): a run that restore left out cannot
+    train; loading its model is a one-line error at once."""
+    spec = {"name": "fz", "base": minimal_spec(), "seeds": [0], "budget": "none", "output_dir": str(d / "runs"),
+            "arms": {"grpo": {}, "mlmt": {}}}
+    path = d / "exp.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def runs_of(e: Env) -> list[Path]:
+    return sorted((e.published / "runs").iterdir())
+
+
+def copy_published(e: Env, d: Path) -> Path:
+    dst = d / "published"
+    shutil.copytree(e.published, dst, symlinks=True)
+    return dst
+
+
+def restore_case(rng: random.Random, e: Env, d: Path) -> tuple[list[str], list[str]]:
+    pub = copy_published(e, d)
+    runs = sorted(p for p in (pub / "runs").iterdir())
+    files = [p for r in runs for p in sorted(r.iterdir())]
+    kind = rng.choice(["files"] * 5 + ["manifest"] * 3 + ["name", "name", "duplicate", "many", "runs-dir",
+                                                          "stray", "report", "argument"])
+    what = [f"kind={kind}"]
+    if kind == "files":  # links to /dev/zero, outside, loops; FIFOs; sparse; gzip garbage; hostile records
+        what += _mutate_files(rng, e, files, _structured_for, rng.choice([1, 1, 2, 3]))
+    elif kind == "manifest":
+        m = rng.choice(runs) / "manifest.json"
+        doc = json.loads(m.read_text())
+        if rng.random() < 0.6:
+            for key in rng.sample(sorted(MANIFEST_FIELDS), rng.randint(1, 2)):
+                doc[key] = rng.choice(MANIFEST_FIELDS[key])
+                what.append(f"manifest.{key}")
+        else:
+            doc = mutate_doc(rng, doc)
+            what.append("manifest:json-field")
+        m.write_bytes(dumps(doc).encode("utf-8", "surrogatepass"))
+    elif kind == "name":  # control characters, '..', very long names, names the experiment writes
+        r = rng.choice(runs)
+        name = rng.choice(RUN_NAMES + [b"run\xff\xfe"])
+        os.rename(os.fsencode(r), os.fsencode(r.parent) + b"/" + (name if isinstance(name, bytes) else
+                                                                  os.fsencode(name)))
+        what.append(f"renamed-to-{name!r:.40}")
+    elif kind == "duplicate":  # the same arm x seed twice, under another name
+        r = rng.choice(runs)
+        shutil.copytree(r, r.with_name(r.name + rng.choice(["-copy", "x", "-s0"])), symlinks=True)
+        what.append("duplicate-run")
+    elif kind == "many":
+        n = rng.choice([20, 60, 200])
+        for i in range(n):
+            shutil.copytree(runs[i % len(runs)], pub / "runs" / f"copy-{i:04d}", copy_function=os.link)
+        what.append(f"many-runs-{n}")
+    elif kind == "runs-dir":
+        op = pick(rng, [(2, op_symlink), (1, op_fifo), (1, op_empty), (1, op_delete)])
+        what.append(f"runs:{op(rng, pub / 'runs', e)}")
+    elif kind == "stray":  # entries of runs/ that are no run directory, or a run that is a link
+        target = pub / "runs" / rng.choice(["zz-stray", runs[0].name])
+        op = pick(rng, [(3, op_symlink), (1, op_fifo), (1, op_socket), (1, op_empty), (1, op_dir), (0.5, op_chain)])
+        what.append(f"runs/{target.name == runs[0].name and 'run' or 'stray'}:{op(rng, target, e)}")
+    elif kind == "report":  # what restore checks first: experiment.json
+        what += _mutate_files(rng, e, [pub / "experiment.json"], _structured_for, 1)
+    args = ["run", str(restore_spec(d)), "--restore", str(pub)]
+    if kind == "argument":  # REPORT itself: a link, a file, a special file, the same report twice
+        choice = rng.choice(["link-outside", "link", "file", "dev-zero", "twice", "missing"])
+        arg = {"link-outside": str(e.outside), "dev-zero": "/dev/zero", "file": str(pub / "experiment.json"),
+               "missing": str(d / "missing")}.get(choice)
+        if choice == "link":
+            (d / "link").symlink_to(pub)
+            arg = str(d / "link")
+        args = args[:-1] + [arg or str(pub)] + (["--restore", str(pub)] if choice == "twice" else [])
+        what.append(f"argument-{choice}")
+    return ["-q", *args], what  # without -q it says what it restored and what it runs on stderr
+
+
 PROBLEM = {"id": "p1", "benchmark": "fz", "prompt": "6*7?", "answer": "42"}
 VALID_LINES: dict[str, list[dict[str, Any]]] = {
     "math": [{"problem": PROBLEM, "response": "so it is \\boxed{42}"},
@@ -965,9 +1081,13 @@ def verify_case(rng: random.Random, e: Env, d: Path, verifier: str) -> tuple[lis
 
 def family_of(i: int) -> str:
     """The family of case ``i``: every 50th is a code case; of the rest, 45% report, 10% resume,
-    25% math, 20% choice (any prefix of the cases has about these shares)."""
+    25% math, 20% choice (any prefix of the cases has about these shares); among the cases past
+    the fast ones, every RESTORE_EVERY-th of these is a restore case instead (the fast cases hold
+    FAST_RESTORE of them, about the time of the cases they replace)."""
     if i % 50 == 49:
         return "verify-code"
+    if i in FAST_RESTORE or (i >= FAST_CASES and i % RESTORE_EVERY == 3):
+        return "restore"
     return (["report"] * 9 + ["resume"] * 2 + ["verify-math"] * 5 + ["verify-choice"] * 4)[i % 20]
 
 
@@ -978,6 +1098,8 @@ def make_case(i: int, e: Env, d: Path) -> tuple[str, list[str], list[str]]:
         args, what = report_case(rng, e, d)
     elif fam == "resume":
         args, what = resume_case(rng, e, d)
+    elif fam == "restore":
+        args, what = restore_case(rng, e, d)
     else:
         args, what = verify_case(rng, e, d, fam.split("-")[1])
     return fam, args, what
@@ -1131,7 +1253,7 @@ def offline(monkeypatch, cwd: Path) -> None:
 def test_fuzz_untrusted_inputs_fast(env, monkeypatch):
     offline(monkeypatch, env.cwd)
     stats = run_cases(env, random_cases(env, FAST_CASES))
-    assert set(stats["per_family"]) == {"report", "resume", "verify-math", "verify-choice", "verify-code"}
+    assert set(stats["per_family"]) == {"report", "resume", "verify-math", "verify-choice", "verify-code", "restore"}
 
 
 @pytest.mark.slow
@@ -1501,3 +1623,63 @@ def test_verify_names_an_input_that_is_a_symlink_loop(tmp_path):
     (tmp_path / "in.jsonl").symlink_to(tmp_path / "in.jsonl")
     one_line_error(["verify", "choice", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "out.jsonl")],
                    "in.jsonl: cannot read (a symbolic link loop)")
+
+
+def _restore_args(env: Env, tmp_path: Path) -> tuple[Path, list[str]]:
+    pub = copy_published(env, tmp_path)
+    return pub, ["-q", "run", str(restore_spec(tmp_path)), "--restore", str(pub)]
+
+
+@pytest.mark.parametrize("packed", [b"\x1f\x8b\x08\x00" + bytes(range(40)), "flipped"], ids=["garbage", "flipped"])
+def test_restore_names_a_published_log_that_is_no_gzip(env, tmp_path, packed):
+    """A published ``metrics.jsonl.gz`` of garbage after the magic, or with flipped bytes, raised
+    zlib.error from restore's read (a traceback); now one line, and nothing is restored."""
+    from support import one_line_error
+
+    pub, args = _restore_args(env, tmp_path)
+    log = sorted((pub / "runs").iterdir())[-1] / "metrics.jsonl.gz"
+    if packed == "flipped":
+        data = bytearray(log.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        packed = bytes(data)
+    log.write_bytes(packed)
+    one_line_error(args, "metrics.jsonl.gz: cannot read as gzip")
+    (exp_dir,) = (tmp_path / "runs").iterdir()
+    assert not [p for p in exp_dir.iterdir() if p.is_dir()]
+
+
+@pytest.mark.parametrize("field,value,fragment", [
+    ("base", "x", "'base' must be a mapping"),  # AttributeError in join_base
+    ("base", {"sha256": "ab"}, "'base' must be a mapping"),  # KeyError
+    ("arm", ["grpo"], "'arm' must be a string"),  # TypeError: unhashable
+    ("seed", [0], "'seed' a whole number"),  # before: "--resume DIR: ... different spec", with no --resume given
+])
+def test_restore_refuses_a_run_whose_arm_seed_or_base_has_the_wrong_kind(env, tmp_path, field, value, fragment):
+    """The experiment keys a finished run by its manifest's arm and seed and admits its base:
+    a published manifest's values of the wrong kind ended in a traceback (AttributeError,
+    KeyError, TypeError) after the runs were restored; now restore refuses them first, in one
+    line, and writes nothing."""
+    from support import one_line_error
+
+    pub, args = _restore_args(env, tmp_path)
+    manifest = sorted((pub / "runs").iterdir())[-1] / "manifest.json"
+    doc = json.loads(manifest.read_text())
+    doc[field] = value
+    manifest.write_text(json.dumps(doc))
+    one_line_error(args, "manifest.json: ", fragment, "nothing restored")
+    (exp_dir,) = (tmp_path / "runs").iterdir()
+    assert not [p for p in exp_dir.iterdir() if p.is_dir()]
+
+
+@pytest.mark.parametrize("n", [245, 255])
+def test_restore_refuses_a_run_name_too_long_for_its_temporary_name(env, tmp_path, n):
+    """A published run named with 245-255 bytes (a valid file name) is restored first as
+    ``.restoring-<name>``, past the 255-byte limit: OSError ENAMETOOLONG, a traceback (exit 1)."""
+    from support import one_line_error
+
+    pub, args = _restore_args(env, tmp_path)
+    run = sorted((pub / "runs").iterdir())[0]
+    run.rename(run.with_name("r" * n))
+    one_line_error(args, f"a run named with {n} bytes, refused (at most 244); nothing restored")
+    (exp_dir,) = (tmp_path / "runs").iterdir()
+    assert not list(exp_dir.glob("*/"))

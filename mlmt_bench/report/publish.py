@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from mlmt_bench.errors import UserError
-from mlmt_bench.jsonl import open_jsonl
+from mlmt_bench.jsonl import DECODE_ERRORS, GzipTooLarge, open_jsonl
 from mlmt_bench.report.episodes import episodes_used
 from mlmt_bench.report.problem_set import episodes_shown
 from mlmt_bench.report.runs import log_file
@@ -51,6 +51,9 @@ SIZE_LIMIT_BYTES = 25 * 10**6
 #: a report of a few MB whose logs each pass the per-file bound could otherwise fill a disk. The
 #: v3 headline's 110 runs decompress to 36 MB.
 MAX_RESTORE_BYTES = 256 << 20
+#: a file name's limit on Linux and macOS file systems (bytes); a run is restored as ``.restoring-<run>`` first
+MAX_NAME_BYTES = 255
+_RESTORING = ".restoring-"
 
 
 def _gzip(data: bytes) -> bytes:
@@ -73,8 +76,13 @@ def _read(path: Path) -> bytes:
         bounded_input.refuse_link(path)  # swapped for a link since the check
         raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
     with f:
-        data = f.read(limit + 1)
-    if len(data) > limit:
+        try:
+            data = f.read(limit + 1)
+        except GzipTooLarge:
+            data = None  # more compressed bytes than a gzip of the limit holds: past it
+        except DECODE_ERRORS as exc:  # a published log is data from elsewhere: garbage is one line
+            raise UserError(f"{path}: cannot read as gzip ({type(exc).__name__}: {exc})") from None
+    if data is None or len(data) > limit:
         raise UserError(f"{path}: more than the limit of {bounded_input.human_bytes(limit)} of JSON Lines "
                         "(decompressed) in one file")
     return data
@@ -205,6 +213,22 @@ def check_restorable(report_dir: Path) -> Path:
     return runs
 
 
+def _check_run_fields(path: Path, manifest: dict[str, Any]) -> None:
+    """A one-line UserError unless the fields an experiment keys and admits a finished run by have
+    their kinds (``arm`` a string, ``seed`` a whole number, ``base`` absent or a mapping with a
+    string ``key``, a string ``sha256`` and a mapping ``environment``): an experiment's own runs
+    have them, a published report's are data from elsewhere."""
+    base = manifest.get("base")
+    seed = manifest.get("seed")
+    if not isinstance(manifest.get("arm"), str) or not isinstance(seed, int) or isinstance(seed, bool):
+        raise UserError(f"{path}: 'arm' must be a string and 'seed' a whole number; nothing restored")
+    if base is not None and not (isinstance(base, dict) and isinstance(base.get("key"), str)
+                                 and isinstance(base.get("sha256"), (str, type(None)))
+                                 and isinstance(base.get("environment"), (dict, type(None)))):
+        raise UserError(f"{path}: 'base' must be a mapping with a string 'key' (and a string 'sha256', a mapping "
+                        "'environment'); nothing restored")
+
+
 def restore_runs(report_dir: Path, exp_dir: Path, experiment: str) -> list[str]:
     """The inverse of :func:`publish_runs` for one experiment: each finished run of
     ``experiment`` published in ``report_dir`` becomes a run directory of ``exp_dir`` again
@@ -229,6 +253,9 @@ def restore_runs(report_dir: Path, exp_dir: Path, experiment: str) -> list[str]:
         if not src.name.isprintable() or src.name.startswith("."):  # it becomes a directory name here
             raise UserError(f"--restore {report_dir}: a run named {bounded_input.printable(src.name)!r}, refused "
                             "(control characters or a leading dot); nothing restored")
+        if len(os.fsencode(_RESTORING + src.name)) > MAX_NAME_BYTES:  # restored under that name first
+            raise UserError(f"--restore {report_dir}: a run named with {len(os.fsencode(src.name))} bytes, refused "
+                            f"(at most {MAX_NAME_BYTES - len(_RESTORING)}); nothing restored")
         if not src.is_dir() or not os.path.lexists(src / "manifest.json"):
             continue
         bounded_input.check_plain_file(src / "manifest.json")
@@ -238,6 +265,7 @@ def restore_runs(report_dir: Path, exp_dir: Path, experiment: str) -> list[str]:
             continue
         if (exp_dir / src.name).exists():
             continue
+        _check_run_fields(src / "manifest.json", manifest)
         files: dict[str, bytes] = {}
         for name in (*LOGS, SAMPLES):
             packed = src / f"{name}.gz"
@@ -252,7 +280,7 @@ def restore_runs(report_dir: Path, exp_dir: Path, experiment: str) -> list[str]:
         planned.append((src.name, files))
     restored = []
     for name, files in planned:
-        tmp = exp_dir / f".restoring-{name}"
+        tmp = exp_dir / f"{_RESTORING}{name}"
         shutil.rmtree(tmp, ignore_errors=True)  # what a killed restore left
         tmp.mkdir()
         for fname in (*LOGS, SAMPLES):
