@@ -589,6 +589,35 @@ def probe_feedback(
     _emit({k: v for k, v in result.items() if k != "per_problem"}, human)
 
 
+@probe_app.command("critic")
+@_user_errors
+def probe_critic(
+    spec: Path = typer.Argument(..., help="Run spec (YAML) whose starting solver and critic are checked."),
+    split: str = typer.Option("validation", "--split", help="Split of the spec's benchmark: validation or test."),
+    limit: int = typer.Option(200, "--limit", "-n", min=1, metavar="N", help="The first N problems."),
+    overrides: list[str] | None = SetOption,
+) -> None:
+    """The critic gate (METHOD v4) on a spec's starting policies: the solver's own attempts judged by
+    the critic, greedy and at the training temperatures; detection J = recall - false alarms must
+    reach 0.20 with false alarms at most 10%. Exit 0 whether it passes or not; the line says."""
+    from mlmt_bench import runner, spec as specs
+    from mlmt_bench.warmstart.shared_base import gate_line
+
+    loaded = specs.load_any(spec, overrides or [])
+    if isinstance(loaded, tuple):
+        raise UserError(f"{spec}: an experiment spec; the gate takes a run spec (one of its arms)")
+    result = runner.critic_gate_from_spec(loaded, split=split, limit=limit, progress=not state.quiet)
+
+    def human() -> None:
+        typer.echo(f"critic gate: {result['spec']} (seed {result['seed']}), {result['critic']} critic on the "
+                   f"solver's own attempts, {result['n']} {split} problems, {result['seconds']:.0f} s")
+        for label in ("greedy", "sampled"):
+            typer.echo("  " + gate_line(label, result[label]))
+        typer.echo("  passes" if not result["failures"] else "  FAILS: " + "; ".join(result["failures"]))
+
+    _emit(result, human)
+
+
 @probe_app.command("value")
 @_user_errors
 def probe_value(

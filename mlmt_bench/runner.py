@@ -665,6 +665,42 @@ def value_probe_from_spec(spec: RunSpec, rows: int = 4096, steps: int = 1000,
     return {"spec": spec.name, "seed": spec.seed, "critic": source, "group_size": group, **result}
 
 
+def critic_gate_from_spec(spec: RunSpec, split: str = "validation", limit: int | None = 200,
+                          progress: bool = True) -> dict[str, Any]:
+    """METHOD v4's critic gate on the solver and critic ``spec`` builds at step 0 (the critic as in
+    :func:`probe_from_spec`: the spec's own, else the frozen starting point): the solver's own
+    attempts on the first ``limit`` problems of ``split``, judged by the critic greedy and at the
+    roles' training temperatures (:func:`mlmt_bench.warmstart.shared_base.detection_on_own_attempts`),
+    with the backend's token limits; ``failures`` lists what fails the gate (empty: it passes)."""
+    import time
+
+    from mlmt_bench.trainer import training_temperatures
+    from mlmt_bench.warmstart.shared_base import critic_gate, detection_on_own_attempts
+
+    configure_torch(spec)
+    comp = build(spec, progress=progress)
+    try:
+        comp.benchmark.check_split(split)
+        problems = comp.benchmark.load(split)[:limit]
+        if not problems:
+            raise UserError(f"benchmark {spec.benchmark.name}: no {split} problems to judge")
+        critic, source = _probe_critic(spec, comp)
+        temps = training_temperatures(spec)
+        b = spec.backend
+        t0 = time.perf_counter()
+        with cpu_autocast(spec):
+            gate = detection_on_own_attempts(
+                comp.policies["solver"], critic, comp.backend, comp.benchmark, comp.verifier, problems,
+                solver_temperature=temps["solver"], critic_temperature=temps["critic"],
+                max_new_tokens=b.max_new_tokens, feedback_max_new_tokens=b.feedback_max_new_tokens or b.max_new_tokens,
+                seed=spec.seed, templates=comp.templates)
+    finally:
+        comp.backend.close()
+    return {"spec": spec.name, "seed": spec.seed, "benchmark": spec.benchmark.name, "split": split,
+            "n": len(problems), "critic": source, **gate, "failures": critic_gate(gate),
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
 def spec_redacts(spec: RunSpec) -> bool:
     """Whether the refiner sees the critic's feedback redacted (the spec's ``feedback.redact``)."""
     return spec.feedback.redact

@@ -313,3 +313,24 @@ def test_a_value_checkpoint_of_other_features_is_one_line_on_resume():
     new.load_state_dict(old.state_dict())
     with pytest.raises(UserError, match="checkpoint reads 3 features, this run computes 6.*value_features: last"):
         new.predict(torch.zeros(2, 6))  # feedback_pool: 2H
+
+
+def test_probe_critic_runs_the_gate_on_a_specs_own_solver_and_critic(tmp_path, monkeypatch, one_torch_thread):
+    """`mlmt-bench probe critic SPEC`: the gate on what a spec starts from (here the shipped seed-10
+    base, whose critic barely checks), both passes on the same problems, exit 0 with the failures."""
+    from typer.testing import CliRunner
+
+    from mlmt_bench.cli import app
+
+    monkeypatch.setenv("MLMT_BENCH_CACHE", str(tmp_path / "cache"))
+    res = CliRunner().invoke(app, ["--json", "probe", "critic", "registry/runs/synthetic-base.yaml", "--limit", "24"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["split"] == "validation" and out["n"] == 24 and out["critic"] == "base"
+    for label in ("greedy", "sampled"):
+        d = out[label]
+        assert d["n_right"] + d["n_wrong"] == 24
+        assert d["J"] == pytest.approx(d["recall"] - d["false_alarm_rate"])
+    assert out["sampled"]["critic_temperature"] == 0.5 and out["greedy"]["critic_temperature"] == 0.0
+    assert out["failures"] == critic_gate(out) and out["failures"]  # this base fails the gate
+    one_line_error(["probe", "critic", "registry/runs/synthetic-base.yaml", "--split", "nope"], "nope")

@@ -38,7 +38,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -653,32 +653,49 @@ def _on_validation(base: Base, bench: Any, n: int, backend: Any) -> tuple[list[A
 
 def gate_check(base: Base, bench: Any, n: int, *, solver_temperature: float, critic_temperature: float,
                backend: Any = None) -> dict[str, Any]:
-    """The critic gate's measurement (METHOD v4): the base solver's own attempts on the first ``n``
-    validation problems, each judged by the base critic; :func:`mlmt_bench.metrics.critic.detection`
-    of its verdicts (an unreadable verdict is "not flagged"), under ``"greedy"`` (both roles
+    """The critic gate's measurement (METHOD v4) of ``base``: :func:`detection_on_own_attempts` with
+    the base playing solver and critic on the first ``n`` validation problems, turns as long as the
+    longest gold solution + 16 characters (feedback twice that), seeded by the base's seed."""
+    t0 = time.perf_counter()
+    problems, verifier, backend, policy = _on_validation(base, bench, n, backend)
+    length = max(len(bench.solution(p)) for p in problems) + 16  # as the check's (_check_at)
+    out: dict[str, Any] = {"split": "validation", "n": len(problems)}
+    out.update(detection_on_own_attempts(policy, policy, backend, bench, verifier, problems,
+                                         solver_temperature=solver_temperature,
+                                         critic_temperature=critic_temperature, max_new_tokens=length,
+                                         feedback_max_new_tokens=2 * length, seed=base.report["config"]["seed"]))
+    out["seconds"] = round(time.perf_counter() - t0, 2)
+    return out
+
+
+def detection_on_own_attempts(solver: Any, critic: Any, backend: Any, bench: Any, verifier: Any,
+                              problems: Sequence[Any], *, solver_temperature: float, critic_temperature: float,
+                              max_new_tokens: int, feedback_max_new_tokens: int, seed: int,
+                              templates: Any = None) -> dict[str, Any]:
+    """The critic gate's two passes (METHOD v4): ``solver``'s own attempt at each problem, judged by
+    ``critic`` (its verdict read by ``bench.feedback_verdict``; an unreadable verdict is "not
+    flagged"), scored by :func:`mlmt_bench.metrics.critic.detection`, under ``"greedy"`` (both roles
     greedy) and ``"sampled"`` (attempts at ``solver_temperature``, feedback at
-    ``critic_temperature``, seeded by the base's seed). Each pass records its two temperatures;
-    rates in [0, 1]."""
+    ``critic_temperature``; torch seeded with ``seed`` before each pass). ``templates``: the
+    prompts (default the benchmark's). Each pass records its two temperatures; rates in [0, 1]."""
     import torch
 
     from mlmt_bench.metrics.critic import detection
     from mlmt_bench.rollout.episodes import Actors, Program, Sampling, critique, rollout
 
-    t0 = time.perf_counter()
-    problems, verifier, backend, policy = _on_validation(base, bench, n, backend)
-    length = max(len(bench.solution(p)) for p in problems) + 16  # as the check's (_check_at)
-    out: dict[str, Any] = {"split": "validation", "n": len(problems)}
+    templates = templates if templates is not None else bench.templates
+    out: dict[str, Any] = {}
     for label, t_solver, t_critic in (("greedy", 0.0, 0.0), ("sampled", solver_temperature, critic_temperature)):
-        torch.manual_seed(base.report["config"]["seed"])  # the sampled pass is reproducible
-        sampling = Sampling(temperature=t_solver, top_p=1.0, max_new_tokens=length,
-                            feedback_max_new_tokens=2 * length, feedback_temperature=t_critic)
-        actors = Actors(policy, None, backend, bench.templates, verifier, bench.oracle_feedback, bench.feedback_verdict)
+        torch.manual_seed(seed)  # the sampled pass is reproducible
+        sampling = Sampling(temperature=t_solver, top_p=1.0, max_new_tokens=max_new_tokens,
+                            feedback_max_new_tokens=feedback_max_new_tokens, feedback_temperature=t_critic)
+        actors = Actors(solver, None, backend, templates, verifier, getattr(bench, "oracle_feedback", None),
+                        bench.feedback_verdict)
         attempts = rollout(Program(attempts=1), actors, problems, sampling).turns  # feedback "none": attempts only
-        texts = critique(policy, backend, bench.templates, problems, [a.text for a in attempts], sampling)
+        texts = critique(critic, backend, templates, problems, [a.text for a in attempts], sampling)
         correct = [bool(a.verdict.correct) if a.verdict else False for a in attempts]
         out[label] = {"solver_temperature": t_solver, "critic_temperature": t_critic,
                       **detection([bench.feedback_verdict(t) for t in texts], correct)}
-    out["seconds"] = round(time.perf_counter() - t0, 2)
     return out
 
 
