@@ -208,7 +208,8 @@ def test_workers_build_each_shared_base_once_before_the_runs_that_need_it(tmp_pa
             assert manifest["seed"] == seed and manifest["base"]["key"] in built, (manifest["base"], built)
     # a base per seed: recorded so, and the comparison names no checkpoint shared by every seed
     assert out["experiment"]["base_per_seed"] is True and out["experiment"]["base_seed"] is None
-    assert "One checkpoint for every seed" not in open(f"{out['run_dir']}/comparison.md").read()
+    md = open(f"{out['run_dir']}/comparison.md").read()
+    assert "One checkpoint for every seed" not in md and "each seed has its own base, so it includes" in md
 
 
 def test_resuming_a_finished_experiment_is_refused_and_rewrites_nothing(exp_spec, tmp_path):
@@ -285,6 +286,8 @@ def test_a_fixed_base_seed_gives_every_seed_the_same_base_and_its_own_training(t
     assert len(trains[0]) == 2 and trains[0] != trains[1]
     md = (Path(out["run_dir"]) / "comparison.md").read_text()
     assert "**One checkpoint for every seed (METHOD v4)**" in md
+    # the statistics say what the spread over seeds is made of: not the base's initialisation
+    assert "each seed has its own base" not in md and "share one base, so there it is RL sampling" in md
     key = manifests[0]["base"]["key"]
     assert f"- base `{key}` (tiny-0.5m, seed 7): the start of every seed's runs of a (2 seeds)" in md
 

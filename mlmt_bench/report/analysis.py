@@ -189,8 +189,11 @@ def statistics_text(summary: dict[str, Any]) -> str:
     st, baseline = summary["statistics"], summary["baseline"]
     holm = (f"; for a difference from {baseline}, the Holm-adjusted p over the {len(st['holm_family'])} arms "
             "compared with it" if baseline is not None else "")
+    spread = ("the seeds of the runs listed above share one base, so there it is RL sampling, data order and the "
+              "value model's initialisation only" if summary.get("shared_bases")
+              else "each seed has its own base, so it includes initialisation")
     return ("Statistics (METHOD.md v3): seeds and problems are both random. `mean ± std` is over seeds (sample std; "
-            "each seed has its own base, so it includes initialisation). A 95% CI is the two-way bootstrap that "
+            f"{spread}). A 95% CI is the two-way bootstrap that "
             "resamples seeds and problems independently (Owen's pigeonhole bootstrap; "
             f"{st['n_boot']} resamples, seed {st['seed']}); with one seed it is the bootstrap over that seed's "
             "problems, and says so. A gain over step 0 or a difference is the two-way bootstrap of the paired "
