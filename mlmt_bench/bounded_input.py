@@ -104,10 +104,15 @@ def printable(text: str) -> str:
     masked (:func:`mask_credentials`). What a message shows the terminal cannot act on, a lone
     surrogate (an undecodable argument) cannot make writing it fail, and no error line or note
     prints a database password."""
-    text = mask_credentials(text)
+    return escape_unprintable(mask_credentials(text))
+
+
+def escape_unprintable(text: str, keep: str = "") -> str:
+    """``text`` with every character that is not printable, except those in ``keep``, written as
+    Python writes its escape (``\\x1b``, ``\\u202e``, ``\\udcff``)."""
     if text.isprintable():
         return text
-    return "".join(ch if ch.isprintable() else _escape(ch) for ch in text)
+    return "".join(ch if ch.isprintable() or ch in keep else _escape(ch) for ch in text)
 
 
 #: ``scheme://user:password@host``: the user kept, the password (up to the last ``@`` before the

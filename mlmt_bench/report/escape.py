@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from mlmt_bench.bounded_input import printable
+from mlmt_bench.bounded_input import escape_unprintable
 
 #: kept as they are: a model's output has lines and, in code, tabs
 _KEPT = "\t\n\r"
@@ -19,9 +19,7 @@ _KEPT = "\t\n\r"
 
 def shown(text: str) -> str:
     """``text`` with every character that is not printable (bar line breaks and tabs) escaped."""
-    if text.isprintable():
-        return text
-    return "".join(ch if ch in _KEPT or ch.isprintable() else printable(ch) for ch in text)
+    return escape_unprintable(text, keep=_KEPT)
 
 
 def esc(value: Any) -> str:
