@@ -281,7 +281,19 @@ def test_a_model_path_that_is_no_model_directory(tmp_path):
         _load(str(tmp_path / "weights.bin"), "float32", None)
     (tmp_path / "adapter").mkdir()
     (tmp_path / "adapter" / "adapter_config.json").write_text("{}")
+    # what it holds is checked as eval checks it (models/model_dir_check.py): an adapter for no model is none
+    with pytest.raises(UserError, match="no base_model_name_or_path"):
+        check_model_dir(tmp_path / "adapter", "adapter")
+    import torch
+    from safetensors.torch import save_file
+
+    (tmp_path / "adapter" / "adapter_config.json").write_text('{"base_model_name_or_path": "org/base"}')
+    save_file({"lora_A.weight": torch.zeros(2, 2)}, str(tmp_path / "adapter" / "adapter_model.safetensors"))
     check_model_dir(tmp_path / "adapter", "adapter")  # a peft adapter directory is one
+    (tmp_path / "adapter" / "adapter_model.safetensors").unlink()
+    (tmp_path / "adapter" / "adapter_model.bin").write_bytes(b"pickle")
+    with pytest.raises(UserError):  # pickle weights only: refused before torch unpickles them
+        check_model_dir(tmp_path / "adapter", "adapter")
 
 
 def test_run_with_an_hf_model_path_of_etc_is_one_line(tmp_path):

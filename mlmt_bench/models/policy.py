@@ -154,6 +154,11 @@ def check_model_dir(local: Path, path: str) -> None:
         raise UserError(f"model {path!r}: is {kind_of(mode)}, not a model directory")
     if not any((local / name).is_file() for name in ("config.json", "adapter_config.json")):
         raise UserError(f"model {path!r}: not a model directory (no config.json)")
+    from mlmt_bench.models import model_dir_check
+
+    # what it holds, as eval and export check it: safetensors only, a config its weights fit, no
+    # device or FIFO inside, an adapter's base a hub id or a directory that passes too
+    model_dir_check.check_model_dir(local)
 
 
 def _load(path: str, dtype: str, device: str | None) -> tuple[Any, Any]:
