@@ -127,6 +127,24 @@ def table_row(md: str, label: str) -> list[str]:
     raise AssertionError(f"no row {label!r} in\n{md}")
 
 
+def table_column(md: str, header: str) -> list[str]:
+    """The cells under ``header`` in the first Markdown table of ``md`` that has that column, top
+    to bottom (comparison.md: one per arm, in the report's order of arms)."""
+    col = None
+    for line in md.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
+        if col is None:
+            col = cells.index(header) if header in cells else None
+            found: list[str] = []
+        elif not cells:
+            return found
+        elif not set(cells[0]) <= set("-:"):
+            found.append(cells[col])
+    if col is not None:
+        return found
+    raise AssertionError(f"no column {header!r} in\n{md}")
+
+
 def episode(attempt: str, refine: str, ok: bool) -> list[dict]:
     """The turns of a samples.jsonl episode: a wrong attempt, a feedback, a refinement (right if ``ok``)."""
     return [{"kind": "attempt", "policy": "solver", "text": attempt, "reward": 0.0, "verdict": "wrong", "tokens": 5,

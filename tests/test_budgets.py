@@ -15,7 +15,7 @@ from mlmt_bench.errors import UserError
 from mlmt_bench.metrics.cost import generation_flops, rollout_flops
 from mlmt_bench.report.compare import build_comparison
 from mlmt_bench.report.runs import load_run
-from support import build_trainer, make_run, make_spec, one_line_error, table_row
+from support import build_trainer, make_run, make_spec, one_line_error, table_column
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -113,8 +113,8 @@ def test_reports_show_test_time_flops_per_problem_beside_training_flops(tmp_path
     build_comparison({"grpo": runs}, tmp_path / "out")
     md = (tmp_path / "out" / "comparison.md").read_text()
     label = "test-time FLOPs per problem (2·P·(prompt + generated), every turn)"
-    assert table_row(md, label) == ["1.50e+06 ± 7.07e+05", "4.00e+06 ± 1.41e+06"]  # (1e6, 2e6); (3e6, 5e6)
-    assert table_row(md, "FLOPs (training, at the end)") == ["1.00e+09 ± 0.00e+00"] * 2
+    assert table_column(md, label) == ["1.50e+06 ± 7.07e+05", "4.00e+06 ± 1.41e+06"]  # (1e6, 2e6); (3e6, 5e6)
+    assert table_column(md, "FLOPs (training, at the end)") == ["1.00e+09 ± 0.00e+00"] * 2
     # the page's column header: the name, its parenthetical on a second line
     assert "test-time FLOPs per problem<div class=sub>(2·P·(prompt + generated), every turn)</div>" in (
         tmp_path / "out" / "index.html").read_text()
@@ -148,7 +148,7 @@ def test_a_reading_off_the_budget_is_flagged_in_its_cell(tmp_path):
     runs = _flops_runs(tmp_path)
     summary = build_comparison(runs, tmp_path / "out", at_flops=1e9)
     md = (tmp_path / "out" / "comparison.md").read_text()
-    cells = table_row(md, "read at (evaluation nearest 1e+09 FLOPs within ±10%, else below it)")
+    cells = table_column(md, "read at (evaluation nearest 1e+09 FLOPs within ±10%, else below it)")
     assert cells == ["s0: step 5, 1.00e+09 FLOPs",
                      "s0: UNTRAINED (step 0) (0.00× the budget: NOT WITHIN 10%); s1: step 5, 9.50e+08 FLOPs"]
     assert any(n.startswith("NOT AT EQUAL FLOPs: 1 of 3 runs have no evaluation within 10% of 1e+09 FLOPs")
@@ -157,7 +157,7 @@ def test_a_reading_off_the_budget_is_flagged_in_its_cell(tmp_path):
     # at 2.05e9: grpo's 2e9 and mlmt s1's 1.9e9 are within 10%; mlmt s0's 2.6e9 is not, its 1.3e9 is 0.63×
     build_comparison(runs, tmp_path / "out2", at_flops=2.05e9)
     md = (tmp_path / "out2" / "comparison.md").read_text()
-    assert table_row(md, "read at (evaluation nearest 2.05e+09 FLOPs within ±10%, else below it)") == [
+    assert table_column(md, "read at (evaluation nearest 2.05e+09 FLOPs within ±10%, else below it)") == [
         "s0: step 10, 2.00e+09 FLOPs", "s0: step 5, 1.30e+09 FLOPs (0.63× the budget: NOT WITHIN 10%); "
                                        "s1: step 10, 1.90e+09 FLOPs"]
 

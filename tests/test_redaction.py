@@ -28,7 +28,7 @@ from mlmt_bench.verifiers.choice import ChoiceVerifier, extract_choice
 from mlmt_bench.verifiers.code import extract_program
 from mlmt_bench.verifiers.math import MathVerifier
 from mlmt_bench.verifiers.synthetic import SyntheticVerifier
-from support import build_trainer, make_run, make_spec, table_row
+from support import build_trainer, make_run, make_spec, table_column
 
 SYN = SyntheticArith(n_train=10, n_validation=10, n_test=10)
 #: 9-6+9+1 = 13: steps 9-6=3, 3+9=12, 12+1=13
@@ -366,10 +366,10 @@ def test_report_gains_the_critic_as_second_solver_and_unredacted_rows(tmp_path):
     summary = build_comparison({"mlmt": runs}, tmp_path / "out")
     assert list(summary["arms"]) == ["mlmt", "mlmt without redaction", "mlmt critic as second solver"]
     md = (tmp_path / "out" / "comparison.md").read_text()
-    assert table_row(md, "acc@t2 (refine-all)") == ["50.0% ± 0.0", "100.0% ± 0.0", "75.0% ± 0.0"]
+    assert table_column(md, "acc@t2 (refine-all)") == ["50.0% ± 0.0", "100.0% ± 0.0", "75.0% ± 0.0"]
     ci = summary["arms"]["mlmt critic as second solver"]["ci"]["acc@t2"]
     assert ci["mean"] == pytest.approx(0.75)
-    assert table_row(md, "test-time generated tokens per problem")[1:] == ["50.0 ± 0.0", "30.0 ± 0.0"]
+    assert table_column(md, "test-time generated tokens per problem")[1:] == ["50.0 ± 0.0", "30.0 ± 0.0"]
     assert re.search(r"feedback redacted share", md)
 
 

@@ -14,7 +14,7 @@ from mlmt_bench.metrics.stats import bootstrap_ci, holm_adjust, sign_flip_test
 from mlmt_bench.metrics.twoway import mde, twoway_bootstrap, twoway_paired
 from mlmt_bench.report.compare import build_comparison, report_from_dirs
 from mlmt_bench.report.runs import load_run
-from support import make_run, table_row
+from support import make_run, table_column, table_row
 
 
 @pytest.fixture()
@@ -49,15 +49,15 @@ def test_comparison_table_numbers(arms, tmp_path):
     std = np.std([0.75, 0.5], ddof=1)  # sample std over seeds = 0.1768 -> 17.7 points
     assert f"{100 * std:.1f}" == "17.7"
     # columns: grpo, mlmt, self_correct
-    assert table_row(md, "acc@t2 (refine-all)") == ["62.5% ± 17.7", "87.5% ± 17.7", "50.0% (1 seed)"]
-    assert table_row(md, "acc@t1") == ["62.5% ± 17.7", "37.5% ± 17.7", "50.0% (1 seed)"]
-    assert table_row(md, "delta (t2 − t1)") == ["+0.0 pp ± 0.0", "+50.0 pp ± 0.0", "+0.0 pp (1 seed)"]
+    assert table_column(md, "acc@t2 (refine-all)") == ["62.5% ± 17.7", "87.5% ± 17.7", "50.0% (1 seed)"]
+    assert table_column(md, "acc@t1") == ["62.5% ± 17.7", "37.5% ± 17.7", "50.0% (1 seed)"]
+    assert table_column(md, "delta (t2 − t1)") == ["+0.0 pp ± 0.0", "+50.0 pp ± 0.0", "+0.0 pp (1 seed)"]
     # GRPO has no turn-2 / feedback metrics: dashes
-    assert table_row(md, "i→c")[0] == "–"
-    assert table_row(md, "feedback_effect (g vs g∅)") == ["–", "+12.5 pp ± 0.0", "+12.5 pp (1 seed)"]
+    assert table_column(md, "i→c")[0] == "–"
+    assert table_column(md, "feedback_effect (g vs g∅)") == ["–", "+12.5 pp ± 0.0", "+12.5 pp (1 seed)"]
     assert "correction_rate" not in md  # no arm recorded it: no row
     assert "oracle-gated (optimistic: consults the verifier at test time)" in md
-    assert table_row(md, "generated tokens (training, at the end)")[1] == "5000 ± 1414"
+    assert table_column(md, "generated tokens (training, at the end)")[1] == "5000 ± 1414"
 
     # the 95% CI is the two-way bootstrap of grpo's [seeds, problems] outcomes (seed 0 [1, 1, 0, 1],
     # seed 1 [1, 0, 0, 1]): 10000 resamples, seed 0
@@ -66,15 +66,15 @@ def test_comparison_table_numbers(arms, tmp_path):
     ci = summary["arms"]["grpo"]["ci"]["acc@t2"]
     assert (ci["mean"], ci["lo"], ci["hi"], ci["se"], ci["n_problems"], ci["n_seeds"]) == (m, lo, hi, se, 4, 2)
     assert ci["interval"] == "two-way" and ci["why"] is None
-    assert (table_row(md, "acc@t2 (refine-all): 95% CI (seeds × problems)")[0]
+    assert (table_column(md, "acc@t2 (refine-all): 95% CI (seeds × problems)")[0]
             == f"62.5% [{100 * lo:.1f}, {100 * hi:.1f}]")
     # one seed (self_correct): the two-way bootstrap is the bootstrap over its problems, and says so
     sc = summary["arms"]["self_correct"]["ci"]["acc@t2"]
     assert (sc["mean"], sc["lo"], sc["hi"]) == bootstrap_ci([0, 1, 0, 1], n_boot=10_000, seed=0)
     assert sc["interval"] == "one seed"
-    assert table_row(md, "acc@t2 (refine-all): 95% CI (seeds × problems)")[2].endswith("(1 seed: problems only)")
+    assert table_column(md, "acc@t2 (refine-all): 95% CI (seeds × problems)")[2].endswith("(1 seed: problems only)")
     assert "One seed (self_correct): the two-way bootstrap has no seed to resample" in md
-    assert table_row(md, "seeds × problems in the CIs") == ["2 × 4", "2 × 4", "1 × 4"]
+    assert table_column(md, "seeds × problems in the CIs") == ["2 × 4", "2 × 4", "1 × 4"]
     assert summary["arms"]["mlmt"]["metrics"]["acc@t2"]["mean"] == 0.875
     assert math.isclose(summary["arms"]["mlmt"]["metrics"]["acc@t2"]["std"], std)
 
@@ -91,7 +91,7 @@ def test_comparison_table_numbers(arms, tmp_path):
     # no replicate is negative; one is 0 when it draws seed 1 twice and problem 2 four times
     # (probability 1/4 x 1/4^4 = 1/1024), which counts half: p ~ 2 (10000 / 1024 / 2 + 1) / 10001 = 0.0012
     assert 2 / 10_001 < g["p_value"] < 0.004
-    gain_row = table_row(md, "gain in acc@t2 over its own step 0 (95% CI, p, MDE)")
+    gain_row = table_column(md, "gain in acc@t2 over its own step 0 (95% CI, p, MDE)")
     assert gain_row[1].startswith("+87.5 pp [") and f"MDE {100 * g['mde']:.1f} pp" in gain_row[1]
 
     # tokens (FLOPs) to reach grpo's mean final acc@t2 (62.5%), per seed, interpolated
@@ -100,7 +100,7 @@ def test_comparison_table_numbers(arms, tmp_path):
     # seed 0: .25 at 0 -> .75 at 3000: 0 + (.625-.25)/.5 * 3000 = 2250; seed 1: .625 at 2000 exactly
     assert r["per_seed"] == pytest.approx([2250, 2000]) and r["median"] == pytest.approx(2125)
     assert summary["arms"]["mlmt"]["reach"]["flops"]["per_seed"] == pytest.approx([2.25e12, 2e12])
-    reach = table_row(md, "tokens to reach grpo's final acc@t2 (62.5%): median over seeds")
+    reach = table_column(md, "tokens to reach grpo's final acc@t2 (62.5%): median over seeds")
     assert reach[1] == "2125 (2/2 seeds)"
     assert summary["arms"]["grpo"]["reach"]["gen_tokens"]["per_seed"] == [pytest.approx(1500), None]
     assert reach[0] == "1500 (1/2 seeds)" and reach[2] == "not reached (0/1)"
@@ -114,7 +114,7 @@ def test_an_arm_already_at_the_target_at_step_0_is_said_so(tmp_path):
                      t1=[1, 1, 0, 0], t2=[1, 1, 0, 0])]
     s = build_comparison({"grpo": base, "m": fast}, tmp_path / "o")
     assert s["arms"]["m"]["reach"]["gen_tokens"]["at_start"] == 1
-    assert "at step 0" in table_row((tmp_path / "o" / "comparison.md").read_text(),
+    assert "at step 0" in table_column((tmp_path / "o" / "comparison.md").read_text(),
                                     "tokens to reach grpo's final acc@t2 (50.0%): median over seeds")[1]
 
 
@@ -149,12 +149,13 @@ def test_paired_difference_two_way_holm_mde_and_mcnemar_per_seed(arms, tmp_path)
     assert [p["p_holm"], q["p_holm"]] == holm_adjust([p["p_value"], q["p_value"]])
     assert "grpo" not in summary["paired"]
 
-    row = table_row(md, "mlmt")
+    against = md.split("## Against grpo")[1]
+    row = table_row(against, "mlmt")
     assert row[:2] == ["2 × 4", f"+25.0 pp [{100 * p['lo']:+.1f}, {100 * p['hi']:+.1f}]"]
     assert row[2:6] == [f"{p['p_value']:.3f}", f"{p['p_holm']:.3f}" + (" *" if p["p_holm"] < 0.05 else ""),
                         f"{100 * p['mde']:.1f} pp", "s0 +25.0, s1 +25.0"]
     assert row[6:] == ["0.500", "s0: 1/0, p = 1.000; s1: 1/0, p = 1.000"]
-    sc_row = table_row(md, "self_correct")
+    sc_row = table_row(against, "self_correct")
     assert sc_row[0] == "4 problems (seed means)" and sc_row[1].startswith("-12.5 pp [")
     assert sc_row[1].endswith("(problems only: seed means)") and sc_row[5] == "s0 -25.0"
     assert "two-way bootstrap" in md and "Holm-adjusted over the 2 arms compared with grpo" in md
@@ -431,9 +432,8 @@ def test_a_run_untrained_within_the_flops_budget_is_flagged_in_the_table(tmp_pat
     b = make_run(tmp_path, "b-20250101T000000Z", seed=0, arm="mlmt", curve=late, t1=[1, 1, 1, 0], t2=[1, 1, 1, 1])
     summary = build_comparison({"grpo": [a], "mlmt": [b]}, tmp_path / "out", at_flops=1.05e9)
     text = (tmp_path / "out" / "comparison.md").read_text()
-    row = next(line for line in text.splitlines() if line.startswith("| read at"))
-    assert row == ("| read at (evaluation nearest 1.05e+09 FLOPs within ±10%, else below it) | s0: step 5, 1.00e+09 "
-                   "FLOPs | s0: UNTRAINED (step 0) (0.00× the budget: NOT WITHIN 10%) |")
+    assert table_column(text, "read at (evaluation nearest 1.05e+09 FLOPs within ±10%, else below it)") == [
+        "s0: step 5, 1.00e+09 FLOPs", "s0: UNTRAINED (step 0) (0.00× the budget: NOT WITHIN 10%)"]
     assert summary["notes"][0].startswith("UNTRAINED within 1.05e+09 FLOPs: mlmt had no evaluation after step 0")
     page = (tmp_path / "out" / "index.html").read_text()
     assert "s0: UNTRAINED (step 0)" in page and "s0: step 5, 1.00e+09 FLOPs" in page

@@ -19,7 +19,7 @@ from mlmt_bench.metrics.twoway import twoway_bootstrap
 from mlmt_bench.report.compare import with_base_critic_arms
 from mlmt_bench.report.episodes import find_disagreements
 from mlmt_bench.report.runs import group_runs, load_run
-from support import episode as _episode, make_run, table_row
+from support import episode as _episode, make_run, table_column
 
 RENDERED = ("comparison.md", "index.html", "acc_vs_tokens.png", "problems.html")
 
@@ -165,8 +165,8 @@ def test_the_shipped_outcomes_recompute_the_table(experiment, tmp_path):
     arms = list(summary["arms"])
     assert arms == ["grpo", "grpo + base critic", "mlmt", "self_correct"] and set(outcomes) == set(arms)
     means = [100 * np.mean([np.mean(list(o.values())) for o in outcomes[a]]) for a in arms]
-    assert [c.split("%")[0] for c in table_row(md, "acc@t2 (refine-all)")] == [f"{m:.1f}" for m in means]
-    for a, cell in zip(arms, table_row(md, "acc@t2 (refine-all): 95% CI (seeds × problems)")):
+    assert [c.split("%")[0] for c in table_column(md, "acc@t2 (refine-all)")] == [f"{m:.1f}" for m in means]
+    for a, cell in zip(arms, table_column(md, "acc@t2 (refine-all): 95% CI (seeds × problems)")):
         pids = sorted(outcomes[a][0])
         _, lo, hi, _ = twoway_bootstrap([[float(o[p]) for p in pids] for o in outcomes[a]], n_boot=10_000, seed=0)
         assert cell.startswith(f"{np.mean([np.mean(list(o.values())) for o in outcomes[a]]) * 100:.1f}% "

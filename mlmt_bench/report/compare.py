@@ -3,8 +3,9 @@ statistics of METHOD.md v3: seeds and problems are both random.
 
 Output, written atomically into an output directory:
 
-- ``comparison.md``: per arm, final metrics (mean ± std over seeds), accuracy with a 95% CI by the
-  two-way bootstrap over seeds and problems, the arm's starting point (step 0) and its gain over
+- ``comparison.md``: arms as rows (the baseline first, as in index.html), metrics as columns in
+  the tables index.html groups them into: per arm, final metrics (mean ± std over seeds), accuracy
+  with a 95% CI by the two-way bootstrap over seeds and problems, the arm's starting point (step 0) and its gain over
   it, tokens and FLOPs to reach the baseline's final accuracy (per seed, interpolated; median and
   count of seeds that reached it); against the baseline, the paired difference with its two-way
   CI, bootstrap p, Holm-adjusted p over the arms compared with it, minimum detectable effect and
@@ -37,10 +38,13 @@ from mlmt_bench.report import analysis
 from mlmt_bench.report.formatting import (
     CI_METRICS as _CI_METRICS,
     DASH,
+    HEADLINE,
+    METRIC_GROUPS,
     ONE_SEED,
     PROBLEMS,
     SHARED_BASE,
     TABLE_METRICS as _TABLE_METRICS,
+    TOTALS,
     fmt as _fmt,
     fmt_ci as _fmt_ci,
     fmt_mde as _fmt_mde,
@@ -298,7 +302,7 @@ def build_comparison(
     if untrained:
         notes.insert(0, f"UNTRAINED within {at_flops:.3g} FLOPs: {', '.join(untrained)} had no evaluation after "
                         "step 0 within the budget, so their numbers are their starting point, not a trained arm's "
-                        "(row \"read at\"); compare at a larger budget.")
+                        "(column \"read at\"); compare at a larger budget.")
 
     target = None
     if baseline is not None:
@@ -426,7 +430,7 @@ def _read_at_notes(loaded: dict[str, list[RunRecord]], budget: float) -> list[st
     """Where each run was read at a FLOPs budget, and which runs make that reading inexact."""
     notes = [f"Read at {budget:.3g} FLOPs: every run at its evaluation nearest that budget within "
              f"±{AT_FLOPS_TOLERANCE:.0%} (its final record is not used), else at its last evaluation below it, "
-             "flagged in row \"read at\" (that run is not read at equal FLOPs). A run stopped by train.flop_budget "
+             "flagged in column \"read at\" (that run is not read at equal FLOPs). A run stopped by train.flop_budget "
              "ends just past it, at its evaluation."]
     for arm, results in loaded.items():
         at = ", ".join(f"s{r.seed}: step {r.read_at['step']}, {r.read_at['flops']:.3g} FLOPs, "
@@ -459,6 +463,56 @@ def _fmt_gain(g: dict[str, Any] | None) -> str:
             f"MDE {_fmt_mde(g)}{_interval_tag(g)}")
 
 
+#: a column of an arms table: its header and its cells, one per arm in the summary's order
+Column = tuple[str, list[str]]
+
+
+def _arms_table(summary: dict[str, Any], columns: list[Column]) -> str:
+    """Arms as rows in the summary's order (the baseline first, as index.html lists them)."""
+    return _md_table(["arm"] + [h for h, _ in columns],
+                     [[a] + [cells[i] for _, cells in columns] for i, a in enumerate(summary["arms"])])
+
+
+def _metric_columns(summary: dict[str, Any], keys: tuple[str, ...]) -> list[Column]:
+    """The columns of the metrics of ``keys`` that some arm recorded, in TABLE_METRICS' order:
+    mean ± std over seeds, followed for an accuracy by its 95% CI and its step-0 value."""
+    arms = summary["arms"].values()
+    columns: list[Column] = []
+    for key, label, kind in _TABLE_METRICS:
+        if key not in keys or not any(key in s["metrics"] for s in arms):
+            continue
+        columns.append((label, [_fmt_mean_std(s["metrics"].get(key), kind) for s in arms]))
+        if key in dict(_CI_METRICS):
+            columns += [(f"{label}: 95% CI (seeds × problems)", [_fmt_ci(s["ci"].get(key)) for s in arms]),
+                        (f"{label} at step 0", [_fmt(s["start"].get(key), "pct") for s in arms])]
+    return columns
+
+
+def _metric_tables(summary: dict[str, Any]) -> list[str]:
+    """The final metrics as index.html groups them, arms as rows: the headline accuracies (with
+    where each arm was read, its gain over step 0 and the seeds × problems of its intervals), then
+    a table per METRIC_GROUPS entry some arm recorded (tokens and FLOPs to reach the baseline's
+    accuracy with the test-time cost), then the training totals."""
+    arms, baseline = summary["arms"].values(), summary["baseline"]
+    head: list[Column] = []
+    if summary.get("at_flops") is not None:
+        head.append((read_at_label(summary["at_flops"]), [fmt_read_at(s) for s in arms]))
+    head += _metric_columns(summary, HEADLINE)
+    head += [("gain in acc@t2 over its own step 0 (95% CI, p, MDE)", [_fmt_gain(s["gain"]) for s in arms]),
+             ("seeds × problems in the CIs", [_fmt_units(s) for s in arms])]
+    out = [_arms_table(summary, head), ""]
+    for anchor, heading, keys in (*METRIC_GROUPS, ("training", "Training cost", TOTALS)):
+        columns = _metric_columns(summary, keys)
+        if anchor == "test-time" and baseline is not None:
+            target = _fmt(summary["target_acc@t2"], "pct")
+            columns += [(f"{what} to reach {baseline}'s final acc@t2 ({target}): median over seeds",
+                         [_fmt_reach((s["reach"] or {}).get(x_key), kind) for s in arms])
+                        for x_key, what, kind in (("gen_tokens", "tokens", "tok"), ("flops", "FLOPs", "flops"))]
+        if columns:
+            out += [f"### {heading}", "", _arms_table(summary, columns), ""]
+    return out
+
+
 def render_markdown(summary: dict[str, Any]) -> str:
     """The comparison.md text of a :func:`build_comparison` summary."""
     arms = list(summary["arms"])
@@ -473,7 +527,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         lines += [f"**{SHARED_BASE[0]}**: {SHARED_BASE[1]}:", ""] + [f"- {b}" for b in summary["shared_bases"]] + [""]
     if summary.get("at_flops") is not None:
         lines += [f"**Read at {summary['at_flops']:.3g} FLOPs**: each run at its evaluation nearest that budget "
-                  f"within ±{AT_FLOPS_TOLERANCE:.0%}, else below it and flagged in row \"read at\" (see Notes).", ""]
+                  f"within ±{AT_FLOPS_TOLERANCE:.0%}, else below it and flagged in column \"read at\" (see Notes).", ""]
 
     n_seeds = ", ".join(f"{a}: {len(summary['arms'][a]['runs'])}" for a in arms)
     proto = ", ".join(f"{k} = {json.dumps(v)}" for k, v in summary.get("protocol", {}).items())
@@ -482,28 +536,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         f"({proto or 'protocol not recorded'}). {analysis.statistics_text(summary)} Seeds per arm: {n_seeds}.",
         "",
     ]
-    header = ["metric"] + arms
-    rows: list[list[str]] = []
-    for key, label, kind in _TABLE_METRICS:
-        if not any(key in summary["arms"][a]["metrics"] for a in arms):
-            continue
-        rows.append([label] + [_fmt_mean_std(summary["arms"][a]["metrics"].get(key), kind) for a in arms])
-        if key in dict(_CI_METRICS):
-            rows.append([f"{label}: 95% CI (seeds × problems)"]
-                        + [_fmt_ci(summary["arms"][a]["ci"].get(key)) for a in arms])
-            rows.append([f"{label} at step 0"] + [_fmt(summary["arms"][a]["start"].get(key), "pct") for a in arms])
-    rows.append(["gain in acc@t2 over its own step 0 (95% CI, p, MDE)"]
-                + [_fmt_gain(summary["arms"][a]["gain"]) for a in arms])
-    if baseline is not None:
-        target = summary["target_acc@t2"]
-        for x_key, what, kind in (("gen_tokens", "tokens", "tok"), ("flops", "FLOPs", "flops")):
-            rows.append([f"{what} to reach {baseline}'s final acc@t2 ({_fmt(target, 'pct')}): median over seeds"] +
-                        [_fmt_reach((summary["arms"][a]["reach"] or {}).get(x_key), kind) for a in arms])
-    rows.append(["seeds × problems in the CIs"] + [_fmt_units(summary["arms"][a]) for a in arms])
-    if summary.get("at_flops") is not None:
-        rows.insert(0, [read_at_label(summary["at_flops"])]
-                    + [fmt_read_at(summary["arms"][a]) for a in arms])
-    lines += ["## Final metrics", "", _md_table(header, rows), ""]
+    lines += ["## Final metrics", ""] + _metric_tables(summary)
 
     if baseline is not None:
         lines += [f"## Against {baseline}", "", analysis.against_text(summary), ""]

@@ -41,6 +41,22 @@ TABLE_METRICS: list[tuple[str, str, str]] = [
 ]
 #: accuracies with a CI by the cluster bootstrap: (metric, per-problem turn)
 CI_METRICS = (("acc@t1", "t1"), ("acc@t2", "t2"), ("acc@t2_null", "t2_null"))
+#: the metrics of TABLE_METRICS shown below the headline accuracies, one table each in index.html and
+#: comparison.md: (anchor, heading, metric keys); the training totals (:data:`TOTALS`) close comparison.md
+#: and are index.html's cost table
+METRIC_GROUPS = (
+    ("turns", "Turns", ("delta", "i->c", "c->i", "correction_rate", "regression_rate", "acc_oracle_gated")),
+    ("feedback-final", "Feedback", ("feedback_effect", "feedback_sensitivity", "leakage_rate",
+                                    "feedback/redacted_share", "copy_rate", "critic_states_answer_rate",
+                                    "feedback_tokens")),
+    ("critic", "Critic and value", ("false_alarm_rate", "miss_rate", "exact_correction_rate", "verdict_accuracy",
+                                    "value_ev_mean")),
+    ("test-time", "Test-time cost", ("test_tokens_per_problem", "test_flops_per_problem")),
+)
+#: the accuracies of the headline table (with their intervals and step-0 values)
+HEADLINE = tuple(key for key, _ in CI_METRICS)
+#: the training totals, shown apart from the metrics of the final evaluation
+TOTALS = ("gen_tokens", "flops")
 #: what a report says above the shared bases that several seeds started from (compare.shared_bases):
 #: its title and text
 SHARED_BASE = ("One checkpoint for every seed (METHOD v4)",

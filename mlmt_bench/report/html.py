@@ -31,6 +31,8 @@ from mlmt_bench.report.escape import esc
 from mlmt_bench.report.formatting import (
     CI_METRICS,
     DASH,
+    HEADLINE,
+    METRIC_GROUPS,
     SHARED_BASE,
     TABLE_METRICS,
     fmt,
@@ -167,21 +169,6 @@ def _sig(p: float | None, change: float) -> str:
     return ("up" if change > 0 else "down") if mark(p) else ""
 
 
-#: the metrics of TABLE_METRICS that the page shows below the headline table, one table each:
-#: (anchor, heading, metric keys); the headline has the accuracies, the cost section the training totals
-METRIC_GROUPS = (
-    ("turns", "Turns", ("delta", "i->c", "c->i", "correction_rate", "regression_rate", "acc_oracle_gated")),
-    ("feedback-final", "Feedback", ("feedback_effect", "feedback_sensitivity", "leakage_rate",
-                                    "feedback/redacted_share", "copy_rate", "critic_states_answer_rate",
-                                    "feedback_tokens")),
-    ("critic", "Critic and value", ("false_alarm_rate", "miss_rate", "exact_correction_rate", "verdict_accuracy",
-                                    "value_ev_mean")),
-    ("test-time", "Test-time cost", ("test_tokens_per_problem", "test_flops_per_problem")),
-)
-#: the accuracies of the headline table (with their intervals and step-0 values)
-HEADLINE = tuple(key for key, _ in CI_METRICS)
-#: the training totals, shown in the cost table (:data:`COST`) rather than among the metrics
-TOTALS = ("gen_tokens", "flops")
 
 
 def _head(label: str) -> str:
