@@ -48,6 +48,21 @@ def test_bootstrap_ci_is_seeded():
         bootstrap_ci([])
 
 
+@pytest.mark.parametrize("n, n_boot", [(2, 7), (500, 10_000), (601, 10_000)])
+def test_bootstrap_ci_draws_what_scipy_draws_and_differs_only_in_its_quantile_level(n, n_boot):
+    """What stats.bootstrap_ci's docstring says of scipy.stats.bootstrap: the same resamples (in the
+    same chunks; 601 problems take two), the interval its quantiles at alpha / 2 and 1 - alpha / 2."""
+    from scipy.stats import bootstrap
+
+    from mlmt_bench.metrics.stats import _MAX_BOOT_CHUNK
+
+    x = np.random.default_rng(n).random(n)
+    ref = bootstrap((x,), lambda s, axis: s.mean(axis=axis), n_resamples=n_boot, vectorized=True,
+                    batch=_MAX_BOOT_CHUNK // n, method="percentile", rng=np.random.default_rng(5))
+    lo, hi = np.quantile(ref.bootstrap_distribution, [0.025, 0.975])
+    assert bootstrap_ci(x, n_boot=n_boot, seed=5) == (float(x.mean()), float(lo), float(hi))
+
+
 def test_per_problem_means_and_paired_differences_by_hand():
     seeds_a = [{"p1": 1, "p2": 0, "p3": 1}, {"p1": 1, "p2": 1, "p3": 0}]
     seeds_b = [{"p1": 0, "p2": 0, "p3": 1}, {"p1": 1, "p2": 0}]  # p3 missing from seed 1

@@ -29,6 +29,11 @@ say its arm and seed, or its trial. Trackers are a registry kind (``tracker``, s
 :mod:`mlmt_bench.registry`): a plugin adds one by registering a :class:`Tracker` subclass.
 
 Packages: ``pip install 'mlmt-bench[trackers]'`` (tensorboard, mlflow-skinny, wandb).
+
+Why this fan-out and not ``accelerate.tracking``: ``Accelerator.log`` calls each tracker in a plain
+loop, so one that raises ends the run, where here it is dropped with one warning; and its MLflow
+tracker logs through MLflow's one global active run (``mlflow.start_run``), where arms that run side
+by side in one process each log to their own run (``MlflowClient``) and a resume reopens it.
 """
 
 from __future__ import annotations

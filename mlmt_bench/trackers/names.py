@@ -7,7 +7,8 @@ one place that turns a record into what trackers log (:func:`logged`):
 - **one name everywhere** (:func:`tracker_name`): ``<kind>/<field>`` spelled as MLflow accepts it
   (letters, digits and ``_ - . / : space``), since MLflow refuses ``@`` and ``>``: ``->`` → ``_to_``,
   ``@`` → ``_at_``, any other refused character → ``_``. So ``acc@t2`` is ``eval/acc_at_t2`` and
-  ``i->c`` is ``eval/i_to_c`` in TensorBoard and W&B too, not only in MLflow.
+  ``i->c`` is ``eval/i_to_c`` in TensorBoard and W&B too, not only in MLflow. Written here because
+  no tracker renames: MLflow refuses such a name (an exception) and the others take it as it is.
 - **TRL's names as aliases** (:data:`TRL_ALIASES`), logged alongside ours with the same value: a
   train record's ``reward_mean`` is also ``train/reward``, ``frac_zero_std`` also
   ``train/frac_reward_zero_std``; the solver's ``kl/solver``, ``entropy/solver`` and

@@ -33,6 +33,11 @@ so we switch math-verify's own timeouts off (``parsing_timeout=None``,
 
 The function must be a module-level function of an importable module (it is pickled by
 reference), and its arguments and result must be picklable.
+
+Why not ``pebble`` (``ProcessPool.schedule(timeout=...)``): its deadline is wall time, which
+misjudges a check that only waited for a CPU on a loaded machine, and its workers come from
+``multiprocessing`` (a ``fork`` of a process running torch's threads, or a ``spawn`` that
+re-imports the caller's ``__main__``); it would also be one more dependency.
 """
 
 from __future__ import annotations
