@@ -149,14 +149,67 @@ def test_several_studies_and_bad_storages(tmp_path, fake, make_sweep):
     assert res.exit_code == 2 and res.stderr == "error: give run directories (or --sweep STORAGE)\n"
 
 
-def test_the_history_plot_ticks_whole_trials_only():
-    """Three trials: matplotlib's default locator would tick trial 0.5, 1.5; each tick is a trial number."""
-    from mlmt_bench.report.sweep_report import history_figure
+def _study(values: list[float], pruned_at: float | None = None):
+    """An in-memory study of x in [0, 1], one complete trial per value (x = the value), then a
+    pruned one whose last report is ``pruned_at``."""
+    import optuna
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import TrialState, create_trial
 
-    rows = [{"number": i, "state": "complete", "value": v, "best": max([0.1, 0.4, 0.3][: i + 1])}
-            for i, v in enumerate([0.1, 0.4, 0.3])]
-    fig = history_figure(rows, metric="acc@t2", title="t")
+    study = optuna.create_study(study_name="s", direction="maximize")
+    for v in values:
+        study.add_trial(create_trial(params={"x": v}, distributions={"x": FloatDistribution(0, 1)}, value=v))
+    if pruned_at is not None:
+        study.add_trial(create_trial(params={"x": 0.5}, distributions={"x": FloatDistribution(0, 1)},
+                                     state=TrialState.PRUNED, intermediate_values={2: pruned_at}))
+    return study
+
+
+def test_the_history_plot_is_optunas_with_whole_trial_ticks_and_the_pruned_trials():
+    """Three trials and a pruned one: matplotlib's default locator would tick trial 0.5, 1.5; each
+    tick is a trial number; Optuna's dots and best line, the pruned trial a cross at its last report."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    from mlmt_bench.report.sweep_report import history, history_figure
+
+    study = _study([0.1, 0.4, 0.3], pruned_at=0.2)
+    with matplotlib.rc_context():
+        fig = history_figure(study, history(study), metric="acc@t2", title="t")
     fig.canvas.draw()
-    ticks = [t for t in fig.axes[0].get_xticks() if fig.axes[0].get_xlim()[0] <= t <= fig.axes[0].get_xlim()[1]]
+    ax = fig.axes[0]
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
     assert ticks and all(float(t).is_integer() for t in ticks)
-    assert {0, 1, 2} <= set(ticks)
+    assert {0, 1, 2, 3} <= set(ticks)
+    labels = ax.get_legend_handles_labels()[1]
+    assert labels == ["acc@t2", "Best Value", "pruned (1: last reported)"]  # Optuna's two, then ours
+    dots, pruned = (c.get_offsets().tolist() for c in ax.collections if len(c.get_offsets()))
+    assert dots == [[0, 0.1], [1, 0.4], [2, 0.3]] and pruned == [[3, 0.2]]
+    assert ax.lines[0].get_xydata().tolist() == [[0, 0.1], [1, 0.4], [2, 0.4], [3, 0.4]]  # best so far
+    assert ax.get_ylabel() == "acc@t2" and ax.get_title() == "t"
+    plt.close(fig)
+
+
+def test_the_sweep_figures_leave_the_style_alone_and_say_why_there_are_no_importances(tmp_path):
+    """Optuna's plots switch the process to ggplot for good: drawn inside an rc_context, a figure drawn
+    after them (a report's) is what it was; the same study gives the same bytes; the importances of two
+    trials are a figure that says why there are none, of four Optuna's bar chart."""
+    import matplotlib
+
+    from mlmt_bench.report.sweep_report import history, importances, plot_history, plot_importances
+
+    before = dict(matplotlib.rcParams)
+    study = _study([0.1, 0.4])
+    plot_history(study, history(study), tmp_path / "h.png", metric="acc@t2", title="t")
+    plot_history(study, history(study), tmp_path / "h2.png", metric="acc@t2", title="t")
+    found, why_not = importances(study)
+    assert found == {} and why_not.startswith("parameter importances need at least 4 complete trials")
+    plot_importances(study, tmp_path / "few.png", metric="acc@t2", why_not=why_not)
+    study = _study([0.1, 0.4, 0.3, 0.9, 0.7, 0.2])
+    found, why_not = importances(study)
+    assert set(found) == {"x"} and why_not is None
+    plot_importances(study, tmp_path / "i.png", metric="acc@t2", why_not=None)
+    assert dict(matplotlib.rcParams) == before and matplotlib.rcParams["axes.facecolor"] == "white"
+    assert (tmp_path / "h.png").read_bytes() == (tmp_path / "h2.png").read_bytes()
+    for name in ("h.png", "few.png", "i.png"):
+        assert matplotlib.image.imread(tmp_path / name).shape[:2] == (480, 840)

@@ -7,8 +7,16 @@ of a SQLite study file (``<sweep dir>/<name>.db``); it is only read. Written ato
   trial's state and value, the best value so far), the parameter importances (Optuna's
   ``get_param_importances`` with PED-ANOVA, which needs no scikit-learn, over complete trials;
   or why there are none) and the best trial.
-- ``sweep_history.png``: each trial's value against its number (complete trials as dots, pruned
-  ones at their last reported value as crosses) and the best so far as a step line.
+- ``sweep_history.png``: Optuna's ``plot_optimization_history`` (complete trials as dots, the best
+  so far as a line), with the pruned trials added at their last reported value as crosses, whole
+  trial numbers on the axis and the failed trials counted in the legend.
+- ``sweep_importances.png``: Optuna's ``plot_param_importances`` with the PED-ANOVA evaluator of
+  the table; where the table has no importances (fewer than :data:`MIN_IMPORTANCE_TRIALS` complete
+  trials, all of one value), a figure that says why.
+
+Both come from ``optuna.visualization.matplotlib`` (offline; no plotly), drawn inside a
+``matplotlib.rc_context`` since Optuna switches the process's style to ggplot for good, which
+would change every figure drawn after it (a report's ``acc_vs_tokens.png`` among them).
 - ``sweep_best.yaml``: the best trial's run spec (the run spec with the best parameters): built
   from the sweep file the study recorded, as ``mlmt-bench sweep`` writes ``<study>-best.yaml``;
   else the best trial's own ``spec.resolved.yaml``, renamed; else (neither readable here) the
@@ -18,6 +26,8 @@ of a SQLite study file (``<sweep dir>/<name>.db``); it is only read. Written ato
 from __future__ import annotations
 
 import io
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -146,45 +156,87 @@ def best_spec_yaml(study: optuna.Study) -> str:
             + yaml.safe_dump(dict(best.params), sort_keys=False))
 
 
-def plot_history(rows: list[dict[str, Any]], path: Path, *, metric: str, title: str) -> None:
+def plot_history(study: optuna.Study, rows: list[dict[str, Any]], path: Path, *, metric: str, title: str) -> None:
     """The optimisation history as a PNG (see the module docstring), written atomically."""
-    import matplotlib.pyplot as plt
-
-    fig = history_figure(rows, metric=metric, title=title)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    _save(lambda: history_figure(study, rows, metric=metric, title=title), path)
 
 
-def history_figure(rows: list[dict[str, Any]], *, metric: str, title: str) -> Any:
-    """The optimisation history's matplotlib figure: trial numbers on whole ticks (a trial 1.5 is none)."""
+def plot_importances(study: optuna.Study, path: Path, *, metric: str, why_not: str | None) -> None:
+    """The parameter importances as a PNG (see the module docstring), written atomically."""
+    _save(lambda: importances_figure(study, metric=metric, why_not=why_not), path)
+
+
+def _save(draw: Callable[[], Any], path: Path) -> None:
+    """Draw a figure with Optuna inside an rc_context (its ggplot style does not outlive it) and
+    write it as a 7 x 4 in PNG at 120 dpi."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    with matplotlib.rc_context({"figure.figsize": (7, 4), "figure.autolayout": True}):
+        fig = draw()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=120)
+        plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def history_figure(study: optuna.Study, rows: list[dict[str, Any]], *, metric: str, title: str) -> Any:
+    """``plot_optimization_history``'s figure (call inside an rc_context: it sets the ggplot style),
+    with trial numbers on whole ticks (a trial 1.5 is none), the pruned trials of ``rows``
+    (:func:`history`) as crosses at their last reported value, and the failed ones counted."""
+    import optuna.visualization.matplotlib as ovm
     from matplotlib.ticker import MaxNLocator
 
-    fig, ax = plt.subplots(figsize=(7, 4), constrained_layout=True)
+    from mlmt_bench.sweep import quiet_optuna
+
+    with quiet_optuna(), warnings.catch_warnings():  # experimental in Optuna; its legend of no trial warns
+        warnings.filterwarnings("ignore", "No artists with labels", UserWarning)
+        ax = ovm.plot_optimization_history(study, target_name=metric)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    for state, marker, color in (("complete", "o", "C0"), ("pruned", "x", "0.55")):
-        pts = [(r["number"], r["value"]) for r in rows if r["state"] == state and r["value"] is not None]
-        if pts:
-            numbers, values = zip(*pts)
-            ax.scatter(numbers, values, marker=marker, color=color, s=24, label=f"{state} ({len(pts)})", zorder=3)
-    best = [(r["number"], r["best"]) for r in rows if r["best"] is not None]
-    if best:
-        ax.step(*zip(*best), where="post", color="C3", label="best so far")
+    pruned = [(r["number"], r["value"]) for r in rows if r["state"] == "pruned" and r["value"] is not None]
+    if pruned:
+        numbers, values = zip(*pruned)
+        ax.scatter(numbers, values, marker="x", color="0.45", s=24, label=f"pruned ({len(pruned)}: last reported)",
+                   zorder=3)
     failed = sum(r["state"] == "fail" for r in rows)
     if failed:
         ax.plot([], [], " ", label=f"failed: {failed} (no value)")
-    if not best and not any(r["state"] == "pruned" for r in rows):
+    if not any(r["best"] is not None for r in rows) and not pruned:
         ax.text(0.5, 0.5, "no trial has a value yet", ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlabel("trial")
-    ax.set_ylabel(metric)
     ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    legend = ax.get_legend()
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)  # inside the axes: Optuna's, beside them, takes a third of 7 in
+    elif legend is not None:
+        legend.remove()
+    return ax.figure
+
+
+def importances_figure(study: optuna.Study, *, metric: str, why_not: str | None) -> Any:
+    """``plot_param_importances``' figure with the PED-ANOVA evaluator of :func:`importances` (call
+    inside an rc_context), or, where ``why_not`` says there are none, a figure that says why."""
+    import optuna
+    import optuna.visualization.matplotlib as ovm
+
+    from mlmt_bench.sweep import quiet_optuna
+
+    if why_not is None:
+        with quiet_optuna():  # experimental in Optuna
+            ax = ovm.plot_param_importances(study, evaluator=optuna.importance.PedAnovaImportanceEvaluator(),
+                                            target_name=metric)
+        ax.set_title(f"{study.study_name}: parameter importances for {metric} (PED-ANOVA)", loc="left")
+        return ax.figure
+    import textwrap
+
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.set_axis_off()
+    ax.text(0.5, 0.5, "No parameter importances:\n" + textwrap.fill(why_not, 60), ha="center", va="center",
+            transform=ax.transAxes)
+    ax.set_title(f"{study.study_name}: parameter importances for {metric}")
     return fig
 
 
@@ -216,7 +268,8 @@ def render_markdown(study: optuna.Study, rows: list[dict[str, Any]], found: dict
         out += ["PED-ANOVA (Optuna's `get_param_importances`) over the complete trials: how differently each "
                 "parameter is distributed in the best 10 % of them than in all; they sum to 1, and with few "
                 "trials they are rough.", "",
-                _md_table(["parameter", "importance"], [[k, f"{v:.3f}"] for k, v in found.items()]), ""]
+                _md_table(["parameter", "importance"], [[k, f"{v:.3f}"] for k, v in found.items()]), "",
+                "![parameter importances](sweep_importances.png)", ""]
     out += ["## Best trial", ""]
     if any(r["state"] == "complete" for r in rows):
         best = study.best_trial
@@ -237,10 +290,12 @@ def report_sweep(storage: str, out_dir: Path, study: str | None = None) -> dict[
     found, why_not = importances(st)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = {"markdown": out_dir / "sweep.md", "history": out_dir / "sweep_history.png"}
+    files = {"markdown": out_dir / "sweep.md", "history": out_dir / "sweep_history.png",
+             "importances": out_dir / "sweep_importances.png"}
     metric = st.user_attrs.get("metric", "value")
-    plot_history(rows, files["history"], metric=metric,
+    plot_history(st, rows, files["history"], metric=metric,
                  title=f"{st.study_name}: {metric} ({st.direction.name.lower()})")
+    plot_importances(st, files["importances"], metric=metric, why_not=why_not)
     if any(r["state"] == "complete" for r in rows):
         files["best_spec"] = out_dir / "sweep_best.yaml"
         atomic_write_text(files["best_spec"], best_spec_yaml(st))
