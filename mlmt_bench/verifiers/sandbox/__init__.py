@@ -2,10 +2,10 @@
 
 Public API: :class:`Limits`, :class:`RunResult`, :func:`run_tests`, :func:`capabilities`.
 
-Each :func:`run_tests` call starts a throwaway *judge* process (``judge.py``, a new
-session, run with ``python -I -S -B`` and a scrubbed environment; the script is passed as a
-memfd and the interpreter by its real path, so the command line shows no host path). The judge
-forks the *candidate* process, which isolates itself and runs the program, and the *evaluator*,
+Each :func:`run_tests` call starts a throwaway *judge* process (the package ``judge/``, a new
+session, run with ``python -I -S -B`` and a scrubbed environment; the package is passed as a
+zip archive in a memfd and the interpreter by its real path, so the command line shows no host
+path). The judge forks the *candidate* process, which isolates itself and runs the program, and the *evaluator*,
 isolated the same way under a uid of its own, which evaluates the tests and asks the candidate
 only for the values of candidate-dependent sub-expressions: results cannot be forged from
 inside the candidate, and tests that came with the input (untrusted too) never run as root on
@@ -25,7 +25,7 @@ on Linux with namespaces allowed, as on this project's machines):
                     count of the whole run, however many processes it forks.
 ``jail``            new mount/IPC/UTS namespaces; chroot into a private tmpfs that shows only
                     what the interpreter needs to start and import its standard library
-                    (``judge.jail_plan``, worked out by the probe), read-only: the
+                    (``judge.jail.jail_plan``, worked out by the probe), read-only: the
                     interpreter binary, its dynamic loader and /etc/ld.so.cache (the only file
                     of /etc), the shared libraries it and the stdlib's extension modules map
                     (libpython, libc, libm, libssl, libcrypto, libffi, libz, libbz2, liblzma,
@@ -56,8 +56,12 @@ The environment alone cannot do it: ``MLMT_SANDBOX_DISABLE``, which once did, is
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import io
 import json
 import logging
+import marshal
 import os
 import secrets
 import shutil
@@ -69,6 +73,7 @@ import sys
 import tempfile
 import threading
 import time
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,12 +84,14 @@ from mlmt_bench.errors import UserError
 
 log = logging.getLogger(__name__)
 
-CHILD_SCRIPT = Path(__file__).with_name("judge.py")
+JUDGE_PACKAGE = Path(__file__).with_name("judge")  # what the judge process runs (see _judge_archive)
 MECHANISMS = ("uid_drop", "pidns", "netns", "jail", "cgroup")
 # Once read to turn mechanisms off; now refused when set (anyone who can set a variable for a
 # worker could silently switch isolation off): see check_environment.
 DISABLE_ENV = "MLMT_SANDBOX_DISABLE"
 _WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+_JUDGE_ARCHIVE_PACKAGE = "_sandbox_judge"  # judge/'s name in the archive (a name no program imports)
+_ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 
 
 @dataclass(frozen=True)
@@ -140,18 +147,59 @@ def _python() -> str:
     return sys.executable or "python3"
 
 
+# The judge archive's entry point: every judge module is imported by the first import, before
+# judge_main closes the archive's descriptor; the archive then leaves sys.path, which is as a
+# plain script's would be under -I (the candidate and the evaluator inherit it).
+_JUDGE_MAIN = f"""import sys
+from {_JUDGE_ARCHIVE_PACKAGE}.supervisor import judge_main
+sys.path[:] = [p for p in sys.path if p != sys.argv[0]]
+judge_main()
+"""
+
+
+@functools.cache
+def _judge_archive() -> bytes:
+    """The judge as a zip archive Python can run (built once per process): the modules of
+    ``judge/`` (standard library only, importing one another relatively) as the package
+    ``_sandbox_judge``, and a ``__main__.py`` that runs :func:`judge.supervisor.judge_main`.
+
+    The modules go in compiled (``.pyc``, for this interpreter, which is the one that runs the
+    judge: :func:`_judge_command`), with no source beside them: zipimport compiles a source
+    module twice (once to name its file), which made each judge start ~40 ms slower than the
+    single script it replaces."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as archive:
+        archive.writestr(zipfile.ZipInfo("__main__.py", _ZIP_DATE), _JUDGE_MAIN)
+        for path in sorted(JUDGE_PACKAGE.glob("*.py")):
+            name = f"{_JUDGE_ARCHIVE_PACKAGE}/{path.stem}.pyc"
+            archive.writestr(zipfile.ZipInfo(name, _ZIP_DATE), _bytecode(path.read_bytes(), name[:-1]))
+    return buf.getvalue()
+
+
+def _bytecode(source: bytes, filename: str) -> bytes:
+    """``source`` compiled as a ``.pyc`` file: unchecked hash-based (there is no source to check
+    it against), not optimised (the judge runs without -O), without this module's ``__future__``
+    flags."""
+    code = compile(source, filename, "exec", dont_inherit=True, optimize=0)
+    flags = 0b01  # hash-based, unchecked (PEP 552)
+    return (importlib.util.MAGIC_NUMBER + flags.to_bytes(4, "little") + importlib.util.source_hash(source)
+            + marshal.dumps(code))
+
+
 def _judge_command(*args: str) -> tuple[list[str], tuple[int, ...]]:
     """argv of the judge and the file descriptors it inherits. The interpreter is named by its
-    real path (the one the jail shows; not a virtualenv's link) and the script is read from a
-    memfd (``/dev/fd/N``), so that no host path (virtualenv, package) is in the command line a
-    sandboxed process can read (``/proc/self/cmdline``). The caller closes the descriptors."""
+    real path (the one the jail shows; not a virtualenv's link) and the judge is read from a
+    memfd (``/dev/fd/N``: the archive of :func:`_judge_archive`), so that no host path
+    (virtualenv, package) is in the command line a sandboxed process can read
+    (``/proc/self/cmdline``). The caller closes the descriptors."""
     python = os.path.realpath(_python())
     try:
         fd = os.memfd_create("mlmt-judge", 0)
-    except (AttributeError, OSError):  # no memfd: the script's path
-        return [python, "-I", "-S", "-B", str(CHILD_SCRIPT), *args], ()
+    except (AttributeError, OSError):  # no memfd: an unlinked temporary file
+        fd, path = tempfile.mkstemp(prefix="mlmt-judge-")
+        os.unlink(path)
     try:
-        data = CHILD_SCRIPT.read_bytes()
+        data = _judge_archive()
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
@@ -391,9 +439,9 @@ def _cleanup(caps: dict[str, Any], uid: int | None, token: str, workdir: str | N
     except Exception as exc:  # noqa: BLE001
         log.warning("sandbox cleanup (processes) failed: %s", exc)
     if caps.get("cgroup"):  # normally removed by the judge; not if the judge itself was killed
-        from mlmt_bench.verifiers.sandbox.judge import _cgroup_base, remove_cgroups
+        from mlmt_bench.verifiers.sandbox.judge.jail import cgroup_base, remove_cgroups
 
-        dirs = [f"{b}/mlmt-{token}" for b in (_cgroup_base("memory"), _cgroup_base("pids")) if b]
+        dirs = [f"{b}/mlmt-{token}" for b in (cgroup_base("memory"), cgroup_base("pids")) if b]
         dirs = [d for d in dirs if os.path.isdir(d)]
         if dirs:
             remove_cgroups(dirs, wait_s=1.0)
