@@ -27,10 +27,10 @@ $(VENV)/.installed: pyproject.toml Makefile
 	touch $(VENV)/.installed-core $@
 
 # The quickstart's four arms run side by side, one process (and one torch thread) per CPU this
-# process may use (its affinity and cgroup quota: mlmt_bench/cpus.py), at most four: on a 2-core
+# process may use (its affinity and cgroup quota: mlmt_bench/machine/cpus.py), at most four: on a 2-core
 # machine two at a time (tiny models gain nothing from a second thread). Expanded when the recipe
 # runs, after the install.
-QUICKSTART_WORKERS ?= $(shell $(BIN)/python -c "from mlmt_bench.cpus import cpu_budget; print(min(4, cpu_budget()))" 2>/dev/null || echo 1)
+QUICKSTART_WORKERS ?= $(shell $(BIN)/python -c "from mlmt_bench.machine.cpus import cpu_budget; print(min(4, cpu_budget()))" 2>/dev/null || echo 1)
 
 quickstart: $(VENV)/.installed-core
 	$(BIN)/mlmt-bench run registry/runs/quickstart.yaml --workers $(QUICKSTART_WORKERS)

@@ -51,8 +51,8 @@ def _emit(result: Any, human: Callable[[], None] | None = None) -> None:
 
 def _echo(text: str) -> None:
     """``typer.echo`` of a line that may hold user text (a path, a name), control characters
-    escaped (:func:`~mlmt_bench.bounded_input.printable`): no input writes to the terminal raw."""
-    from mlmt_bench.bounded_input import printable
+    escaped (:func:`~mlmt_bench.io.bounded_input.printable`): no input writes to the terminal raw."""
+    from mlmt_bench.io.bounded_input import printable
 
     typer.echo(printable(text))
 
@@ -85,7 +85,7 @@ def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _exit_with_error(message: str) -> NoReturn:
     """``error: MESSAGE`` on one line (and as JSON with --json), then exit code 2."""
-    from mlmt_bench.bounded_input import printable
+    from mlmt_bench.io.bounded_input import printable
 
     msg = printable(message.replace("\n", " "))
     if state.json:
@@ -147,7 +147,7 @@ def list_components(
         from rich.markup import escape
         from rich.table import Table
 
-        from mlmt_bench.bounded_input import printable
+        from mlmt_bench.io.bounded_input import printable
 
         table = Table(title="mlmt-bench components")
         for col in ("kind", "name", "description", "source"):
@@ -268,8 +268,8 @@ def run(
 
 def _experiment_summary(result: dict[str, Any]) -> None:
     """An experiment's closing lines: its arms in one table and where the comparison was written."""
-    from mlmt_bench.bounded_input import printable
-    from mlmt_bench.progress import print_table
+    from mlmt_bench.io.bounded_input import printable
+    from mlmt_bench.io.progress import print_table
     from mlmt_bench.report.formatting import closing_rows
 
     summary = result["comparison"]
@@ -410,7 +410,7 @@ with --sweep, a sweep's history, importances and best spec)."""
     summary = report_from_dirs(list(runs), out, baseline, arms=named, at_flops=at_flops, raw=raw)
 
     def human() -> None:
-        from mlmt_bench.notes import warn
+        from mlmt_bench.io.notes import warn
         from mlmt_bench.report.formatting import untrained_at_budget
 
         typer.echo(f"wrote {', '.join(summary['files'].values())}")
@@ -529,7 +529,7 @@ trials/ with one run directory per trial, and <study>-best.yaml, the run spec wi
                        ray=ray, ray_gpus=ray_gpus)
     _emit(result, lambda: print_summary(result))
     if result.get("stopped"):
-        from mlmt_bench.bounded_input import printable
+        from mlmt_bench.io.bounded_input import printable
 
         sys.stderr.write(f"error: sweep stopped: {printable(str(result['stopped']))}\n")
         raise typer.Exit(1)
@@ -556,8 +556,8 @@ def probe_feedback(
     feedback and after edits of it (values removed, last value shifted, approve-all with gold or own
     values, the oracle's, g∅); acc@t2 and the share of refinements that copy a value of the feedback."""
     from mlmt_bench import runner, spec as specs
+    from mlmt_bench.io.progress import print_table
     from mlmt_bench.probe import table_rows, write_probe
-    from mlmt_bench.progress import print_table
 
     if out is not None:
         from mlmt_bench.tracking import check_output_dir
@@ -654,11 +654,12 @@ def probe_value(
 
 
 def _apply_cpu_pin(loaded: Any, resume: Path | None) -> None:
-    """The CPU pin for ``run`` (:mod:`mlmt_bench.reproducible`), once the spec says what the runs
+    """The CPU pin for ``run`` (:mod:`mlmt_bench.machine.reproducible`), once the spec says what the runs
     build: on when some run makes weights from a seed (a tiny model, the shared base), off
     (recorded, with its reason) when every model loads pretrained weights from a checkpoint. A
     resumed run keeps what its manifest recorded; a run that cannot be read is pinned."""
-    from mlmt_bench import reproducible, runner
+    from mlmt_bench import runner
+    from mlmt_bench.machine import reproducible
 
     why_not = "every model of this run loads pretrained weights from a checkpoint"
     if loaded is None and resume is not None:
@@ -674,7 +675,7 @@ def _apply_cpu_pin(loaded: Any, resume: Path | None) -> None:
     need = [runner.needs_cpu_pin(r) for r in runs]
     if not runs or any(need):
         if any(runner.pretrained_roles(r) for r in runs) and reproducible.enabled():
-            from mlmt_bench.notes import note
+            from mlmt_bench.io.notes import note
 
             note("the CPU pin is on (a model of this run is made from a seed: a tiny model or the shared base), "
                  "pretrained models included: their generation runs slower (measured 1.7-2.4x)")
@@ -694,7 +695,7 @@ def _command(argv: list[str]) -> str | None:
 
 
 def main() -> None:
-    from mlmt_bench import cpus, reproducible
+    from mlmt_bench.machine import cpus, reproducible
 
     cpus.passive_wait_when_busy()  # before torch loads: no spinning OpenMP waits on a busy machine
     if _command(sys.argv[1:]) not in _PIN_AFTER_SPEC:

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlmt_bench.cpus import cpu_budget
 from mlmt_bench.errors import UserError
-from mlmt_bench.notes import tell
+from mlmt_bench.io.notes import tell
+from mlmt_bench.machine.cpus import cpu_budget
 from mlmt_bench.spec import ExperimentSpec, RunSpec
 from mlmt_bench.trackers import close_group
 from mlmt_bench.tracking import atomic_write_text, fresh_stamped_dir
@@ -71,7 +71,7 @@ def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool
 
     ``workers`` > 1 runs that many runs at once, each in its own process with
     ``cpu_budget() // workers`` torch threads (the CPUs this process may use:
-    :mod:`mlmt_bench.cpus`) unless the spec sets ``train.threads``; each missing
+    :mod:`mlmt_bench.machine.cpus`) unless the spec sets ``train.threads``; each missing
     shared base is built once, by one process, before the runs that need it. ``resume`` names
     the directory of an earlier, interrupted run of the same experiment: its finished runs are
     kept (their specs must equal this spec's, the thread count aside), a run cut short is
@@ -81,7 +81,7 @@ def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool
     experiment too long for one machine's session goes on from what was committed.
 
     ``ray`` (a cluster address) runs every run and base build as a Ray task instead
-    (:class:`mlmt_bench.cluster.RayExecutor`), with ``train.threads`` CPUs (default 1) and
+    (:class:`mlmt_bench.machine.cluster.RayExecutor`), with ``train.threads`` CPUs (default 1) and
     ``ray_gpus`` GPUs each, as many at once as the cluster holds; a task whose worker dies is
     retried by Ray and continues the run directory it had begun (:func:`_run_job`)."""
     from mlmt_bench.report.compare import build_comparison
@@ -132,7 +132,7 @@ def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool
 
     try:
         if ray is not None:
-            from mlmt_bench.cluster import RayExecutor
+            from mlmt_bench.machine.cluster import RayExecutor
 
             cpus = max(RunSpec.model_validate_json(j.spec_json).train.threads or 1 for j in jobs) if jobs else 1
             with RayExecutor(ray, num_cpus=cpus, num_gpus=ray_gpus) as pool:
@@ -376,7 +376,7 @@ def _tracking_group(exp: ExperimentSpec, arms: dict[str, RunSpec], exp_dir: Path
 def _build_base(spec_json: str, progress: bool) -> str:
     """Builds a shared base in a worker process, its progress and check as plain lines on stderr."""
     from mlmt_bench import runner
-    from mlmt_bench.progress import plain_lines
+    from mlmt_bench.io.progress import plain_lines
     from mlmt_bench.warmstart.shared_base import ensure_base
 
     plain_lines()
@@ -391,7 +391,7 @@ def _run_parallel(jobs: list[_Job], exp_name: str, workers: int,
     start), each by one process only; the others take the first job (in seed-major order) whose
     base is in the cache. On a failure the work under way finishes, nothing new starts, and the
     first error is raised. ``executor``: where the work goes instead of local processes (a
-    :class:`mlmt_bench.cluster.RayExecutor`; ``workers``: its slots)."""
+    :class:`mlmt_bench.machine.cluster.RayExecutor`; ``workers``: its slots)."""
     from mlmt_bench import runner
     from mlmt_bench.warmstart.shared_base import is_cached
 

@@ -85,8 +85,8 @@ def _fail_out(out: Path) -> None:
 
 def _checkpoint_dir(run: Path, role_dir_name: str, step: int | None) -> Path:
     """The role's model directory of the checkpoint ``step`` (or the one ``eval`` picks)."""
-    from mlmt_bench.checkpoint_state import recorded_step
     from mlmt_bench.external_eval import resolve_checkpoint
+    from mlmt_bench.io.checkpoint_state import recorded_step
 
     if step is None:
         return resolve_checkpoint(run, role_dir_name)
@@ -110,8 +110,8 @@ def _copy_model_files(src: Path, dst: Path) -> None:
 
 def _final_metrics(run: Path) -> dict[str, Any]:
     """The run's ``final`` row of metrics.jsonl (else its last ``eval`` row; {} for none)."""
-    from mlmt_bench.bounded_input import jsonl_bounds
-    from mlmt_bench.jsonl import iter_jsonl
+    from mlmt_bench.io.bounded_input import jsonl_bounds
+    from mlmt_bench.io.jsonl import iter_jsonl
 
     path = run / "metrics.jsonl"
     if not path.is_file():
@@ -183,7 +183,7 @@ def export_run(run_path: Path | str, role: str, out: Path | str, *, merge: bool 
 def _write_merged(role: str, pspec: Any, ckpt: Path, tmp: Path) -> None:
     """The run's policy rebuilt as a resume does (its spec's dtype and LoRA, the checkpoint's
     weights, checked to fit), its adapter merged into the base, saved with its tokenizer."""
-    from mlmt_bench.bounded_input import read_json
+    from mlmt_bench.io.bounded_input import read_json
     from mlmt_bench.models.hf_quiet import quiet_transformers
     from mlmt_bench.models.policy import build_policy
 
@@ -201,7 +201,7 @@ def _write_merged(role: str, pspec: Any, ckpt: Path, tmp: Path) -> None:
 def _point_adapter_at_base(tmp: Path, final: Path, base: BaseName) -> bool:
     """Set the exported adapter's ``base_model_name_or_path``: the hub name, or (a base on this
     machine only) a copy of the base in ``final/base``. Returns whether the base was copied."""
-    from mlmt_bench.bounded_input import read_json
+    from mlmt_bench.io.bounded_input import read_json
 
     config = read_json(tmp / "adapter_config.json")
     if base.local:

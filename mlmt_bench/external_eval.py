@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from mlmt_bench.bounded_input import did_you_mean, read_json
 from mlmt_bench.errors import UserError
+from mlmt_bench.io.bounded_input import did_you_mean, read_json
 from mlmt_bench.models.model_dir_check import check_model_dir
 from mlmt_bench.tracking import atomic_write_text, check_output_dir, check_output_file
 
@@ -58,7 +58,7 @@ def resolve_checkpoint(path: Path | str, policy: str = "solver") -> Path:
     if (path / policy).is_dir():
         return resolve_checkpoint(path / policy, policy)
     steps = sorted(p for p in (path / "checkpoints").glob("step-*") if (p / policy).is_dir())
-    from mlmt_bench.checkpoint_state import recorded_step
+    from mlmt_bench.io.checkpoint_state import recorded_step
 
     for step in reversed(steps):  # the newest whose trainer state is at the step its name says: not a planted one
         if step.name[5:].isdigit() and recorded_step(step) == int(step.name[5:]):

@@ -5,7 +5,7 @@ every *trained* policy's model is sharded with torch's ``fully_shard`` over all 
 each decoder layer is one unit (accelerate's transformer-based wrap: the model's
 ``_no_split_modules``) and the rest of the model the root unit, so parameters, gradients and
 AdamW states take ``1/world`` of their size on each process. Everything else is the
-data-parallel trainer of mlmt_bench/dist.py: each process rolls out its share of the problems
+data-parallel trainer of mlmt_bench/machine/dist.py: each process rolls out its share of the problems
 and the loss is normalised by global counts; FSDP's reduce-scatter *sums* the gradients
 (divide factor 1, sum-only collectives), which is what ``Dist.sum_grads`` does for unsharded
 models, so the update equals the single-process update on the whole batch.

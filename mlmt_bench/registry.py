@@ -110,7 +110,7 @@ class Registry(Generic[T]):
 def unknown_message(kind: str, name: Any, known: list[str]) -> str:
     """``unknown <kind> 'grop'; did you mean 'grpo'? (known: ...)``: the message for a name not in
     ``known`` (components here; also e.g. a report's arms), the name shown only if plain."""
-    from mlmt_bench.bounded_input import did_you_mean, echo
+    from mlmt_bench.io.bounded_input import did_you_mean, echo
 
     name = str(name)  # the user's (maybe a file's): shown only if plain, and only then worth a hint
     return f"unknown {kind} {echo(name)}{did_you_mean(name, known)} (known: {', '.join(known)})"

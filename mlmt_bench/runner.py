@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 from mlmt_bench import registry
 from mlmt_bench.benchmarks.base import OracleBenchmark
-from mlmt_bench.cpus import cpu_budget
 from mlmt_bench.errors import UserError
-from mlmt_bench.notes import note, tell, warn
+from mlmt_bench.io.notes import note, tell, warn
+from mlmt_bench.machine.cpus import cpu_budget
 from mlmt_bench.spec import RunSpec, dump_yaml, load_any, load_run_spec
 from mlmt_bench.tracking import NO_SPACE, RunDir
 from mlmt_bench.types import PromptTemplates
@@ -29,7 +29,7 @@ from mlmt_bench.verifiers.io import build_verifier
 if TYPE_CHECKING:
     from mlmt_bench.algorithms.base import Algorithm
     from mlmt_bench.benchmarks.base import Benchmark
-    from mlmt_bench.dist import Dist
+    from mlmt_bench.machine.dist import Dist
     from mlmt_bench.models.policy import Policy
     from mlmt_bench.rollout.backend import Backend
     from mlmt_bench.trainer import Trainer
@@ -53,7 +53,7 @@ class Components:
 
 
 def needs_cpu_pin(spec: RunSpec) -> bool:
-    """Whether a run needs the CPU pin (:mod:`mlmt_bench.reproducible`): some policy's model
+    """Whether a run needs the CPU pin (:mod:`mlmt_bench.machine.reproducible`): some policy's model
     factory makes its weights from a seed (``ModelFactory.needs_cpu_pin``: the shared base, a tiny
     model); not when every policy loads pretrained weights from a checkpoint. Imports no torch."""
     from mlmt_bench.models.factory import model_factory
@@ -72,8 +72,8 @@ def pretrained_roles(spec: RunSpec) -> list[str]:
 
 def cpu_dtype(spec: RunSpec) -> dict[str, Any]:
     """The manifest's ``cpu_dtype``: the setting (``train.cpu_dtype``), what CPU matmuls run in
-    (``dtype``: :func:`mlmt_bench.cpus.resolve_cpu_dtype`) and the CPU's bfloat16 instructions."""
-    from mlmt_bench.cpus import bf16_instructions, resolve_cpu_dtype
+    (``dtype``: :func:`mlmt_bench.machine.cpus.resolve_cpu_dtype`) and the CPU's bfloat16 instructions."""
+    from mlmt_bench.machine.cpus import bf16_instructions, resolve_cpu_dtype
 
     bf16 = bf16_instructions()
     dtype = resolve_cpu_dtype(spec.train.cpu_dtype, bf16, needs_cpu_pin(spec))
@@ -254,7 +254,7 @@ def _device() -> str | None:
 def make_trainer(spec: RunSpec, comp: Components, run_dir: RunDir, dist: Dist | None = None) -> Trainer:
     """The trainer of a built run, communicating through ``dist``, the run's one Dist (default: a
     Dist of the processes ``accelerate launch`` started, if any)."""
-    from mlmt_bench.dist import Dist
+    from mlmt_bench.machine.dist import Dist
     from mlmt_bench.rollout.episodes import Actors
     from mlmt_bench.trainer import Trainer
 
@@ -275,9 +275,9 @@ def run_manifest(spec: RunSpec, comp: Components) -> dict[str, Any]:
     sizes, the sampling temperatures, where each built policy's weights came from (``weights``: its
     model factory says: a shipped model's alias and sha256, a hub name, a directory), the shared
     base (its weights' sha256, data, tokens and seed, identical for every arm of an experiment) and
-    what the floats depend on (:func:`mlmt_bench.reproducible.record`: the CPU pin, the CPU model,
+    what the floats depend on (:func:`mlmt_bench.machine.reproducible.record`: the CPU pin, the CPU model,
     library versions)."""
-    from mlmt_bench import reproducible
+    from mlmt_bench.machine import reproducible
     from mlmt_bench.models.factory import model_factory
     from mlmt_bench.trainer import training_temperatures
 
@@ -317,7 +317,7 @@ def run(spec: RunSpec, progress: bool = True, *, extra_manifest: dict[str, Any] 
     ``tracking_group``: the experiment's or sweep's tracker group (:meth:`mlmt_bench.trackers.Group.to_json`),
     whose trackers were checked when it was opened; a lone run checks its own before anything is built.
     """
-    from mlmt_bench.dist import Dist, NullRunDir
+    from mlmt_bench.machine.dist import Dist, NullRunDir
 
     configure_torch(spec)
     dist = Dist()
@@ -401,7 +401,7 @@ def resume_run(path: Path | str, progress: bool = True) -> dict[str, Any]:
     run started (:meth:`RunDir.check_spec`), a run directory another process holds, a completed
     run, checkpoints none of which is intact. Warnings (a run from before spec hashes, corrupt
     checkpoints skipped) are printed only once the resume goes ahead."""
-    from mlmt_bench.dist import Dist
+    from mlmt_bench.machine.dist import Dist
 
     if (Path(path) / "experiment.json").is_file() and not (Path(path) / "manifest.json").exists():
         raise UserError(f"{path}: an experiment directory, not a run: continue it with `mlmt-bench run "
@@ -421,7 +421,7 @@ def resume_run(path: Path | str, progress: bool = True) -> dict[str, Any]:
 
 
 def _resume(run_dir: RunDir, spec: RunSpec, dist: Any, notes: list[str], progress: bool) -> dict[str, Any]:
-    from mlmt_bench.dist import NullRunDir
+    from mlmt_bench.machine.dist import NullRunDir
 
     manifest = run_dir.manifest()  # read under the lock: a run that just finished is complete
     if manifest.get("status") == "completed":
@@ -456,7 +456,7 @@ def _load_newest_intact(trainer: Trainer, run_dir: RunDir, notes: list[str]) -> 
     """Load the newest checkpoint that is intact (:meth:`Trainer.check_checkpoint`) and return
     it; None when there is none at all. Skipped ones add a warning to ``notes``; when every
     checkpoint is corrupt, a UserError with the newest one's fault."""
-    from mlmt_bench.bounded_input import shorten
+    from mlmt_bench.io.bounded_input import shorten
 
     skipped: list[tuple[Path, UserError]] = []
     for ckpt in reversed(list(run_dir.iter_checkpoints())):
@@ -517,7 +517,7 @@ def _end_with(run_dir: Any, exc: BaseException, status: str) -> None:
 
 
 def _train(trainer: Any, run_dir: RunDir, progress: bool, bar: Any = None) -> dict[str, Any]:
-    from mlmt_bench.progress import progress_bar
+    from mlmt_bench.io.progress import progress_bar
 
     try:
         with contextlib.nullcontext(bar) if bar is not None else progress_bar(enabled=progress) as bar:
@@ -537,7 +537,7 @@ def _train(trainer: Any, run_dir: RunDir, progress: bool, bar: Any = None) -> di
             raise
         raise _no_space_error(run_dir.path, exc, run_dir) from None
     if progress:
-        from mlmt_bench.progress import print_summary
+        from mlmt_bench.io.progress import print_summary
 
         print_summary(final, run_dir.path)
     return {**final, "run_dir": str(run_dir.path)}
@@ -600,7 +600,7 @@ def probe_from_run_dir(path: Path | str, split: str = "test", limit: int | None 
     """:func:`probe_from_spec` on a run directory's policies: its spec (``spec.resolved.yaml``) and
     its newest intact checkpoint (the final policies of a completed run); ``critic`` is ``run``, or
     ``base`` where the run's algorithm has no critic. Adds ``run_dir`` and ``step``."""
-    from mlmt_bench.dist import NullRunDir
+    from mlmt_bench.machine.dist import NullRunDir
 
     run_dir = RunDir.open(path)
     spec = load_run_spec(run_dir.path / "spec.resolved.yaml")
@@ -622,8 +622,8 @@ def probe_from_run_dir(path: Path | str, split: str = "test", limit: int | None 
 
 def _probe_built(spec: RunSpec, comp: Components, solver: Any, critic: Any, source: str, split: str,
                  limit: int | None, redact: bool | None, progress: bool) -> dict[str, Any]:
+    from mlmt_bench.io.progress import progress_bar
     from mlmt_bench.probe import probe_feedback
-    from mlmt_bench.progress import progress_bar
     from mlmt_bench.rollout.episodes import Actors
     from mlmt_bench.trainer import eval_sampling
 
@@ -645,7 +645,7 @@ def value_probe_from_spec(spec: RunSpec, rows: int = 4096, steps: int = 1000,
     ``spec`` builds at step 0 (the critic as in :func:`probe_from_spec`), on its training problems
     at its training temperatures, ``group_size`` attempts a problem where its algorithm has one
     (else 8). Returns the probe's result with ``spec``, ``seed``, ``critic`` and ``group_size``."""
-    from mlmt_bench.progress import progress_bar
+    from mlmt_bench.io.progress import progress_bar
     from mlmt_bench.rollout.episodes import Actors
     from mlmt_bench.trainer import train_sampling
     from mlmt_bench.warmstart.value_probe import value_probe

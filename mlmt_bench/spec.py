@@ -22,7 +22,6 @@ from typing import Annotated, Any, Literal, TypeVar, cast
 import yaml
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     ValidationInfo,
@@ -31,8 +30,9 @@ from pydantic import (
     model_validator,
 )
 
-from mlmt_bench import bounded_input
 from mlmt_bench.errors import UserError
+from mlmt_bench.io import bounded_input
+from mlmt_bench.models.policy_spec import PolicySpec, SpecSection as _Spec
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -52,7 +52,8 @@ _M = TypeVar("_M", bound=BaseModel)
 # ``MAX_SEED``               2**32 - 1 (``seed``, an experiment's ``seeds``, from 0): numpy's seed
 #                            range; torch takes more, but the trainer derives seeds from it
 #                            (``seed * 7919 + ...`` must stay below torch.Generator's 2**63).
-# ``MAX_LORA_RANK``          16,384 (``lora.r``): the hidden size of the largest models.
+# ``MAX_LORA_RANK``          16,384 (``lora.r``): the hidden size of the largest models
+#                            (defined with ``LoraSpec``, :mod:`mlmt_bench.models.policy_spec`).
 # ``MAX_THREADS``            1,024 torch CPU threads (``train.threads``).
 # =========================  ===================================================================
 #
@@ -63,14 +64,9 @@ MAX_NEW_TOKENS = 1 << 17
 MAX_PROBLEMS_PER_STEP = 100_000
 MAX_SEQUENCES_PER_STEP = 1 << 20
 MAX_SEED = 2**32 - 1
-MAX_LORA_RANK = 1 << 14
 MAX_THREADS = 1024
 
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
-
-
-class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 #: the placeholders each template may use (:class:`mlmt_bench.types.PromptTemplates`)
@@ -122,28 +118,6 @@ class BenchmarkSpec(_Spec):
     verifier_options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the verifier "
                                              "(code: timeout_s, memory_mb, sandbox_disable ...)")
     templates: TemplateSpec = Field(default_factory=TemplateSpec)
-
-
-class LoraSpec(_Spec):
-    r: int = Field(8, ge=1, le=MAX_LORA_RANK)
-    alpha: int = Field(16, ge=1)
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    # all-linear by default, as the README's examples and TRL/peft's own examples use (every linear layer
-    # but the output head); a list names modules instead (q_proj, v_proj was the default before 2026-12-04)
-    target_modules: list[str] | Literal["all-linear"] = "all-linear"
-
-
-class PolicySpec(_Spec):
-    model: str = Field("tiny", description="model registry name: tiny | hf | a plugin's")
-    path: str | None = Field(None, description="hub name or checkpoint dir; tiny: default the shared base")
-    lora: LoraSpec | None = None
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    lr: float = Field(1e-4, gt=0.0)
-    trainable: bool = True
-    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass "
-                                                            "(less memory, ~1/3 more compute)")
-    temperature: float | None = Field(None, ge=0.0, description="this role's sampling temperature in training "
-                                      "(METHOD v3: each role its own); default backend.temperature")
 
 
 class PoliciesSpec(_Spec):
@@ -337,7 +311,7 @@ class SweepSpec(_Spec):
 
 def read_yaml(path: Path) -> dict[str, Any]:
     """Parse one YAML file into a mapping, with one-line errors for every way it can be wrong
-    (and within the limits of :mod:`mlmt_bench.bounded_input`: size, depth, alias expansion)."""
+    (and within the limits of :mod:`mlmt_bench.io.bounded_input`: size, depth, alias expansion)."""
     data = bounded_input.load_yaml(bounded_input.read_text(path), str(path))
     if data is None:
         raise UserError(f"{path}: empty file, expected a YAML mapping")
@@ -384,7 +358,7 @@ def load_raw(path: Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
 
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``"a.b.c=value"`` -> (["a", "b", "c"], value); the value is parsed as YAML (1 -> int, true -> bool),
-    within the limits of :mod:`mlmt_bench.bounded_input`; text that is not YAML stays a string."""
+    within the limits of :mod:`mlmt_bench.io.bounded_input`; text that is not YAML stays a string."""
     shown = bounded_input.shorten(text)
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
@@ -421,7 +395,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], model: type[Base
 
 def _unshared(value: Any) -> Any:
     """A deep copy in which no two places share a mapping or list (alias expansion is bounded by
-    :mod:`mlmt_bench.bounded_input` when the YAML is read)."""
+    :mod:`mlmt_bench.io.bounded_input` when the YAML is read)."""
     if isinstance(value, dict):
         return {k: _unshared(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -463,7 +437,7 @@ def format_validation_error(source: str, exc: ValidationError, prefix: str = "",
     """The first pydantic error as ``source: field.path: what, got value``, naming the file of the
     ``extends:`` chain the value came from when it is another. Keys and values are file content:
     a key that is not a field-like name and a value that is not plain are described, not shown
-    (:func:`~mlmt_bench.bounded_input.echo`), so no error prints a line of someone's file."""
+    (:func:`~mlmt_bench.io.bounded_input.echo`), so no error prints a line of someone's file."""
     err = exc.errors()[0]
     full = (prefix.split(".") if prefix else []) + list(err["loc"])
     named = next((i for i, x in enumerate(full) if not bounded_input.is_name(x)), len(full))

@@ -117,7 +117,7 @@ def _check_pseudo(path: Path, real: str, what: str) -> None:
 def _shown(path: Path | str) -> str:
     """``path`` as an error may show it: shortened, and not at all when it holds a NUL byte (no
     file system has such a path; its text is whatever a corrupt or hostile file put there)."""
-    from mlmt_bench.bounded_input import shorten
+    from mlmt_bench.io.bounded_input import shorten
 
     text = str(path)
     if "\0" in text:
@@ -347,11 +347,11 @@ def _json_default(obj: Any) -> Any:
 
 def read_jsonl_lines(path: Path) -> list[tuple[int, Any]]:
     """(line number, record) of a JSONL file this module wrote; a torn last line (a crash
-    mid-write) is ignored, any other bad line is a file:line UserError (:mod:`mlmt_bench.jsonl`),
-    and so is a file past the limits of :func:`~mlmt_bench.bounded_input.jsonl_bounds` (a run
+    mid-write) is ignored, any other bad line is a file:line UserError (:mod:`mlmt_bench.io.jsonl`),
+    and so is a file past the limits of :func:`~mlmt_bench.io.bounded_input.jsonl_bounds` (a run
     directory may come from someone else: ``report``, ``run --resume``)."""
-    from mlmt_bench.bounded_input import jsonl_bounds
-    from mlmt_bench.jsonl import iter_jsonl
+    from mlmt_bench.io.bounded_input import jsonl_bounds
+    from mlmt_bench.io.jsonl import iter_jsonl
 
     return list(iter_jsonl(path, torn_tail_ok=True, **jsonl_bounds()))
 
@@ -457,7 +457,7 @@ class RunDir:
 
     # manifest -------------------------------------------------------------------------------
     def manifest(self) -> dict[str, Any]:
-        from mlmt_bench.bounded_input import read_json
+        from mlmt_bench.io.bounded_input import read_json
 
         manifest = read_json(self.path / "manifest.json")  # bounded: a resumed run directory may be anyone's
         if not isinstance(manifest, dict):

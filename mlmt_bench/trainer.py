@@ -19,17 +19,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from mlmt_bench import memory
 from mlmt_bench.algorithms.base import Algorithm, Credit, CreditInputs, verdict_matches
 from mlmt_bench.algorithms.update import LossConfig, update_policy
-from mlmt_bench.dist import Dist
 from mlmt_bench.evaluate import evaluate, generated_clipped, redaction_metrics
 from mlmt_bench.fsdp import Sharding
+from mlmt_bench.io.notes import warn
+from mlmt_bench.io.progress import announce, duration
+from mlmt_bench.machine import memory
+from mlmt_bench.machine.dist import Dist
 from mlmt_bench.metrics.completions import truncation_warnings
 from mlmt_bench.metrics.cost import forward_flops, rollout_flops, training_flops
 from mlmt_bench.models.forward import last_hidden_states
-from mlmt_bench.notes import warn
-from mlmt_bench.progress import announce, duration
 from mlmt_bench.rollout.backend import backend_class
 from mlmt_bench.rollout.episodes import Actors, Program, Rollout, Sampling, merge_rollouts, rollout
 from mlmt_bench.tracking import RunDir
@@ -359,7 +359,7 @@ class Trainer:
             self._write_checkpoint(tmp, states)
         except BaseException as exc:
             self.run_dir.discard_checkpoint(tmp)  # a full disk leaves no half checkpoint behind
-            from mlmt_bench.checkpoint_state import os_error_of
+            from mlmt_bench.io.checkpoint_state import os_error_of
 
             os_error = os_error_of(exc)
             if os_error is not None and os_error is not exc:  # safetensors' own error for a full disk
@@ -377,9 +377,9 @@ class Trainer:
                 continue
             policy.save(tmp / role, states.get(id(policy), (None, None))[0])
             saved[id(policy)] = role
-        from mlmt_bench.checkpoint_state import save_state
+        from mlmt_bench.io.checkpoint_state import save_state
 
-        save_state(tmp, {  # safetensors + JSON: loading it back runs no code (mlmt_bench/checkpoint_state.py)
+        save_state(tmp, {  # safetensors + JSON: loading it back runs no code (mlmt_bench/io/checkpoint_state.py)
             "counters": self.counters.__dict__,
             "optimizers": {saved[k]: (states[k][1], s.state_dict() if s else None)
                            for k, (o, s) in self.optimizers.items()},
@@ -415,8 +415,8 @@ class Trainer:
         every section, its optimisers are this run's trained policies, and each trained policy's
         weights (and any other policy's that are there) are complete safetensors files. A one-line
         UserError naming the first thing missing or corrupt otherwise."""
-        from mlmt_bench.checkpoint_state import check_state, check_weights, load_state
         from mlmt_bench.errors import UserError
+        from mlmt_bench.io.checkpoint_state import check_state, check_weights, load_state
 
         state = load_state(ckpt)  # no pickle: data only, whoever wrote the run directory
         check_state(ckpt, state)

@@ -70,7 +70,7 @@ def _in_cpu_quota(cpus: float) -> Iterator[None]:
 
 
 def _build(steps: int, how: str) -> dict[str, Any]:
-    from mlmt_bench.cpus import CpuGroup, usable_cpus
+    from mlmt_bench.machine.cpus import CpuGroup, usable_cpus
     from mlmt_bench.warmstart import shared_base as sb
     from mlmt_bench.warmstart.build_threads import IdleCores, ThreadGovernor
 
@@ -92,7 +92,7 @@ def _build(steps: int, how: str) -> dict[str, Any]:
 
 
 def main() -> None:
-    from mlmt_bench import reproducible
+    from mlmt_bench.machine import reproducible
 
     reproducible.apply()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -100,8 +100,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.worker:
         print(json.dumps(worker(args)))
         return {}
-    from mlmt_bench.cpus import bf16_instructions
-    from mlmt_bench.reproducible import cpu_model
+    from mlmt_bench.machine.cpus import bf16_instructions
+    from mlmt_bench.machine.reproducible import cpu_model
 
     forward = ["--batch", str(args.batch), "--prompt", str(args.prompt), "--new", str(args.new)]
     forward += ["--model", args.model] if args.model else []

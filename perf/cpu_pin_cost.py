@@ -1,4 +1,4 @@
-"""What the CPU pin (``mlmt_bench.reproducible.PIN``) costs: SFT step time under each candidate setting.
+"""What the CPU pin (``mlmt_bench.machine.reproducible.PIN``) costs: SFT step time under each candidate setting.
 
 A benchmark, not a test. The workload is the shared base's: ``--steps`` optimiser steps of
 :func:`mlmt_bench.warmstart.sft.sft` (batch ``--batch``, one torch thread) on a fresh
@@ -49,9 +49,9 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from mlmt_bench.benchmarks.synthetic_curriculum import KINDS, Curriculum
+    from mlmt_bench.machine.reproducible import record, tensors_sha256
     from mlmt_bench.models.tiny import build_tiny_model
     from mlmt_bench.models.tokenizer import build_char_tokenizer
-    from mlmt_bench.reproducible import record, tensors_sha256
     from mlmt_bench.warmstart.sft import sft
     from mlmt_bench.warmstart.shared_base import BaseConfig, synthetic_benchmark
 
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         sys.stdout.write(json.dumps(out) + "\n")
         return out
 
-    from mlmt_bench.reproducible import PIN, cpu_model
+    from mlmt_bench.machine.reproducible import PIN, cpu_model
 
     names = args.only.split(",") if args.only else list(CANDIDATES)
     base_env = {k: v for k, v in os.environ.items() if k not in PIN}

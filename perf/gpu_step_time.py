@@ -142,7 +142,7 @@ def run_memory(args: argparse.Namespace) -> dict[str, Any]:
         "reward": "dense", "step_s": step_s, "gen_tokens_per_step": [recs[i]["gen_tokens"] - recs[i - 1]["gen_tokens"]
                                                                       for i in range(args.warmup, total)],
         "peak_gpu_mb": gst._peak_gpu_mb(), "peak_rss_mb": gst._peak_rss_mb(),
-        # the trainer's own per-phase peaks (mlmt_bench/memory.py: CUDA allocated, or CPU RSS), max over steps
+        # the trainer's own per-phase peaks (mlmt_bench/machine/memory.py: CUDA allocated, or CPU RSS), max over steps
         "memory_source": recs[-1].get("mem/source"),
         "phase_peak_mb": {k.rsplit("/", 1)[1]: max(r[k] for r in recs if k in r)
                           for k in sorted({k for r in recs for k in r if k.startswith("mem/peak_mb/")})},

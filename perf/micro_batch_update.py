@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import torch
 
     from mlmt_bench.algorithms.update import LossConfig, update_policy
-    from mlmt_bench.memory import peak_rss_mb, reset_peak_rss
+    from mlmt_bench.machine.memory import peak_rss_mb, reset_peak_rss
     from mlmt_bench.models.forward import micro_batches, seq_len
     from mlmt_bench.models.policy import Policy
     from mlmt_bench.models.tiny import build_tiny_model

@@ -65,7 +65,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-    from mlmt_bench.reproducible import record
+    from mlmt_bench.machine.reproducible import record
 
     torch.manual_seed(0)
     if args.model:
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     import signal
 
-    from mlmt_bench.reproducible import cpu_model
+    from mlmt_bench.machine.reproducible import cpu_model
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the spinners are stopped
     cases = [c for c in CASES if args.only is None or c in args.only]

@@ -85,9 +85,9 @@ def pretrained_rates(path: str, args: argparse.Namespace) -> dict[str, float]:
     from mlmt_bench.algorithms.update import LossConfig, TrainItem, update_policy
     from mlmt_bench.models.frozen_cast import cast_frozen_linears
     from mlmt_bench.models.policy import load_hf_policy
+    from mlmt_bench.models.policy_spec import PolicySpec
     from mlmt_bench.models.pretrained import resolve
     from mlmt_bench.rollout.hf_backend import HFBackend
-    from mlmt_bench.spec import PolicySpec
     from static_decode_speed import attempt_prompts
 
     lora = {"lora": {"r": args.lora, "alpha": 2 * args.lora, "target_modules": "all-linear"}} if args.lora else {}

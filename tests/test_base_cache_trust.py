@@ -82,7 +82,7 @@ def test_an_entry_of_another_uid_is_refused(cached, tmp_path, monkeypatch):
 def test_the_hash_is_computed_once_until_the_files_change(cached, tmp_path, monkeypatch):
     cache, entry, cfg = _copy(cached, tmp_path)
     calls = []
-    from mlmt_bench import reproducible
+    from mlmt_bench.machine import reproducible
     real = reproducible.weights_sha256
     monkeypatch.setattr(reproducible, "weights_sha256", lambda d: calls.append(d) or real(d))
     for _ in range(3):

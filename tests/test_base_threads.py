@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mlmt_bench.cpus import CpuGroup
+from mlmt_bench.machine.cpus import CpuGroup
 from mlmt_bench.warmstart.build_threads import (
     EQUIVALENT,
     EQUIVALENT_BATCHES,
@@ -85,7 +85,7 @@ def test_in_a_cgroup_with_a_quota_idle_cores_are_what_the_quota_left():
 
 
 def test_the_governor_re_picks_every_interval_and_counts_the_steps_on_each(monkeypatch):
-    from mlmt_bench import reproducible
+    from mlmt_bench.machine import reproducible
 
     for k, v in reproducible.PIN.items():
         monkeypatch.setenv(k, v)
@@ -118,7 +118,7 @@ def test_a_build_on_two_threads_leaves_the_callers_thread_count_as_it_was(monkey
     depend on), however many threads the build and its check ran on."""
     import torch
 
-    from mlmt_bench import reproducible
+    from mlmt_bench.machine import reproducible
     from mlmt_bench.warmstart import build_threads, shared_base
 
     for k, v in reproducible.PIN.items():
@@ -138,7 +138,7 @@ def test_a_build_on_two_threads_leaves_the_callers_thread_count_as_it_was(monkey
 
 _SCRIPT = """
 import itertools, json, sys, tempfile
-from mlmt_bench import reproducible
+from mlmt_bench.machine import reproducible
 reproducible.apply()  # the equivalence was measured under the pin, as every build runs
 from pathlib import Path
 import torch
@@ -187,6 +187,6 @@ def test_one_and_two_threads_build_and_check_the_same_base(tmp_path):
 
 
 def _clean_env() -> dict[str, str]:
-    from mlmt_bench import reproducible
+    from mlmt_bench.machine import reproducible
 
     return {k: v for k, v in os.environ.items() if k not in {*reproducible.PIN, reproducible.SWITCH}}

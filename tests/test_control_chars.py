@@ -67,7 +67,7 @@ def test_comparison_md_escapes_arm_names_from_a_published_report(tmp_path: Path)
     """issue 34 item 9: an arm name holding ESC / OSC sequences, U+202E or a C1 control in a
     published report's experiment.json was written raw into comparison.md (15 raw ESC); it is written
     escaped, in the report and in the report of the published report."""
-    from mlmt_bench import bounded_input
+    from mlmt_bench.io import bounded_input
 
     exp, evil = _evil_experiment(tmp_path)
     pub, again = tmp_path / "published", tmp_path / "again"

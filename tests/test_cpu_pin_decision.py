@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mlmt_bench import cpus, reproducible, runner
+from mlmt_bench import runner
 from mlmt_bench.errors import UserError
+from mlmt_bench.machine import cpus, reproducible
 from mlmt_bench.spec import RunSpec, dump_yaml, load_any
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,14 +47,14 @@ def test_a_run_needs_the_pin_when_some_model_is_made_from_a_seed():
 
 # what the child prints: the pin variables, the reason variable, and what record() says
 _SHOW = ("import os, json\n"
-         "from mlmt_bench import reproducible\n"
+         "from mlmt_bench.machine import reproducible\n"
          "r = reproducible.record()\n"
          "print(json.dumps([os.environ.get('ATEN_CPU_CAPABILITY'), os.environ.get('MKL_CBWR'), "
          "r['pinned'], r['unpinned_because'], r['cpu_capability']]))\n")
 
 
 def test_a_process_that_needs_no_pin_stays_unpinned_and_records_why():
-    code = ("import sys\nfrom mlmt_bench import reproducible\n"
+    code = ("import sys\nfrom mlmt_bench.machine import reproducible\n"
             "reproducible.apply(needed=False, why_not='every model loads from a checkpoint')\n"
             "assert 'torch' not in sys.modules\n" + _SHOW)
     proc = _python(code, _clean_env())
@@ -67,7 +68,7 @@ def test_a_process_that_needs_no_pin_stays_unpinned_and_records_why():
     assert json.loads(proc.stdout)[:4] == ["avx2", "COMPATIBLE", True, None]
     assert len(proc.stderr.splitlines()) == 1 and "the CPU pin is on (MLMT_BENCH_CPU_PIN=1)" in proc.stderr
     # the default (needed) still pins, as before
-    proc = _python("from mlmt_bench import reproducible\nreproducible.apply()\n" + _SHOW, _clean_env())
+    proc = _python("from mlmt_bench.machine import reproducible\nreproducible.apply()\n" + _SHOW, _clean_env())
     assert json.loads(proc.stdout)[:4] == ["avx2", "COMPATIBLE", True, None] and not proc.stderr
 
 

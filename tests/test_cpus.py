@@ -1,4 +1,4 @@
-"""The CPUs a process may use (mlmt_bench/cpus.py): its affinity capped by its cgroup's CPU
+"""The CPUs a process may use (mlmt_bench/machine/cpus.py): its affinity capped by its cgroup's CPU
 quota, read from hand-made /proc/self and cgroup trees of both versions (v1 as on this kind of
 machine and in Docker without a cgroup namespace, v2 as in current Docker and Kubernetes)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlmt_bench.cpus import CpuGroup, cpu_budget
+from mlmt_bench.machine.cpus import CpuGroup, cpu_budget
 
 
 def _proc(tmp_path: Path, cgroup: str, mountinfo: list[str], name: str = "proc") -> Path:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import typer
 
-from mlmt_bench import cli, notes
-from mlmt_bench.bounded_input import mask_credentials, printable
+from mlmt_bench import cli
+from mlmt_bench.io import notes
+from mlmt_bench.io.bounded_input import mask_credentials, printable
 from mlmt_bench.sweep import redact
 
 

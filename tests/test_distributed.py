@@ -120,7 +120,7 @@ def test_fsdp_on_two_cpu_processes_equals_ddp_and_resumes(tiny_ckpt, tmp_path):
     assert w_fsdp.keys() == w_ddp.keys()  # the gathered checkpoint is an ordinary HF directory (tied head once)
     assert max(float((w_fsdp[k] - w_ddp[k]).abs().max()) for k in w_ddp) < 5e-5
     # the optimiser state was gathered into a plain optimizer.state_dict()
-    from mlmt_bench.checkpoint_state import load_state
+    from mlmt_bench.io.checkpoint_state import load_state
 
     opt_f = load_state(ckpt_f)["optimizers"]["solver"][0]
     opt_d = load_state(ckpt_d)["optimizers"]["solver"][0]
@@ -187,7 +187,7 @@ def test_one_process_reduces_statistics_and_rows_to_themselves():
     the shared-base DDP/FSDP test, whose ranks report different statistics and refinements)."""
     import torch
 
-    from mlmt_bench.dist import Dist
+    from mlmt_bench.machine.dist import Dist
 
     d = Dist(from_env=False)
     assert d.mean_each({"b": 2, "a": None, "c": 0.5}) == {"b": 2.0, "c": 0.5}
@@ -207,7 +207,8 @@ def test_importing_the_update_and_the_trainer_joins_no_processes():
 
 
 def test_a_run_builds_one_dist_and_its_trainer_uses_it(tiny_ckpt, tmp_path, monkeypatch):
-    from mlmt_bench import dist as dist_module, runner
+    from mlmt_bench import runner
+    from mlmt_bench.machine import dist as dist_module
     from mlmt_bench.spec import validate_run
 
     built, trainers = [], []

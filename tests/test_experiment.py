@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from conftest import minimal_spec
-from mlmt_bench.cpus import cpu_budget
 from mlmt_bench.errors import UserError
 from mlmt_bench.experiment import run_experiment
+from mlmt_bench.machine.cpus import cpu_budget
 from mlmt_bench.spec import load_experiment
 
 
@@ -52,8 +52,8 @@ def test_workers_run_every_arm_and_seed_in_processes(exp_spec, tmp_path):
 
 def test_a_cgroup_quota_caps_the_threads_each_worker_gets(exp_spec, monkeypatch):
     """``docker run --cpus=1`` on a machine of N cores: one thread per run, not N / workers."""
-    from mlmt_bench import cpus
     from mlmt_bench.experiment import _with_threads
+    from mlmt_bench.machine import cpus
 
     _, arms = load_experiment(exp_spec(a=1e-4))
     spec = arms["a"]

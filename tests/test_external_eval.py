@@ -171,7 +171,7 @@ def test_log_samples_without_out_is_one_line(tiny_ckpt):
 
 
 def test_resolve_checkpoint_accepts_run_step_and_model_dirs(tiny_ckpt, tmp_path):
-    from mlmt_bench.checkpoint_state import save_state
+    from mlmt_bench.io.checkpoint_state import save_state
 
     run = tmp_path / "run"
     for step in ("step-000002", "step-000010"):

@@ -17,9 +17,10 @@ import yaml
 from typer.testing import CliRunner
 
 from conftest import minimal_spec
-from mlmt_bench import checkpoint_state, registry, tracking
+from mlmt_bench import registry, tracking
 from mlmt_bench.cli import app
 from mlmt_bench.errors import UserError
+from mlmt_bench.io import checkpoint_state
 from mlmt_bench.spec import load_run_spec
 from mlmt_bench.tracking import RunDir
 from support import one_line_error

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from mlmt_bench.dist import Dist
 from mlmt_bench.fsdp import Sharding, _adapter_to_model_keys, _param_names, gathered, is_sharded
+from mlmt_bench.machine.dist import Dist
 from mlmt_bench.models.policy import build_policy
-from mlmt_bench.spec import PolicySpec
+from mlmt_bench.models.policy_spec import PolicySpec
 
 
 def test_saved_adapter_names_map_back_to_the_model_parameters(tiny_ckpt, tmp_path):

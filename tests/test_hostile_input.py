@@ -22,8 +22,8 @@ import yaml
 from typer.testing import CliRunner
 
 from conftest import minimal_spec
-from mlmt_bench import bounded_input
 from mlmt_bench.cli import app
+from mlmt_bench.io import bounded_input
 
 WALL_S = 10.0
 FAST_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # writing 1 MB in pure Python takes seconds

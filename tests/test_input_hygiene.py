@@ -1,5 +1,5 @@
 """Input hygiene (the robustness issue's "Input hygiene" part): what a user hands in that is
-well-formed enough to get past the bounds of :mod:`mlmt_bench.bounded_input` but wrong in a way
+well-formed enough to get past the bounds of :mod:`mlmt_bench.io.bounded_input` but wrong in a way
 that used to pass silently or end in a traceback. Each case must end with exit code 2 and exactly
 one ``error: ...`` line that names the file / field at fault:
 
@@ -22,9 +22,9 @@ import yaml
 from typer.testing import CliRunner
 
 from conftest import minimal_spec
-from mlmt_bench import bounded_input
 from mlmt_bench.cli import app
 from mlmt_bench.errors import UserError
+from mlmt_bench.io import bounded_input
 
 ESC_RED, RLO = "\x1b[31m", "\u202e"
 
@@ -335,8 +335,8 @@ def test_a_baseline_check_accepts_an_arm_and_its_base_critic_row():
 
 
 def test_notes_and_warnings_reach_the_current_stderr_escaped(capsys):
-    """The library's notes go through one place (mlmt_bench.notes), which escapes what a spec put in."""
-    from mlmt_bench import notes
+    """The library's notes go through one place (mlmt_bench.io.notes), which escapes what a spec put in."""
+    from mlmt_bench.io import notes
 
     notes.warn(f"sandbox weakened for {ESC_RED}x{RLO}")
     notes.note("base cached")

@@ -8,12 +8,12 @@ import random
 import pytest
 import torch
 
-from mlmt_bench import memory
 from mlmt_bench.algorithms.core import AGG_MODES
 from mlmt_bench.algorithms.update import LossConfig, TrainItem, update_policy
+from mlmt_bench.machine import memory
 from mlmt_bench.models.forward import last_hidden_states, micro_batches, sequence_logprob_sums
 from mlmt_bench.models.policy import Policy, build_policy
-from mlmt_bench.spec import PolicySpec
+from mlmt_bench.models.policy_spec import PolicySpec
 
 
 def _items(n: int = 11, seed: int = 0) -> list[TrainItem]:

@@ -19,7 +19,8 @@ from conftest import minimal_spec
 from mlmt_bench.algorithms import core
 from mlmt_bench.cli import app
 from mlmt_bench.models.configs import shape_from_registry_file, shape_of_path, shape_of_preset
-from mlmt_bench.spec import LoraSpec, validate_run
+from mlmt_bench.models.policy_spec import LoraSpec
+from mlmt_bench.spec import validate_run
 
 ROOT = Path(__file__).resolve().parents[1]
 HUB_FILES = sorted((ROOT / "registry" / "models").glob("*-instruct.yaml"))

@@ -19,7 +19,7 @@ from conftest import minimal_spec
 from mlmt_bench.errors import UserError
 from mlmt_bench.models import pretrained
 from mlmt_bench.models.factory import model_factory
-from mlmt_bench.spec import PolicySpec
+from mlmt_bench.models.policy_spec import PolicySpec
 from support import one_line_error, require
 
 ALIAS = "smollm2-135m-instruct"
@@ -132,7 +132,7 @@ def test_conversion_is_an_ordinary_hf_checkpoint_with_its_hashes(converted):
     from gguf.quants import dequantize
     from safetensors import safe_open
 
-    from mlmt_bench import reproducible
+    from mlmt_bench.machine import reproducible
 
     m = pretrained.get(ALIAS)
     r = converted.record

@@ -9,8 +9,8 @@ import io
 import json
 import re
 
-from mlmt_bench import progress
-from mlmt_bench.progress import LineProgress, announce, duration, print_table
+from mlmt_bench.io import progress
+from mlmt_bench.io.progress import LineProgress, announce, duration, print_table
 from support import TINY, make_run
 
 

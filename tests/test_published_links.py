@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from mlmt_bench import bounded_input
 from mlmt_bench.cli import app
 from mlmt_bench.errors import UserError
+from mlmt_bench.io import bounded_input
 from mlmt_bench.report import publish
 from support import make_run
 

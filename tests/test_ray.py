@@ -1,4 +1,4 @@
-"""Experiments and sweeps on Ray (``--ray ADDRESS``, mlmt_bench/cluster.py): a local cluster on
+"""Experiments and sweeps on Ray (``--ray ADDRESS``, mlmt_bench/machine/cluster.py): a local cluster on
 127.0.0.1 (a head and one worker node, started and stopped here), one Ray worker killed mid-run,
 and every run finished once, equal to the ``--workers 2`` path's bit for bit."""
 

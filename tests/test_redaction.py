@@ -194,7 +194,7 @@ SHOWN = "9-6>3 9-6=3 ok;3+9>12 3+9=12 ok;12+1>? 12+1=14 wrong"
 @pytest.fixture(scope="module")
 def policy(tiny_ckpt):
     from mlmt_bench import registry
-    from mlmt_bench.spec import PolicySpec
+    from mlmt_bench.models.policy_spec import PolicySpec
 
     return registry.models.get("tiny")("solver", PolicySpec(model="tiny", path=str(tiny_ckpt)), None, None)
 

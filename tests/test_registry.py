@@ -42,7 +42,7 @@ def test_unknown_name_without_close_match():
 
 def test_every_unknown_name_gets_the_same_did_you_mean():
     from mlmt_bench.algorithms.params import MLMTParams
-    from mlmt_bench.bounded_input import did_you_mean
+    from mlmt_bench.io.bounded_input import did_you_mean
     from support import one_line_error
 
     assert did_you_mean("grop", ["grpo", "mlmt"]) == "; did you mean 'grpo'?"

@@ -525,7 +525,7 @@ def test_the_pages_show_control_characters_escaped(tmp_path):
     """An arm named with an ESC sequence, a C1 CSI and the bidi override U+202E, a model output with
     them (and a NUL, a lone surrogate, lines and a tab): the pages write each as its escape
     (``\\x1b``), as comparison.md does, never raw; line breaks and tabs of the output stay."""
-    from mlmt_bench.bounded_input import printable
+    from mlmt_bench.io.bounded_input import printable
     from mlmt_bench.report.escape import esc as escape
 
     evil = "mlmt\x1b[2J\u202e\x9b31m"

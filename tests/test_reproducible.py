@@ -1,4 +1,4 @@
-"""The CPU pin (mlmt_bench.reproducible): the same base weights whatever CPU capability the
+"""The CPU pin (mlmt_bench.machine.reproducible): the same base weights whatever CPU capability the
 environment claims, weight hashes in a canonical order, and experiments that refuse a run whose
 base weights differ from the experiment's."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mlmt_bench import reproducible
 from mlmt_bench.errors import UserError
+from mlmt_bench.machine import reproducible
 from support import TINY
 
 REPO = Path(__file__).resolve().parents[1]
@@ -74,7 +74,7 @@ def test_the_cli_builds_the_same_base_whatever_capability_the_machine_claims_unl
 
 def test_a_process_that_loaded_torch_first_re_executes_itself_once_pinned():
     code = ("import os, sys, torch\n"
-            "from mlmt_bench import reproducible\n"
+            "from mlmt_bench.machine import reproducible\n"
             "sys.stdout.write('start\\n')\n"
             "reproducible.apply()\n"
             "import multiprocessing as mp\n"
@@ -90,7 +90,7 @@ def test_a_process_that_loaded_torch_first_re_executes_itself_once_pinned():
 
 def test_no_second_re_exec_and_the_switch_is_recorded():
     code = ("import torch\n"
-            "from mlmt_bench import reproducible\n"
+            "from mlmt_bench.machine import reproducible\n"
             "reproducible.apply()\n"
             "r = reproducible.record()\n"
             "print(r['pinned'], '|', r['unpinned_because'], '|', r['cpu_capability'])\n")

@@ -28,9 +28,11 @@ import yaml
 from typer.testing import CliRunner
 
 from conftest import minimal_spec
-from mlmt_bench import bounded_input, spec as specs
+from mlmt_bench import spec as specs
 from mlmt_bench.cli import app
 from mlmt_bench.errors import UserError
+from mlmt_bench.io import bounded_input
+from mlmt_bench.models import policy_spec
 from mlmt_bench.report.runs import load_run
 from mlmt_bench.sweep import load_sweep, space as sweeps
 from mlmt_bench.tracking import read_jsonl
@@ -174,7 +176,7 @@ def test_every_float_field_of_the_models_refuses_inf():
 
     from mlmt_bench.registry import algorithms
 
-    models = {specs.LoraSpec, specs.PolicySpec, specs.BackendSpec, specs.TrainSpec, specs.EvalSpec,
+    models = {policy_spec.LoraSpec, policy_spec.PolicySpec, specs.BackendSpec, specs.TrainSpec, specs.EvalSpec,
               sweeps.FloatDist, *(algorithms.get(n).Params for n in algorithms.names())}
     checked = 0
     for model in models:

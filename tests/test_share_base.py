@@ -260,7 +260,7 @@ def _spec_file(tmp_path, ckpt, out):
 def _final(run):
     from safetensors.torch import load_file
 
-    from mlmt_bench.checkpoint_state import load_state
+    from mlmt_bench.io.checkpoint_state import load_state
 
     ckpt = sorted((run / "checkpoints").glob("step-*"))[-1]
     weights = {r: load_file(str(ckpt / r / "adapter_model.safetensors")) for r in ("solver", "critic")}

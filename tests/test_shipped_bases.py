@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from mlmt_bench import reproducible
 from mlmt_bench.errors import UserError
+from mlmt_bench.machine import reproducible
 from mlmt_bench.runner import base_config
 from mlmt_bench.spec import load_experiment
 from mlmt_bench.warmstart import shared_base as sb, shipped_bases

@@ -258,7 +258,7 @@ def test_bases_table(tmp_path):
 
 
 def test_an_unpinned_base_has_its_own_key(monkeypatch):
-    from mlmt_bench import reproducible
+    from mlmt_bench.machine import reproducible
 
     cfg = BaseConfig(seed=0)
     for k, v in reproducible.PIN.items():

@@ -101,7 +101,7 @@ def test_save_load_gives_bit_identical_logits(tok, tmp_path):
 def test_a_lora_spec_adapts_every_linear_layer_by_default(tiny_ckpt):
     """``lora: {r: 2}`` puts an adapter on all seven projections of every layer, not on the head."""
     from mlmt_bench.models.policy import build_policy
-    from mlmt_bench.spec import LoraSpec, PolicySpec
+    from mlmt_bench.models.policy_spec import LoraSpec, PolicySpec
 
     policy = build_policy("solver", PolicySpec(model="tiny", lora=LoraSpec(r=2)), str(tiny_ckpt))
     adapted = {name.split(".")[-2] for name, _ in policy.model.named_modules() if name.endswith(".lora_A")}

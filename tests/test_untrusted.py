@@ -21,9 +21,9 @@ import yaml
 from typer.testing import CliRunner
 
 from conftest import minimal_spec
-from mlmt_bench.checkpoint_state import STATE_FILE, load_state, save_state
 from mlmt_bench.cli import app
 from mlmt_bench.errors import UserError
+from mlmt_bench.io.checkpoint_state import STATE_FILE, load_state, save_state
 from mlmt_bench.tracking import JsonlWriter, RunDir, atomic_write_bytes, check_output_root
 from support import one_line_error
 

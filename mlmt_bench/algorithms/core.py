@@ -31,7 +31,7 @@ from mlmt_bench.algorithms.advantages import (
     dense_groups as _dense_groups,
     zero_std_mask,
 )
-from mlmt_bench.tensor_ops import entropy_from_logits, token_logprobs
+from mlmt_bench.models.tensor_ops import entropy_from_logits, token_logprobs
 
 __all__ = ["entropy_from_logits", "token_logprobs"]  # re-exported: the losses' callers read logits here too
 

@@ -35,7 +35,7 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from mlmt_bench.bounded_input import did_you_mean
+from mlmt_bench.io.bounded_input import did_you_mean
 from mlmt_bench.registry import unknown_message
 
 if TYPE_CHECKING:

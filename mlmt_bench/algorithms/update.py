@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
-from mlmt_bench import memory
 from mlmt_bench.algorithms import core, losses
-from mlmt_bench.dist import Dist
 from mlmt_bench.fsdp import gathered, is_sharded, scalar
+from mlmt_bench.machine import memory
+from mlmt_bench.machine.dist import Dist
 from mlmt_bench.models.forward import completion_logits, padded_batch, seq_len, sequence_logprobs, split
 
 __all__ = ["LossConfig", "TrainItem", "padded_batch", "sequence_logprobs", "update_policy"]
@@ -70,7 +70,7 @@ def update_policy(policy: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
     tokens; seq_mean_token_mean: by sequences; constant_norm: each micro-batch's token sum over
     the step's constant ``constant_norm``, max_new_tokens × the sequences sampled, summed over
     processes), so the update does not depend on the split. Under data parallelism (``dist``, see
-    mlmt_bench/dist.py) the batch is the union of every process's items: weights use the
+    mlmt_bench/machine/dist.py) the batch is the union of every process's items: weights use the
     global counts and gradients are summed across processes, so the update equals the
     single-process update on the whole batch.
 

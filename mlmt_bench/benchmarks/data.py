@@ -41,7 +41,7 @@ from typing import Any
 
 from mlmt_bench.benchmarks.base import Benchmark
 from mlmt_bench.errors import UserError
-from mlmt_bench.jsonl import (
+from mlmt_bench.io.jsonl import (
     DECODE_ERRORS as _DECODE_ERRORS,
     decode_error as _decode_error,
     is_gzip as _is_gzip,
@@ -312,7 +312,7 @@ def data_path_problem(path: str | os.PathLike[str]) -> str | None:
     """What is wrong with ``path`` (``~`` expanded) as a benchmark's data, or None for an existing
     regular file or directory: "does not exist", or what it is instead ("is a character device,
     refused"): a device or FIFO is never opened (reading /dev/zero never ends, a FIFO blocks)."""
-    from mlmt_bench.bounded_input import kind_of, why_unusable
+    from mlmt_bench.io.bounded_input import kind_of, why_unusable
 
     try:
         st = os.stat(os.path.expanduser(path))

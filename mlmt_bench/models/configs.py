@@ -68,7 +68,7 @@ class ModelShape:
 
 def hf_registry() -> dict[str, Path]:
     """Lower-cased hub name -> the ``registry/models`` file describing it (``kind: hf``)."""
-    from mlmt_bench.bounded_input import load_yaml, read_text
+    from mlmt_bench.io.bounded_input import load_yaml, read_text
     from mlmt_bench.models.tiny import registry_dirs
 
     out: dict[str, Path] = {}
@@ -144,7 +144,7 @@ def shape_from_registry_file(path: Path) -> ModelShape:
     """The shape of a ``kind: hf`` registry file's ``config:`` (``model_type`` + config.json fields)."""
     from transformers import AutoConfig
 
-    from mlmt_bench.bounded_input import load_yaml, read_text
+    from mlmt_bench.io.bounded_input import load_yaml, read_text
 
     data = load_yaml(read_text(path), str(path))
     if not isinstance(data, dict) or not isinstance(data.get("config"), dict):

@@ -1,6 +1,6 @@
 """Attention in bfloat16 / float16 on a CPU whose kernels the CPU pin caps below what it has.
 
-Under the pin (``ATEN_CPU_CAPABILITY=avx2``, :mod:`mlmt_bench.reproducible`) on a CPU with AMX
+Under the pin (``ATEN_CPU_CAPABILITY=avx2``, :mod:`mlmt_bench.machine.reproducible`) on a CPU with AMX
 (measured 2026-12-03 on an Intel Xeon, Sapphire Rapids), torch 2.13's CPU flash attention in
 bfloat16 picks a packing routine that needs AVX-512 dispatch and raises ``RuntimeError:
 pack_vnni2 is only supported when avx512 is supported`` for sequences of 64 tokens and more

@@ -11,7 +11,7 @@ A factory builds a role's :class:`~mlmt_bench.models.policy.Policy` from its ``P
 - ``offline_tokenizer(spec)``: its tokenizer when it can be read without a download, else None;
 - ``real_benchmark_note(benchmark)``: what a run on a benchmark without an oracle critic is told
   about this model ('' for nothing);
-- ``needs_cpu_pin(spec)``: whether its runs need the CPU pin (:mod:`mlmt_bench.reproducible`):
+- ``needs_cpu_pin(spec)``: whether its runs need the CPU pin (:mod:`mlmt_bench.machine.reproducible`):
   weights made here from a seed, whose bits the pin keeps equal across machines; default False
   (pretrained weights load from a checkpoint, and the pin only slows them down);
 - ``weights_source(spec)``: what the run manifest records about where the weights came from (a
@@ -40,7 +40,7 @@ from mlmt_bench.errors import UserError
 
 if TYPE_CHECKING:
     from mlmt_bench.models.configs import ModelShape
-    from mlmt_bench.spec import PolicySpec
+    from mlmt_bench.models.policy_spec import PolicySpec
 
 
 class ModelFactory:

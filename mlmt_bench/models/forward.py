@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar, cast
 
 import torch
 
-from mlmt_bench.tensor_ops import entropy_from_logits, token_logprobs
+from mlmt_bench.models.tensor_ops import entropy_from_logits, token_logprobs
 
 
 class Tokens(Protocol):

@@ -8,7 +8,7 @@ petabytes, an adapter whose base is ``/etc``. :func:`check_model_dir` refuses ea
 files and the safetensors headers (never a tensor, never a pickle):
 
 - ``config.json`` / ``adapter_config.json``: regular files, a bounded JSON object
-  (:func:`mlmt_bench.bounded_input.read_json`);
+  (:func:`mlmt_bench.io.bounded_input.read_json`);
 - every file in the directory is a regular file (after links: a hub cache's snapshot links to
   its blobs are fine; a device, FIFO or socket is not);
 - the weights are safetensors (``*.safetensors``; sharded ones through their index, whose file
@@ -28,8 +28,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from mlmt_bench import bounded_input
 from mlmt_bench.errors import UserError
+from mlmt_bench.io import bounded_input
 
 #: file suffixes whose loading unpickles (runs code, or needs torch's restricted unpickler)
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")

@@ -18,7 +18,7 @@ from mlmt_bench.errors import UserError
 from mlmt_bench.models.hf_quiet import quiet_transformers
 
 if TYPE_CHECKING:
-    from mlmt_bench.spec import PolicySpec
+    from mlmt_bench.models.policy_spec import PolicySpec
 
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -144,7 +144,7 @@ def check_model_dir(local: Path, path: str) -> None:
     """UserError unless the existing ``local`` (``path`` as given) is a model directory: a
     directory with a config.json (or a peft adapter's adapter_config.json). Without this,
     ``/etc`` reaches the tokenizer loaders and ends in a sentencepiece traceback."""
-    from mlmt_bench.bounded_input import kind_of
+    from mlmt_bench.io.bounded_input import kind_of
 
     try:
         mode = local.stat().st_mode

@@ -14,7 +14,7 @@ chat template come from the GGUF too), after checking the GGUF's sha256 against 
 entry is cached under ``<cache>/pretrained/<alias>-<gguf sha256[:12]>-f<format>/`` (``<cache>``:
 ``$MLMT_BENCH_CACHE``, else ``~/.cache/mlmt-bench``, as the shared bases) with ``model/`` and
 ``pretrained.json`` (the pins, the sha256 of every file of ``model/``, the weights' tensor sha256
-of :func:`mlmt_bench.reproducible.weights_sha256`, the versions that converted it), written under
+of :func:`mlmt_bench.machine.reproducible.weights_sha256`, the versions that converted it), written under
 a temporary name and renamed into place, so an entry is complete or absent. Every load checks the
 files against ``pretrained.json`` (each file hashed once per process while its size, mtime and
 inode stay the same); a changed file is refused in one line.
@@ -158,7 +158,7 @@ def wheel_dir(m: ShippedModel) -> Path:
 
 
 def _file_sha256(path: Path) -> str:
-    from mlmt_bench.reproducible import file_sha256
+    from mlmt_bench.machine.reproducible import file_sha256
 
     return file_sha256(path)
 
@@ -266,7 +266,7 @@ def ensure_converted(alias: str, cache_dir: Path | None = None, *, progress: boo
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-{m.entry_name}-", dir=cache_dir))
     t0 = time.perf_counter()
     if progress:
-        from mlmt_bench.notes import tell
+        from mlmt_bench.io.notes import tell
 
         tell(f"converting {m.alias} ({m.origin}) into an HF checkpoint (first use only: cached in {final}) ...")
     try:
@@ -282,7 +282,7 @@ def ensure_converted(alias: str, cache_dir: Path | None = None, *, progress: boo
     result = _read_entry(final)
     assert result is not None
     if progress:
-        from mlmt_bench.notes import tell
+        from mlmt_bench.io.notes import tell
 
         tell(f"{m.alias}: converted in {time.perf_counter() - t0:.0f} s, weights sha256 "
              f"{result.record['weights_sha256'][:16]}, at {result.model_dir}")
@@ -298,7 +298,7 @@ def _convert(m: ShippedModel, gguf: Path, out: Path) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import is_gguf_available
 
-    from mlmt_bench import reproducible
+    from mlmt_bench.machine import reproducible
     from mlmt_bench.models.hf_quiet import quiet_transformers
 
     if not is_gguf_available():

@@ -52,7 +52,7 @@ def registry_dirs() -> list[Path]:
 
 def preset_names() -> list[str]:
     """Presets built from config (``kind: tiny``, the default); ``kind: hf`` files describe hub models."""
-    from mlmt_bench.bounded_input import load_yaml, read_text
+    from mlmt_bench.io.bounded_input import load_yaml, read_text
 
     names: set[str] = set()
     for d in registry_dirs():
@@ -79,7 +79,7 @@ def load_preset(preset: str | os.PathLike[str]) -> dict[str, Any]:
             if cand.is_file():
                 path = cand
                 break
-    from mlmt_bench.bounded_input import did_you_mean, load_yaml, read_text, short_repr, shorten
+    from mlmt_bench.io.bounded_input import did_you_mean, load_yaml, read_text, short_repr, shorten
 
     if path is None:
         known = preset_names()

@@ -34,7 +34,7 @@ class Device:
 
 
 def load_table(path: Path = TABLE) -> dict[str, Any]:
-    from mlmt_bench.bounded_input import load_yaml, read_text
+    from mlmt_bench.io.bounded_input import load_yaml, read_text
 
     data = load_yaml(read_text(path), str(path))
     if not isinstance(data, dict) or "devices" not in data or "rows" not in data:

@@ -12,13 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from mlmt_bench.environ import temporary_environ
 from mlmt_bench.errors import UserError
+from mlmt_bench.machine.environ import temporary_environ
 from mlmt_bench.metrics import cost
 
 if TYPE_CHECKING:
     from mlmt_bench.algorithms.params import LossParams
-    from mlmt_bench.spec import PolicySpec, RunSpec
+    from mlmt_bench.models.policy_spec import PolicySpec
+    from mlmt_bench.spec import RunSpec
 
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

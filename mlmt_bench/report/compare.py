@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from mlmt_bench.bounded_input import printable
 from mlmt_bench.errors import UserError
+from mlmt_bench.io.bounded_input import printable
 from mlmt_bench.metrics.stats import mcnemar_exact, mean_std, reach_point
 from mlmt_bench.report import analysis
 from mlmt_bench.report.formatting import (
@@ -197,7 +197,7 @@ def _statistics_notes(summary: dict[str, Any]) -> list[str]:
 def _shown_value(value: Any) -> str:
     """A protocol value for a message: as JSON when plain (a name, a number), else described (a
     run directory may be anyone's: its spec's values are not shown)."""
-    from mlmt_bench.bounded_input import echo, is_name, is_plain
+    from mlmt_bench.io.bounded_input import echo, is_name, is_plain
 
     if isinstance(value, dict) and len(value) <= 6 and all(is_name(k) and is_plain(v) for k, v in value.items()):
         return json.dumps(value, sort_keys=True)  # benchmark options: {"difficulty": 2}

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mlmt_bench.bounded_input import printable
+from mlmt_bench.io.bounded_input import printable
 from mlmt_bench.report import svg
 from mlmt_bench.report.runs import acc_t2, is_num
 from mlmt_bench.tracking import atomic_write_bytes

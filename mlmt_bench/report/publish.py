@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from mlmt_bench.errors import UserError
-from mlmt_bench.jsonl import DECODE_ERRORS, GzipTooLarge, open_jsonl
+from mlmt_bench.io.jsonl import DECODE_ERRORS, GzipTooLarge, open_jsonl
 from mlmt_bench.report.episodes import episodes_used
 from mlmt_bench.report.problem_set import episodes_shown
 from mlmt_bench.report.runs import log_file
@@ -63,10 +63,10 @@ def _gzip(data: bytes) -> bytes:
 
 def _read(path: Path) -> bytes:
     """The bytes of a run's log, decompressed; the report has read it within the limits of
-    :func:`~mlmt_bench.bounded_input.jsonl_bounds` already, and a file that grew past
+    :func:`~mlmt_bench.io.bounded_input.jsonl_bounds` already, and a file that grew past
     ``MAX_JSONL_BYTES`` since (or a gzip bomb) is a one-line error, read no further. A symbolic
     link is refused, never followed."""
-    from mlmt_bench import bounded_input
+    from mlmt_bench.io import bounded_input
 
     bounded_input.check_plain_file(path)
     limit = bounded_input.MAX_JSONL_BYTES
@@ -108,7 +108,7 @@ def _check_sources(src_of: dict[str, Path]) -> None:
     """Refuse, in one line and before anything is read or written, a run directory or a file that
     :func:`_copy_run` would read which is a symbolic link (its target, e.g. a private key, would be
     published), or a file there that is not a regular one."""
-    from mlmt_bench import bounded_input
+    from mlmt_bench.io import bounded_input
 
     for src in src_of.values():
         bounded_input.refuse_link(src)
@@ -119,7 +119,7 @@ def _check_sources(src_of: dict[str, Path]) -> None:
 
 
 def _copy_run(src: Path, dest: Path, used: tuple[int | None, set[str]] | None) -> None:
-    from mlmt_bench import bounded_input
+    from mlmt_bench.io import bounded_input
 
     dest.mkdir(parents=True, exist_ok=True)
     for name in AS_IS:
@@ -242,7 +242,7 @@ def restore_runs(report_dir: Path, exp_dir: Path, experiment: str) -> list[str]:
     before anything is written, so a refused report leaves ``exp_dir`` as it was. What the
     experiment then checks of a finished run (its resolved spec equals the arm's, its base's hash
     equals the experiment's) applies to these runs as to any other."""
-    from mlmt_bench import bounded_input
+    from mlmt_bench.io import bounded_input
 
     runs = check_restorable(report_dir)
     bounded_input.refuse_link(runs)

@@ -8,7 +8,7 @@ A log may be gzip-compressed as ``<name>.jsonl.gz`` (a report published with its
 :mod:`mlmt_bench.report.publish`): :func:`log_file` finds either.
 
 A run directory may come from someone else, so every file of it is read within the limits of
-:mod:`mlmt_bench.bounded_input` (a size limit per JSON file, the spec limits for the YAML, a line
+:mod:`mlmt_bench.io.bounded_input` (a size limit per JSON file, the spec limits for the YAML, a line
 and a decompressed-size limit for the logs): a crafted one is a one-line error, never a
 MemoryError.
 """
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from mlmt_bench.bounded_input import echo, echo_path, is_name, read_json, read_yaml_file
 from mlmt_bench.errors import UserError
+from mlmt_bench.io.bounded_input import echo, echo_path, is_name, read_json, read_yaml_file
 from mlmt_bench.tracking import read_jsonl_lines
 
 # A run directory is ``<name>-<YYYYmmddTHHMMSSZ>`` with ``-<i>`` when two started the same second.
@@ -118,7 +118,7 @@ def record_step(rec: dict[str, Any], where: str) -> int | None:
     if step is None:
         return None
     if not is_num(step) or step != int(step) or not 0 <= step < MAX_STEP:
-        from mlmt_bench.bounded_input import echo
+        from mlmt_bench.io.bounded_input import echo
 
         raise UserError(f"{where}: 'step' must be a whole number of steps, got {echo(step)}")
     return int(step)

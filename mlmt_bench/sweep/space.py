@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, ValidationError
 
-from mlmt_bench.bounded_input import short_repr, shorten
 from mlmt_bench.errors import UserError
+from mlmt_bench.io.bounded_input import short_repr, shorten
 from mlmt_bench.spec import _Spec, format_validation_error
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mlmt_bench.bounded_input import mask_credentials
 from mlmt_bench.errors import UserError
+from mlmt_bench.io.bounded_input import mask_credentials
 from mlmt_bench.sweep.space import check_grid_size, grid_values
 from mlmt_bench.sweep.sweep_file import Sweep, find_run_dir
 from mlmt_bench.sweep.workers import GRACE_FACTOR

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from mlmt_bench.cpus import cpu_budget
 from mlmt_bench.errors import UserError
+from mlmt_bench.machine.cpus import cpu_budget
 from mlmt_bench.spec import dump_yaml
 from mlmt_bench.sweep.space import suggest
 from mlmt_bench.sweep.storage import (
@@ -212,7 +212,7 @@ def _sweep_on_ray(args: WorkerArgs, study: optuna.Study, address: str, cpus: int
     the next task (:class:`RetryDeadTrial`). Returns why the sweep stopped, or None."""
     from concurrent.futures import FIRST_COMPLETED, Future, wait
 
-    from mlmt_bench.cluster import RayExecutor
+    from mlmt_bench.machine.cluster import RayExecutor
 
     stopped: str | None = None
     with RayExecutor(address, num_cpus=cpus, num_gpus=gpus) as pool:

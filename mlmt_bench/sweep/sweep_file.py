@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlmt_bench.bounded_input import short_repr, shorten
 from mlmt_bench.errors import UserError
+from mlmt_bench.io.bounded_input import short_repr, shorten
 from mlmt_bench.spec import (
     RunSpec,
     SweepSpec,

@@ -368,7 +368,7 @@ class RunTrackers:
 
 
 def _one_line(exc: BaseException) -> str:
-    from mlmt_bench.bounded_input import shorten
+    from mlmt_bench.io.bounded_input import shorten
 
     text = " ".join(str(exc).split())
     return shorten(f"{type(exc).__name__}: {text}" if text else type(exc).__name__, 300)

@@ -29,8 +29,8 @@ from urllib.parse import urlparse
 
 from pydantic import Field
 
-from mlmt_bench.environ import temporary_environ
 from mlmt_bench.errors import UserError
+from mlmt_bench.machine.environ import temporary_environ
 from mlmt_bench.trackers import Axes, Group, NoOptions, RunInfo, Tracker, flat_params
 
 #: URI schemes MLflow's client resolves to a tracking store (a plain path: a file store)

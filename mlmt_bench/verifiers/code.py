@@ -43,9 +43,9 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from mlmt_bench.bounded_input import shorten
-from mlmt_bench.cpus import cpu_budget
 from mlmt_bench.errors import UserError
+from mlmt_bench.io.bounded_input import shorten
+from mlmt_bench.machine.cpus import cpu_budget
 from mlmt_bench.types import Problem, Verdict, VerdictKind
 from mlmt_bench.verifiers.base import Verifier
 from mlmt_bench.verifiers.sandbox import Limits, RunResult, capabilities, check_disable, check_environment, run_tests

@@ -16,9 +16,9 @@ validated before any scoring starts; a bad one is a one-line
 ``MAX_LINE_BYTES`` or nested deeper than ``MAX_DEPTH``, a ``response`` (or inline gold
 ``answer``) longer than ``MAX_SCORED_CHARS`` (scoring one costs ~1 s per MiB), and an input of more than
 ``MAX_JSONL_BYTES`` (decompressed), ``MAX_JSONL_LINES`` lines or ``MAX_JSONL_NODES`` JSON values
-(:func:`mlmt_bench.bounded_input.jsonl_bounds`: every line is kept until the output is written,
+(:func:`mlmt_bench.io.bounded_input.jsonl_bounds`: every line is kept until the output is written,
 so the whole input is bounded, not only each line); IN must be a regular file (a device or FIFO
-is refused). IN is read by the one JSONL reader (:func:`~mlmt_bench.jsonl.iter_jsonl`), so it
+is refused). IN is read by the one JSONL reader (:func:`~mlmt_bench.io.jsonl.iter_jsonl`), so it
 may be gzip-compressed (a gzip bomb is read no further than the limit).
 """
 
@@ -30,9 +30,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from mlmt_bench.bounded_input import check_regular_file, echo, jsonl_bounds, resolved, shorten, unquoted
 from mlmt_bench.errors import UserError
-from mlmt_bench.jsonl import iter_jsonl
+from mlmt_bench.io.bounded_input import check_regular_file, echo, jsonl_bounds, resolved, shorten, unquoted
+from mlmt_bench.io.jsonl import iter_jsonl
 from mlmt_bench.tracking import atomic_open, check_output_file
 from mlmt_bench.types import VERDICT_KINDS, Problem, Verdict
 from mlmt_bench.verifiers.base import Verifier
@@ -128,7 +128,7 @@ def read_requests(in_path: Path) -> list[tuple[dict[str, Any], Problem, str]]:
 
 def _check_scored_size(text: str, what: str, where: str) -> None:
     """UserError if ``text`` (a response or gold answer to score) is longer than ``MAX_SCORED_CHARS``."""
-    from mlmt_bench import bounded_input
+    from mlmt_bench.io import bounded_input
 
     limit = bounded_input.MAX_SCORED_CHARS
     if len(text) > limit:

@@ -53,7 +53,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mlmt_bench.cpus import cpu_budget
+from mlmt_bench.machine.cpus import cpu_budget
 
 
 class CallTimeout(Exception):

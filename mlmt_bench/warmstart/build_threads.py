@@ -4,7 +4,7 @@ two threads are measured to give the weights of one.
 A base's weights follow the float summation order of one thread count (``BaseConfig.threads``, in
 its key). Whether another count gives the same bits depends on the tensor shapes (torch's CPU
 kernels split work between threads differently by size). Measured with torch 2.13.0's CPU wheel
-under the CPU pin (:mod:`mlmt_bench.reproducible`) on a 2-core AMD EPYC, at the default 16
+under the CPU pin (:mod:`mlmt_bench.machine.reproducible`) on a 2-core AMD EPYC, at the default 16
 conversations a step: a whole seed-0 ``tiny-0.5m`` base (2,400 steps) built on 2 threads has the
 sha256 and the check of the committed 1-thread one, and so do 300-step builds of seeds 1-3 and of
 ``tiny-1m``; but at 1 to 7 or 12 conversations a step 2 threads change the weights within 9
@@ -18,7 +18,7 @@ look (:class:`IdleCores`): 2 threads on an idle 2-core machine about halve a bui
 goes back to 1 when another process wants the core, because torch's OpenMP threads spin while
 they wait for one (measured in ``perf/base_build_threads.py``). In a cgroup with a CPU quota (a
 container's ``--cpus``) the quota, not the host's idle cores, bounds the count
-(:mod:`mlmt_bench.cpus`): 2 threads in a 1-CPU quota are slower than one.
+(:mod:`mlmt_bench.machine.cpus`): 2 threads in a 1-CPU quota are slower than one.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mlmt_bench import reproducible
-from mlmt_bench.cpus import CpuGroup, cpu_budget, usable_cpus
+from mlmt_bench.machine import reproducible
+from mlmt_bench.machine.cpus import CpuGroup, cpu_budget, usable_cpus
 
 #: Thread counts measured to build bit-identical bases (see the module docstring) ...
 EQUIVALENT: tuple[int, ...] = (1, 2)
@@ -62,7 +62,7 @@ class IdleCores:
     CPU time: in a container the host's cores are not what the process may use).
 
     ``busy``: seconds the CPUs were busy so far; ``own``: this process's CPU seconds so far;
-    ``group``: the cgroup (:class:`mlmt_bench.cpus.CpuGroup`, its quota and CPU time so far);
+    ``group``: the cgroup (:class:`mlmt_bench.machine.cpus.CpuGroup`, its quota and CPU time so far);
     ``clock``: wall seconds (all injectable for tests)."""
 
     def __init__(self, cpus: list[int] | None = None, busy: Callable[[], float] | None = None,

@@ -12,7 +12,7 @@ Reproducible: a base is a pure function of its :class:`BaseConfig` — seeded in
 data and order, and a number of torch CPU threads (the float summation order, hence the
 weights, depends on it), all in the cache key (a build with the default batch runs on 1 or 2 threads, as idle cores
 allow, which give the same weights: :mod:`mlmt_bench.warmstart.build_threads`); and, under the CPU pin of
-:mod:`mlmt_bench.reproducible` (on unless ``MLMT_BENCH_CPU_PIN=0``), the same on machines of
+:mod:`mlmt_bench.machine.reproducible` (on unless ``MLMT_BENCH_CPU_PIN=0``), the same on machines of
 one CPU vendor with AVX2 (not across vendors: an Intel Xeon and an AMD EPYC build other weights
 from one config, measured). ``base.json`` records the weights' sha256 and the build's environment (CPU,
 pin, library versions) so that a base built elsewhere is told apart. It is cached under
@@ -47,13 +47,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from mlmt_bench.benchmarks.base import OracleBenchmark
 from mlmt_bench.errors import UserError
+from mlmt_bench.io.notes import tell
 from mlmt_bench.models.hf_quiet import quiet_transformers
-from mlmt_bench.notes import tell
 from mlmt_bench.warmstart import shipped_bases
 from mlmt_bench.warmstart.build_threads import ThreadGovernor
 
 #: Bumped whenever a change here would change the weights a config produces (part of the key).
-#: 4: built under the CPU pin (mlmt_bench.reproducible), which changes the weights on every machine.
+#: 4: built under the CPU pin (mlmt_bench.machine.reproducible), which changes the weights on every machine.
 BASE_FORMAT = 4
 
 
@@ -163,7 +163,7 @@ class BaseConfig(BaseModel):
         whether the CPU pin is in this process's environment (it changes the weights: an unpinned
         build, e.g. from a Python caller that never ran :func:`reproducible.apply`, never passes for
         a pinned one in the cache)."""
-        from mlmt_bench import reproducible
+        from mlmt_bench.machine import reproducible
 
         if self.seed is None:
             raise ValueError("a base's key needs its seed (BaseConfig.with_seed)")
@@ -298,7 +298,7 @@ def _ensure_built(cfg: BaseConfig, cache_dir: Path | None, progress: bool) -> Ba
     seconds = time.perf_counter() - t0  # the build and its check: the gate's passes are said on their own
     _with_gate(result, cfg, progress)
     if progress:
-        from mlmt_bench.progress import duration
+        from mlmt_bench.io.progress import duration
 
         why = result.invalid_because()
         tell(f"shared base {key} built in {duration(seconds)}{_on_threads(result.report)}, cached at "
@@ -357,7 +357,7 @@ def _load(directory: Path) -> Base | None:
     entry is this user's (an entry another uid planted in a shared cache is refused), ``base.json``
     is a bounded JSON object, the model holds no pickle file, and its weights hash to the sha256
     ``base.json`` records (:func:`verified_weights_sha256`). Anything else is one line."""
-    from mlmt_bench import bounded_input
+    from mlmt_bench.io import bounded_input
 
     meta = directory / "base.json"
     if not os.path.lexists(meta):
@@ -390,9 +390,9 @@ _VERIFIED: dict[str, tuple[tuple[tuple[str, int, int, int], ...], str]] = {}
 
 
 def verified_weights_sha256(model_dir: Path) -> str:
-    """:func:`mlmt_bench.reproducible.weights_sha256` of ``model_dir``, memoised on the files'
+    """:func:`mlmt_bench.machine.reproducible.weights_sha256` of ``model_dir``, memoised on the files'
     (name, inode, size, mtime); unreadable weights are one line."""
-    from mlmt_bench import reproducible
+    from mlmt_bench.machine import reproducible
 
     try:
         files = sorted(model_dir.glob("*.safetensors"))
@@ -446,12 +446,12 @@ def _build(cfg: BaseConfig, bench: Any, out: Path, progress: bool,
     import torch
     import transformers
 
-    from mlmt_bench import reproducible
     from mlmt_bench.benchmarks.synthetic_curriculum import KINDS, Curriculum
+    from mlmt_bench.io.progress import stage_progress
+    from mlmt_bench.machine import reproducible
     from mlmt_bench.metrics.cost import training_flops
     from mlmt_bench.models.tiny import build_tiny_model, num_parameters, save_checkpoint
     from mlmt_bench.models.tokenizer import build_char_tokenizer
-    from mlmt_bench.progress import stage_progress
     from mlmt_bench.warmstart.sft import sft
 
     assert cfg.seed is not None
@@ -757,7 +757,7 @@ def _with_gate(base: Base, cfg: BaseConfig, progress: bool) -> Base:
     weights untouched (so their key and a shipped entry's manifest stay valid). The file is
     written under a temporary name and renamed; an entry that cannot be written (read-only)
     keeps the gate in memory only."""
-    from mlmt_bench import bounded_input
+    from mlmt_bench.io import bounded_input
 
     t_solver, t_critic = gate_temperatures(cfg)
     slot = f"n={cfg.check_problems},solver_T={t_solver:g},critic_T={t_critic:g}"

@@ -2,7 +2,7 @@
 copied into the package, so that every machine starts the quickstart from the same weights and
 its first run skips the build.
 
-Why not build it everywhere: the CPU pin (:mod:`mlmt_bench.reproducible`) makes a base the same
+Why not build it everywhere: the CPU pin (:mod:`mlmt_bench.machine.reproducible`) makes a base the same
 on machines of one CPU vendor, but not across vendors (measured 2026-12-03: the default seed-0
 base built on an Intel Xeon with AMX has other weights than on an AMD EPYC, pinned alike, and
 fails the testbed check there: false alarms on gold solutions 11.0% against 1.0%). A copy
@@ -46,7 +46,7 @@ def find(key: str) -> Path | None:
 
 
 def _sha256(path: Path) -> str:
-    from mlmt_bench.reproducible import file_sha256
+    from mlmt_bench.machine.reproducible import file_sha256
 
     return file_sha256(path)
 

@@ -79,8 +79,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlmt_bench.bounded_input import short_repr
 from mlmt_bench.errors import UserError
+from mlmt_bench.io.bounded_input import short_repr
 
 log = logging.getLogger(__name__)
 

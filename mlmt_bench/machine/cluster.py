@@ -12,7 +12,7 @@ raised by the task itself are not retried: they are the run's failure, raised by
 
 Every node must see the same paths: the experiment's output directory, the shared-base cache
 (``MLMT_BENCH_CACHE``) and, for a sweep, its Optuna storage (PostgreSQL, or SQLite on shared
-storage for a few workers). Tasks get the CPU pin's environment (:mod:`mlmt_bench.reproducible`)
+storage for a few workers). Tasks get the CPU pin's environment (:mod:`mlmt_bench.machine.reproducible`)
 through Ray's ``runtime_env``, set before the worker imports torch.
 """
 
@@ -38,7 +38,7 @@ class RayExecutor:
             import ray
         except ImportError:
             raise UserError(f"--ray needs the ray package, which is not installed ({EXTRA})") from None
-        from mlmt_bench import reproducible
+        from mlmt_bench.machine import reproducible
 
         self._ray = ray
         self.num_cpus, self.num_gpus, self.max_retries = num_cpus, num_gpus, max_retries

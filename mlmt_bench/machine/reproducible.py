@@ -106,7 +106,7 @@ def apply(needed: bool = True, why_not: str = "") -> None:
     left out and :data:`NOT_NEEDED` records why, unless ``MLMT_BENCH_CPU_PIN=1`` forces it (then
     one note says what it costs). A pin that was in the environment before (a parent's) stays,
     with a note."""
-    from mlmt_bench.notes import note
+    from mlmt_bench.io.notes import note
 
     if not needed and enabled():
         if forced():
@@ -129,7 +129,7 @@ def apply(needed: bool = True, why_not: str = "") -> None:
         os.environ.update(PIN)
         return
     if reexeced:
-        from mlmt_bench.notes import warn
+        from mlmt_bench.io.notes import warn
 
         warn("the CPU pin could not be applied (torch was loaded before it); this process is recorded as unpinned")
         return

@@ -1,6 +1,6 @@
-"""Tensor operations on model outputs that sit below every package: per-token log-probabilities
+"""Tensor operations on model outputs: per-token log-probabilities
 and entropies from logits. Models (:mod:`mlmt_bench.models.forward`) and the losses
-(:mod:`mlmt_bench.algorithms.core`) both use them, so they live low in the house.
+(:mod:`mlmt_bench.algorithms.core`, a floor above the models) both use them.
 
 Shapes: B sequences, T token positions, V vocabulary; log-probabilities in nats.
 """

@@ -175,7 +175,7 @@ def check_state(directory: Path, state: Any) -> None:
     import math
     import random
 
-    from mlmt_bench.bounded_input import is_name
+    from mlmt_bench.io.bounded_input import is_name
 
     def finite(v: Any) -> bool:
         try:
@@ -279,7 +279,7 @@ def _device_available(device: str) -> bool:
 
 def _short(exc: BaseException) -> str:
     """``exc``'s message, short, without the pieces of the file it quotes (``int('<value>')``)."""
-    from mlmt_bench.bounded_input import shorten, unquoted
+    from mlmt_bench.io.bounded_input import shorten, unquoted
 
     return shorten(unquoted(str(exc)).replace("\n", " "), 160)
 

@@ -515,7 +515,7 @@ MAX_SCORED_CHARS = 2 << 20
 
 
 class JsonlBounds(TypedDict):
-    """:func:`jsonl_bounds`: keyword arguments of :func:`mlmt_bench.jsonl.iter_jsonl`."""
+    """:func:`jsonl_bounds`: keyword arguments of :func:`mlmt_bench.io.jsonl.iter_jsonl`."""
 
     max_line_bytes: int
     max_depth: int
@@ -525,7 +525,7 @@ class JsonlBounds(TypedDict):
 
 
 def jsonl_bounds() -> JsonlBounds:
-    """The keyword arguments of :func:`mlmt_bench.jsonl.iter_jsonl` that bound a JSON Lines file
+    """The keyword arguments of :func:`mlmt_bench.io.jsonl.iter_jsonl` that bound a JSON Lines file
     read from a run directory or handed to ``verify``: a line of at most ``MAX_LINE_BYTES``
     nested at most ``MAX_DEPTH``; at most ``MAX_JSONL_BYTES`` (decompressed), ``MAX_JSONL_LINES``
     and ``MAX_JSONL_NODES`` in all; only a regular file. Read when called (tests lower them)."""

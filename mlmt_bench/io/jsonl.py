@@ -122,9 +122,9 @@ def iter_jsonl(path: Path | str, *, max_line_bytes: int | None = None, max_depth
     ``max_line_bytes`` (newline included; read no further) or nested deeper than ``max_depth``,
     and a file of more than ``max_total_bytes`` (decompressed: a gzip bomb is read no further),
     ``max_lines`` lines (blank ones included) or ``max_nodes`` JSON values and keys in all
-    (:func:`~mlmt_bench.bounded_input.json_nodes`); with ``max_total_bytes`` only a regular file
-    is opened. :func:`mlmt_bench.bounded_input.jsonl_bounds` gives all of them (None: no limit)."""
-    from mlmt_bench.bounded_input import check_json_depth, human_bytes, shorten
+    (:func:`~mlmt_bench.io.bounded_input.json_nodes`); with ``max_total_bytes`` only a regular file
+    is opened. :func:`mlmt_bench.io.bounded_input.jsonl_bounds` gives all of them (None: no limit)."""
+    from mlmt_bench.io.bounded_input import check_json_depth, human_bytes, shorten
 
     path = Path(path)
     lineno = 0
@@ -132,7 +132,7 @@ def iter_jsonl(path: Path | str, *, max_line_bytes: int | None = None, max_depth
     bounded = max_total_bytes is not None or max_lines is not None or max_nodes is not None
     total = nodes = 0
     if bounded:  # a device or FIFO is refused before it is opened (reading /dev/zero never ends)
-        from mlmt_bench.bounded_input import check_regular_file
+        from mlmt_bench.io.bounded_input import check_regular_file
 
         check_regular_file(path)
     try:
@@ -152,7 +152,7 @@ def iter_jsonl(path: Path | str, *, max_line_bytes: int | None = None, max_depth
                 if value is _BLANK:
                     continue
                 if max_nodes is not None:
-                    from mlmt_bench.bounded_input import json_nodes
+                    from mlmt_bench.io.bounded_input import json_nodes
 
                     nodes += json_nodes(value, f"{path}:{lineno}", 1 << 30 if max_depth is None else max_depth)
                     if nodes > max_nodes:

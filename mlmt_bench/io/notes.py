@@ -3,7 +3,7 @@ line on stderr each.
 
 Library modules never write to ``sys.stderr`` themselves: they call :func:`note`, :func:`warn`
 or :func:`tell`, which write to the stderr of the moment (the CLI's, a test's capture), with every
-control character escaped (:func:`~mlmt_bench.bounded_input.printable`: a note may quote a path
+control character escaped (:func:`~mlmt_bench.io.bounded_input.printable`: a note may quote a path
 or a name from a spec). One place decides how the user is told.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from mlmt_bench.bounded_input import printable
+from mlmt_bench.io.bounded_input import printable
 
 
 def tell(line: str) -> None:
