@@ -120,9 +120,13 @@ class _Pipe:
 
 
 def load_page(chromium: str, page: Path, *, probes: dict[str, str] | None = None, width: int = 1280,
-              height: int = 900, timeout: float = 60) -> PageReport:
+              height: int = 900, timeout: float = 60, full_page: bool = True,
+              between: tuple[str, str] | None = None) -> PageReport:
     """Open ``page`` (a local file) in a fresh headless ``chromium`` profile and report on it;
-    ``probes``: name -> a JavaScript expression evaluated in the loaded page (JSON-able value)."""
+    ``probes``: name -> a JavaScript expression evaluated in the loaded page (JSON-able value);
+    ``full_page``: screenshot the whole page, else only what the ``width`` x ``height`` window shows;
+    ``between``: (CSS selector, CSS selector): screenshot from the top of the first element to the
+    bottom of the second instead, ``width`` wide."""
     to_r, to_w = os.pipe()      # we write commands; the browser reads them on fd 3
     from_r, from_w = os.pipe()  # the browser writes replies on fd 4
 
@@ -142,7 +146,7 @@ def load_page(chromium: str, page: Path, *, probes: dict[str, str] | None = None
         os.close(from_w)
         cdp = _Pipe(to_w, from_r, timeout)
         try:
-            return _inspect(cdp, page, probes or {}, width, height)
+            return _inspect(cdp, page, probes or {}, width, height, full_page, between)
         finally:
             try:
                 cdp.send("Browser.close")
@@ -158,7 +162,8 @@ def load_page(chromium: str, page: Path, *, probes: dict[str, str] | None = None
             proc.stderr.close()
 
 
-def _inspect(cdp: _Pipe, page: Path, probes: dict[str, str], width: int, height: int) -> PageReport:
+def _inspect(cdp: _Pipe, page: Path, probes: dict[str, str], width: int, height: int,
+             full_page: bool = True, between: tuple[str, str] | None = None) -> PageReport:
     target = cdp.call("Target.createTarget", {"url": "about:blank"})["targetId"]
     s = cdp.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
     for domain in ("Runtime", "Log", "Page", "Network"):
@@ -178,9 +183,14 @@ def _inspect(cdp: _Pipe, page: Path, probes: dict[str, str], width: int, height:
     images, title = evaluate(_IMAGES_JS), evaluate("document.title")
     values = {name: evaluate(expr) for name, expr in probes.items()}
     size = cdp.call("Page.getLayoutMetrics", session=s)["cssContentSize"]
+    top, shot_height = 0, max(height, size["height"]) if full_page else height
+    if between is not None:
+        edge = "document.querySelector({}).getBoundingClientRect().{} + window.scrollY"
+        top = int(evaluate(edge.format(json.dumps(between[0]), "top"))) - 8
+        shot_height = int(evaluate(edge.format(json.dumps(between[1]), "bottom"))) + 8 - top
     shot = cdp.call("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True,
-                                               "clip": {"x": 0, "y": 0, "width": width,
-                                                        "height": max(height, size["height"]), "scale": 1}},
+                                               "clip": {"x": 0, "y": top, "width": width, "height": shot_height,
+                                                        "scale": 1}},
                     session=s)
     report = PageReport(images=images, title=title, probes=values, screenshot=base64.b64decode(shot["data"]))
     for ev in cdp.events:
@@ -197,3 +207,24 @@ def _inspect(cdp: _Pipe, page: Path, probes: dict[str, str], width: int, height:
         elif ev["method"] == "Network.requestWillBeSent":
             report.requests.append(p.get("request", {}).get("url", ""))
     return report
+
+
+if __name__ == "__main__":  # what the README's screenshots were taken with (docs/screenshots/README.md)
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Screenshot a local page in headless Chromium: its first "
+                                                 "screen, or from one element to another (--between).")
+    parser.add_argument("page", type=Path)
+    parser.add_argument("out", type=Path, help="the PNG to write")
+    parser.add_argument("--width", type=int, default=1280)
+    parser.add_argument("--height", type=int, default=900)
+    parser.add_argument("--between", nargs=2, metavar=("FROM", "TO"), help="CSS selectors")
+    args = parser.parse_args()
+    chromium = find_chromium()
+    if chromium is None:
+        raise SystemExit("error: no Chromium or Chrome on PATH")
+    shot = load_page(chromium, args.page, width=args.width, height=args.height, full_page=False,
+                     between=tuple(args.between) if args.between else None)
+    if shot.errors():
+        raise SystemExit(f"error: the page reported {shot.errors()}")
+    args.out.write_bytes(shot.screenshot)

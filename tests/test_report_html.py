@@ -477,32 +477,57 @@ def test_the_problem_browser_filters_by_arm_and_transition(experiment, tmp_path)
                              "hostile_shown_as_text": True}
 
 
-HEADLINE = Path(__file__).resolve().parents[1] / "reports" / "headline-v3"
+REPO = Path(__file__).resolve().parents[1]
+#: per committed headline report: (arms' rows, trained arms' rows of training curves, curves drawn)
+HEADLINES = {"headline-v3": (12, 11, 11 * 7), "headline-v3-flops": (12, 11, 11 * 7), "headline-v4": (20, 7, 7 * 8)}
+#: the screenshots the README shows: each report's final-metrics table at 1280 px, taken with
+#: `python tests/headless_chromium.py PAGE OUT.png --between '#metrics' 'table.arms'` (docs/screenshots/README.md)
+SCREENSHOTS = ("headline-v4.png", "quickstart.png")
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no Chromium or Chrome on this machine")
-@pytest.mark.parametrize("report", ["headline-v3", "headline-v3-flops"])
+@pytest.mark.parametrize("report", list(HEADLINES))
 def test_the_committed_headline_at_1280_px(report, tmp_path):
-    """The committed headline report (also read at equal FLOPs) as a reader opens it 1280 px wide:
+    """A committed headline report (v3 also read at equal FLOPs) as a reader opens it 1280 px wide:
     every arm's row of every table in view without scrolling sideways, the training curves of its
-    11 trained arms drawn, and the problem browser listing all 500 problems of the final
-    evaluation, 25 at a time."""
-    index = load_page(CHROMIUM, HEADLINE.parent / report / "index.html", probes={
+    trained arms drawn, and the problem browser listing all 500 problems of the final evaluation,
+    25 at a time."""
+    rows, trained, curves = HEADLINES[report]
+    index = load_page(CHROMIUM, REPO / "reports" / report / "index.html", probes={
         "page_fits": "document.documentElement.scrollWidth <= 1280",
         "tables_fit": "[...document.querySelectorAll('.wide')].every(w => w.scrollWidth <= w.clientWidth)",
+        "in_view": "[...document.querySelectorAll('table.arms td')]"
+                   ".every(c => c.getBoundingClientRect().right <= 1280)",
         "headline_rows": "document.querySelector('table.arms').rows.length - 1",
         "dynamics_rows": "document.querySelectorAll('.dyn-arm').length",
         "curves": "[...document.querySelectorAll('.dyn svg')].filter(s => s.querySelector('polyline')).length",
     })
     (tmp_path / "headline.png").write_bytes(index.screenshot)
     assert index.errors() == []
-    assert index.probes == {"page_fits": True, "tables_fit": True, "headline_rows": 12, "dynamics_rows": 11,
-                            "curves": 11 * 7}
-    browser = load_page(CHROMIUM, HEADLINE.parent / report / "problems.html", probes={
+    assert index.probes == {"page_fits": True, "tables_fit": True, "in_view": True, "headline_rows": rows,
+                            "dynamics_rows": trained, "curves": curves}
+    assert _png_size(index.screenshot)[0] == 1280
+    browser = load_page(CHROMIUM, REPO / "reports" / report / "problems.html", probes={
         "cards": "document.querySelectorAll('article.prob').length", "shown": _SHOWN,
         "page_fits": "document.documentElement.scrollWidth <= 1280"})
     assert browser.errors() == []
     assert browser.probes == {"cards": 500, "shown": [25, "1–25 of 500 problems (page 1 of 20)"], "page_fits": True}
+
+
+def _png_size(png: bytes) -> tuple[int, int]:
+    """(width, height) of a PNG, from its IHDR chunk."""
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR"
+    return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+
+
+def test_the_readme_shows_the_screenshots_of_the_pages():
+    """docs/screenshots: the final-metrics table of the headline's and the quickstart's index.html at
+    1280 px, small enough to keep in the repository, each shown by the README."""
+    readme = (REPO / "README.md").read_text()
+    for name in SCREENSHOTS:
+        png = (REPO / "docs" / "screenshots" / name).read_bytes()
+        assert _png_size(png)[0] == 1280 and len(png) < 400_000, name
+        assert f"docs/screenshots/{name}" in readme
 
 
 def test_a_crafted_spec_does_not_make_the_report_generate_a_billion_problems(tmp_path):
@@ -544,16 +569,19 @@ def test_the_pages_show_control_characters_escaped(tmp_path):
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no Chromium or Chrome on this machine")
-def test_four_arms_like_the_quickstart_fit_1280_px(tmp_path):
+@pytest.mark.parametrize("seeds", [(0, 1, 2), (10,)])
+def test_four_arms_like_the_quickstart_fit_1280_px(seeds, tmp_path):
     """The quickstart's four arms (given in an order that puts the baseline third): its row first,
-    each arm's row and every metric column in view at 1280 px with nothing scrolling sideways."""
+    each arm's row and every metric column in view at 1280 px with nothing scrolling sideways; with
+    three seeds, and with the quickstart's one, whose intervals say "(1 seed: problems only)" (its
+    headline table was 1,700 px wide: the gain column cut, the last two out of view)."""
     r = tmp_path / "runs"
     arms = ["mlmt", "self_correct", "grpo", "mlmt-critic_only"]
     runs = {arm: [make_run(r, f"{arm}-2025010{s}T000000Z", seed=s, arm=arm, feedback=arm != "grpo",
                            curve=[(0, 0, 0.0, .25, .25), (10, 1000 + s, 1e12, .4 + .1 * i, .5 + .1 * i)],
                            t1=[1, 0, 1, 0] * 25, t2=[1, 1, 0, 0] * 25,
                            train_extra={0: {"kl/solver": 0.0}, 10: {"kl/solver": 0.01 * i}})
-                 for s in (0, 1, 2)]
+                 for s in seeds]
             for i, arm in enumerate(arms)}
     out = tmp_path / "report"
     build_comparison(runs, out, baseline="grpo", title="quickstart-like")

@@ -83,7 +83,7 @@ th,td{border:1px solid #d4d4d8;padding:.3em .6em;vertical-align:top}
 .wide{overflow-x:auto;max-width:100%}th{background:#f4f4f5;text-align:left}tr>th:first-child{max-width:22em}td.num{text-align:right;white-space:nowrap}
 .wide tr>:first-child{position:sticky;left:0;z-index:1;background:#f4f4f5;box-shadow:1px 0 0 #d4d4d8}
 td.sig{font-weight:600}td.up{background:#e3f5e3}td.down{background:#fbe4e4}
-.sub{color:#555;font-size:.86em;font-weight:400}
+.sub{color:#555;font-size:.86em;font-weight:400}td.num .sub{white-space:normal}
 .badge{display:inline-block;font-size:.75em;padding:0 .45em;border-radius:.6em;margin-left:.3em;
  background:#fde68a;color:#713f12;font-weight:600;vertical-align:1px}
 .right{background:#dcfce7;color:#14532d}.wrong{background:#fee2e2;color:#7f1d1d}
@@ -301,7 +301,7 @@ def _paired_table(summary: dict[str, Any]) -> str:
             continue
         mc = "; ".join(f"s{seed}: {m['b']}/{m['c']}, p = {fmt_p(m['p_value'])}"
                        for seed, m in sorted(p["mcnemar"].items()))
-        cells = [_td(fmt_pair_units(p)), _td(fmt_pp_ci(p) + interval_tag(p)), _td(fmt_p(p["p_value"])),
+        cells = [_td(fmt_pair_units(p)), _td(fmt_pp_ci(p), sub=[interval_tag(p).strip()]), _td(fmt_p(p["p_value"])),
                  _td(fmt_p(p["p_holm"]) + mark(p["p_holm"]), sig=_sig(p["p_holm"], p["diff"])), _td(fmt_mde(p)),
                  _td(fmt_per_seed(p), wrap=True), _td(fmt_p(p["sign_flip_p"])), _td(mc or DASH, wrap=True)]
         rows.append(f"<tr><th>{esc(arm)}</th>{''.join(cells)}</tr>")
