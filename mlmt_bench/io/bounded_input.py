@@ -55,6 +55,10 @@ margin and bound the worst case (measured in ``tests/test_hostile_input.py``).
 
 YAML is checked in two passes: the event stream of the (C, when available) parser is walked
 once to count depth and expanded nodes, and only a document within the limits is built.
+
+Written here because the parsers bound none of it: PyYAML's ``safe_load`` builds any number of
+aliases and any depth (an alias bomb is a structure no walk of it finishes) and keeps a duplicate
+key's last value, and ``json`` reads any size it is given and any depth up to a RecursionError.
 """
 
 from __future__ import annotations

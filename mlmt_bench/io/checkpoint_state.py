@@ -1,6 +1,10 @@
 """A checkpoint's trainer state without pickle: one safetensors file, the tensors as tensors and
 everything else as JSON in its metadata.
 
+Written here because the libraries' own checkpoints pickle what is not a tensor (``torch.save`` of
+an optimizer's state, ``accelerate``'s ``save_state`` of the RNG states), and safetensors holds
+tensors only: the rest has to be put into its metadata and read back as plain values by someone.
+
 :func:`save_state` writes ``trainer_state.safetensors``; :func:`load_state` reads it back
 exactly (dtypes, shapes, the device each tensor was on when that device exists here; tuples
 stay tuples, integer dict keys stay integers, numpy arrays come back as numpy arrays of their

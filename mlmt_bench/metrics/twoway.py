@@ -38,6 +38,10 @@ One seed (``S = 1``): there is no seed variation to resample, no seed is drawn, 
 here is the problem bootstrap of that seed (:func:`mlmt_bench.metrics.stats.bootstrap_ci`, to the
 rounding of the sums).
 
+Written here because no library has it: ``scipy.stats.bootstrap`` resamples the observations of
+one factor (with ``paired=True``, whole rows together), never seeds and problems independently, and
+statsmodels has no crossed bootstrap either.
+
 Numpy only and seeded: the same inputs and seed give the same draws on every machine, and for 0/1
 outcomes the same numbers (every sum is an exact integer).
 """

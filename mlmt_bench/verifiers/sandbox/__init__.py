@@ -52,6 +52,11 @@ argument only: ``capabilities(disable=("jail", "netns"))`` passed as ``run_tests
 or the code verifier's ``sandbox_disable`` option, which a run takes from its spec
 (``benchmark.verifier_options.sandbox_disable``), prints at start and records in its manifest.
 The environment alone cannot do it: ``MLMT_SANDBOX_DISABLE``, which once did, is refused.
+
+Why written here rather than taken from a tool: nsjail, bubblewrap and firejail are system
+binaries that pip cannot install (none is on the development machine), and Docker needs a daemon
+and an image per call; this uses the kernel's own mechanisms from Python, takes whichever of them
+the machine allows, and says which (``capabilities``).
 """
 
 from __future__ import annotations
