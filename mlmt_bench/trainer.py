@@ -115,16 +115,18 @@ class Trainer:
             step = self.counters.step
             problems = self.batch(step)
             torch.manual_seed(_step_seed(self.spec.seed, step) + self.dist.rank)
+            plan = self.algorithm.step_plan(step)
 
             with self.sharding.full_params():  # FSDP: generation and the value pass need whole weights
                 with memory.phase("rollout"):
-                    ro = rollout(self.algorithm.program(step), self.actors, problems, self.sampling)
+                    ro = rollout(plan.program(), self.actors, problems, self.sampling)
                     ro, resampled = self.dynamic_sampling(step, ro)
                 feats, values, value_tokens = self.value_predictions(ro)
             verdict = self.actors.verdict  # Benchmark.feedback_verdict: critic_reward helpfulness+verdict reads it
             matches = verdict_matches(ro, verdict) if verdict is not None and ro.of_kind("feedback") else None
             credit = self.algorithm.credit(ro, step, CreditInputs(self.frac_done(), values,
                                                                   self.sampling.max_new_tokens, matches))
+            plan.check(credit.items)  # nothing trains that the plan does not declare
 
             t0 = time.perf_counter()
             updated, update_stats = self.update(credit, self.algorithm.updates(step))

@@ -265,7 +265,7 @@ def test_critic_credit_returns_the_critics_credit_and_merging_changes_neither():
     algo = MLMT(MLMTParams(group_size=3, value="none"), 10)
     r2 = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 0.0], dtype=torch.float64)
     assert feedback_means(ro, r2).tolist() == [1.0, 0.0, 0.5]
-    critic = critic_credit(algo, ro, feedback_means(ro, r2), None, 0.0)
+    critic = critic_credit(algo, algo.step_plan(0), ro, feedback_means(ro, r2), None, 0.0)
     assert set(critic.items) == set(critic.sampled) == {"critic"} and critic.sampled["critic"] == 3
     # ū standardised over the problem's three feedbacks: mean 0.5, sample std 0.5 -> [1, -1, 0]
     assert adv(critic, ro, "feedback") == [1.0, -1.0, 0.0] and r_h(critic, ro) == [1.0, 0.0, 0.5]

@@ -52,7 +52,7 @@ def test_critique_grpo_mixes_correct_refinements_into_the_group_as_responses_to_
     advs = [c.advantages[i] for i in (0, 3, 2)]
     # the wrong refinement stays out
     assert advs == pytest.approx([-0.5774, -0.5774, 1.1547], abs=1e-4) and 5 not in c.advantages
-    off = [it for it in c.items["solver"] if it.mode == core.SHAPED]
+    off = [it for it in c.items["solver"] if it.kind == "shaped"]
     assert len(off) == 1 and off[0].prompt_ids == [1, 0] and off[0].ids == [5, 6]  # x alone, the refinement's ids
     assert c.sampled == {"solver": 3}
     # all refinements: group [0, 0, 1, 0]
@@ -61,13 +61,13 @@ def test_critique_grpo_mixes_correct_refinements_into_the_group_as_responses_to_
     assert CritiqueGRPO(CritiqueGRPOParams(critique_source="oracle"), 10).roles().critic == "absent"
 
 
-@pytest.mark.parametrize("distill,mode", [("sft", core.SFT), ("kl", core.DISTILL)])
+@pytest.mark.parametrize("distill,mode", [("sft", "sft"), ("kl", "distill")])
 def test_self_distill_is_grpo_plus_a_weighted_distillation_of_the_refinements(distill, mode):
     ro = rollout_of([(0, 1.0, 1.0), (0, 0.0, 1.0), (0, 0.0, 0.0)])
     c = SelfDistill(SelfDistillParams(group_size=3, distill=distill, delta=0.25), 10).credit(ro, 0, DONE)
     # GRPO on r1 = [1, 0, 0]: mean 1/3, std 0.5774 -> [1.1547, -0.5774, -0.5774]
     assert [c.advantages[i] for i in (0, 3, 6)] == pytest.approx([1.1547, -0.5774, -0.5774], abs=1e-4)
-    aux = [it for it in c.items["solver"] if it.mode == mode]
+    aux = [it for it in c.items["solver"] if it.kind == mode]
     assert len(aux) == 2 and all(it.advantage == 0.25 and it.prompt_ids[:2] == [1, 0] for it in aux)
     assert all(it.teacher_prompt_ids == [1, 0, 3, 3, 8] for it in aux)  # the feedback-conditioned context
     assert c.sampled == {"solver": 3} and "critic" not in c.items
@@ -84,8 +84,8 @@ def test_auxiliary_term_by_hand(tiny_ckpt):
     from mlmt_bench.models.tiny import load_checkpoint
 
     model, tok = load_checkpoint(tiny_ckpt)
-    sft = TrainItem([10, 11], [12, 13, 14], 0.5, mode=core.SFT)
-    kl = TrainItem([10, 11], [15, 16], 0.5, mode=core.DISTILL, teacher_prompt_ids=[20, 21, 22, 10, 11])
+    sft = TrainItem([10, 11], [12, 13, 14], 0.5, kind="sft")
+    kl = TrainItem([10, 11], [15, 16], 0.5, kind="distill", teacher_prompt_ids=[20, 21, 22, 10, 11])
     with torch.no_grad():
         lp = torch.log_softmax(model(torch.tensor([[10, 11, 12, 13, 14]])).logits[0], -1)
         nll = -sum(lp[i + 1, t].item() for i, t in enumerate([12, 13, 14]))

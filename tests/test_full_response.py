@@ -12,7 +12,6 @@ import random
 
 import pytest
 
-from mlmt_bench.algorithms import core
 from mlmt_bench.algorithms.base import CreditInputs, ResponseToX
 from mlmt_bench.algorithms.critique_grpo import CritiqueGRPO, CritiqueGRPOParams
 from mlmt_bench.algorithms.self_distill import SelfDistill, SelfDistillParams
@@ -126,7 +125,7 @@ def _self_distill(respond, distill: str) -> SelfDistill:
 
 def test_critique_grpo_adds_the_full_corrected_solution_to_the_group():
     c = _critique_grpo(SYNTH).credit(rollout_of(EPISODES), 0, DONE)
-    off = [it for it in c.items["solver"] if it.mode == core.SHAPED]
+    off = [it for it in c.items["solver"] if it.kind == "shaped"]
     assert len(off) == 1 and off[0].prompt_ids == X  # a response to x alone
     assert off[0].ids == _ids(FULL) and off[0].ids != _ids(REVISION)  # the full solution, not the revision
     assert TOK.decode(off[0].ids, skip_special_tokens=True) == FULL
@@ -136,7 +135,7 @@ def test_critique_grpo_adds_the_full_corrected_solution_to_the_group():
 
 def test_self_distill_sft_learns_the_full_corrected_solution_as_a_response_to_x():
     c = _self_distill(SYNTH, "sft").credit(rollout_of(EPISODES), 0, DONE)
-    aux = [it for it in c.items["solver"] if it.mode == core.SFT]
+    aux = [it for it in c.items["solver"] if it.kind == "sft"]
     assert len(aux) == 1 and aux[0].prompt_ids == X and aux[0].ids == _ids(FULL)
 
 
@@ -145,7 +144,7 @@ def test_self_distill_kl_distils_the_revision_after_the_attempts_kept_steps():
     # tokens, and the student reads the kept step after x, as a one-turn answer would have it
     ro = rollout_of(EPISODES)
     c = _self_distill(SYNTH, "kl").credit(ro, 0, DONE)
-    aux = [it for it in c.items["solver"] if it.mode == core.DISTILL]
+    aux = [it for it in c.items["solver"] if it.kind == "distill"]
     assert len(aux) == 1 and aux[0].ids == _ids(REVISION)
     assert aux[0].prompt_ids == X + encode(TOK, "9-6=3;") and aux[0].teacher_prompt_ids == ro.turns[2].prompt_ids
     assert aux[0].prompt_ids + aux[0].ids == X + _ids(FULL)  # the student's tokens are x and the full solution
@@ -160,10 +159,10 @@ def test_a_benchmark_whose_refinements_are_complete_answers_trains_them_unchange
     for respond in (complete, None):
         ro = rollout_of(EPISODES, refine_ids=own)
         if arm == "critique_grpo":
-            items = [it for it in _critique_grpo(respond).credit(ro, 0, DONE).items["solver"] if it.mode == core.SHAPED]
+            items = [it for it in _critique_grpo(respond).credit(ro, 0, DONE).items["solver"] if it.kind == "shaped"]
         else:
             items = [it for it in _self_distill(respond, arm).credit(ro, 0, DONE).items["solver"]
-                     if it.mode in (core.SFT, core.DISTILL)]
+                     if it.kind in ("sft", "distill")]
         assert [(it.prompt_ids, it.ids) for it in items] == [(X, [5, 6, EOS])]
 
 

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mlmt_bench.algorithms.core import POLICY, SFT, SHAPED, grpo_loss, policy_loss_terms
+from mlmt_bench.algorithms.core import grpo_loss, policy_loss_terms
 
 D = torch.float64
 
@@ -50,14 +50,17 @@ def test_shaped_and_sft_rows():
     # shaped: -A * pi / (pi + gamma), pi = e^logp = 0.3, gamma = 0.1 -> -A * 0.75;
     # gradient -A * gamma * pi / (pi+gamma)^2
     logp = t([[math.log(0.3)], [math.log(0.3)], [math.log(0.3)]]).requires_grad_(True)
-    modes = torch.tensor([SHAPED, SFT, POLICY])
+    kinds = ["shaped", "sft", "policy"]
     pt, clipped = policy_loss_terms(logp, logp.detach() + 1.0, t([2.0, 0.5, -1.0]), t([[1], [1], [1]]), 0.2, 0.2,
-                                    row_mode=modes, shaping_gamma=0.1)
+                                    row_kinds=kinds, shaping_gamma=0.1)
     assert pt[0, 0].item() == pytest.approx(-2 * 0.75) and pt[1, 0].item() == pytest.approx(-0.5 * math.log(0.3))
     pt[:2].sum().backward()
     d_dlogp_shaped = -2 * 0.1 * 0.3 / 0.4 ** 2  # d/dlogp of pi/(pi+g) = g*pi/(pi+g)^2
     assert logp.grad[:2, 0].tolist() == pytest.approx([d_dlogp_shaped, -0.5])
-    assert clipped.tolist() == [[False], [False], [True]]  # only the POLICY row: ratio e^-1 < 0.8 with A < 0 is clipped
+    assert clipped.tolist() == [[False], [False], [True]]  # the "policy" row: ratio e^-1 < 0.8, A < 0: clipped
+    with pytest.raises(ValueError, match="row_kinds"):  # a distill row is the auxiliary term's, not the policy loss's
+        policy_loss_terms(logp, logp.detach(), t([1.0, 1.0, 1.0]), t([[1], [1], [1]]), 0.2, 0.2,
+                          row_kinds=["policy", "distill", "policy"])
 
 
 # ---------------------------------------------------------------------------------------------

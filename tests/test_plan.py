@@ -16,7 +16,6 @@ import yaml
 from typer.testing import CliRunner
 
 from conftest import minimal_spec
-from mlmt_bench.algorithms import core
 from mlmt_bench.cli import app
 from mlmt_bench.models.configs import shape_from_registry_file, shape_of_path, shape_of_preset
 from mlmt_bench.models.policy_spec import LoraSpec
@@ -99,19 +98,41 @@ class FullLengthBackend:
         return [Generation(list(ids), [0.0] * len(ids), "length", "a" * max_new_tokens) for _ in prompts]
 
 
-@pytest.mark.parametrize("algo,params", [("grpo", {"group_size": 3}),
-                                         ("self_correct", {"group_size": 2}),
-                                         ("mlmt", {"group_size": 3, "feedbacks": 2, "refinements": 2}),
-                                         ("critique_grpo", {"group_size": 2, "refinements_in_group": "all"}),
-                                         ("self_distill", {"group_size": 2, "distill": "kl", "distill_on": "all"}),
-                                         ("self_distill", {"group_size": 2, "distill": "sft", "distill_on": "all",
-                                                           "critique_source": "mlmt"})])
-def test_step_tokens_are_those_of_a_rollout_at_full_length(tiny_ckpt, tmp_path, algo, params):
-    from mlmt_bench import runner as run
+def _registered_algorithm_variants():
+    """Every registered algorithm × every step-plan variant its Params declare (``variants()``)."""
+    from mlmt_bench import registry
+
+    return [pytest.param(name, over, id=f"{name}-{variant}")
+            for name in registry.algorithms.names()
+            for variant, over in registry.algorithms.get(name).Params.variants().items()]
+
+
+def _every_turn_trains(params_model, over):
+    """Small counts (G 2, K 2, M 2 where the params have them: even groups of distinct rewards
+    standardise to no zero advantage) and every refinement kept where a param filters them, so
+    that every turn the plan counts has a gradient."""
+    fields = params_model.model_fields
+    small = {"group_size": 2, "feedbacks": 2, "refinements": 2, "refinements_in_group": "all", "distill_on": "all"}
+    return {**{k: v for k, v in small.items() if k in fields}, **over}
+
+
+@pytest.mark.parametrize("algo,variant", _registered_algorithm_variants())
+def test_plan_counts_what_a_full_length_step_generates_and_trains(tiny_ckpt, tmp_path, algo, variant):
+    """The plan's sequences, prefill, generated, trained and extra-forward tokens per role equal
+    those of a real rollout at full length and the items its credit returns (with every turn
+    carrying a gradient), for every registered algorithm and variant, read off its step plan."""
+    from mlmt_bench import registry, runner as run
+    from mlmt_bench.algorithms.base import CreditInputs
+    from mlmt_bench.models.forward import seq_len
     from mlmt_bench.plan import load_table, plan_run, resolve_device
     from mlmt_bench.rollout.episodes import Actors, Sampling, rollout
 
-    spec = _two_problem_spec(tiny_ckpt, algo, params, 12, 7, steps=3)
+    cls = registry.algorithms.get(algo)
+    params = _every_turn_trains(cls.Params, variant)
+    # a rule's (the oracle's) feedback is planned at the feedback limit, an upper bound: give it room
+    oracle = cls(cls.Params.model_validate(params), 3).step_plan(0).program().feedback == "oracle"
+    t_fb = 96 if oracle else 7
+    spec = _two_problem_spec(tiny_ckpt, algo, params, 12, t_fb, steps=3)
     table = load_table()
     plan = plan_run(spec, resolve_device("cpu", table), 1, table)
 
@@ -119,40 +140,44 @@ def test_step_tokens_are_those_of_a_rollout_at_full_length(tiny_ckpt, tmp_path, 
     algorithm = comp.algorithm
     actors = Actors(comp.policies["solver"], comp.policies["critic"], FullLengthBackend(), comp.templates,
                     _CountingVerifier(), getattr(comp.benchmark, "oracle_feedback", None))  # every turn trains
-    ro = rollout(algorithm.program(0), actors, comp.train_problems[:2], Sampling(1.0, 1.0, 12, 7))
-    prefill, generated = {}, {}
+    ro = rollout(algorithm.step_plan(0).program(), actors, comp.train_problems[:2], Sampling(1.0, 1.0, 12, t_fb))
+    prefill, generated, sequences = {}, {}, {}
+    slack = 0  # the plan's t_fb tokens where the oracle wrote fewer, over the refinements' prompts
     for t in ro.turns:
         if t.policy in ("solver", "critic"):
             prefill[t.policy] = prefill.get(t.policy, 0) + len(t.prompt_ids)
             generated[t.policy] = generated.get(t.policy, 0) + len(t.ids)
+            sequences[f"{t.kind} ({t.policy})"] = sequences.get(f"{t.kind} ({t.policy})", 0) + 1
+        if t.kind == "refine" and oracle:  # the plan's t_fb tokens where the oracle wrote fewer
+            written = len(comp.policies["solver"].tokenizer.encode(ro.turns[t.parent].refiner_text,
+                                                                   add_special_tokens=False))
+            assert written <= t_fb
+            slack += t_fb - written
+    prefill["solver"] = prefill["solver"] + slack
     tokens = plan["per_step"]["tokens"]
+    assert plan["per_step"]["sequences"] == sequences
     assert tokens["generated"] == pytest.approx(generated)
     assert tokens["prefill"] == pytest.approx(prefill)
-    g = params["group_size"]
-    k, m = params.get("feedbacks", 1), params.get("refinements", 1)
-    expected = {"grpo": {"attempt (solver)": 2 * g},
-                "self_correct": {"attempt (solver)": 2 * g, "refine (solver)": 2 * g},
-                "mlmt": {"attempt (solver)": 2 * g, "feedback (critic)": 2 * g * k, "refine (solver)": 2 * g * k * m}}
-    expected["critique_grpo"] = expected["self_distill"] = expected["mlmt"]
-    assert plan["per_step"]["sequences"] == expected[algo]
-    # trained tokens: every trained turn's whole sequence (upper bound), FLOPs by metrics/cost.py
-    trained = {"solver": sum(len(t.prompt_ids) + len(t.ids) for t in ro.turns
-                             if t.policy == "solver" and (algo != "grpo" or t.kind == "attempt"))}
-    if algo == "mlmt":
-        trained["critic"] = sum(len(t.prompt_ids) + len(t.ids) for t in ro.turns if t.policy == "critic")
-    if algo in ("critique_grpo", "self_distill"):  # refinements trained as responses to x: what credit hands in
-        from mlmt_bench.algorithms.base import CreditInputs
-        from mlmt_bench.models.forward import seq_len
 
-        credit = algorithm.credit(ro, 0, CreditInputs(max_new_tokens=12))
-        roles = {t.policy for t in ro.turns if algorithm.trained_turns.get(t.kind) and t.policy in algorithm.updates(0)}
-        assert sum(map(len, credit.items.values())) == sum(1 for t in ro.turns if t.policy in roles
-                                                           and t.kind in algorithm.trained_turns)
-        trained = {role: sum(map(seq_len, items)) for role, items in credit.items.items() if items}
-        teacher = sum(len(it.teacher_prompt_ids) + len(it.ids) for it in credit.items["solver"]
-                      if it.mode == core.DISTILL)  # the KL teacher's forward, once per step
-        assert tokens["forward"] == pytest.approx({"solver": teacher} if teacher else {})
+    contexts = algorithm.value_contexts(ro) if algorithm.value_model is not None else []
+    values = torch.zeros(len(contexts), dtype=torch.float64) if contexts else None
+    credit = algorithm.credit(ro, 0, CreditInputs(max_new_tokens=12, values=values))
+    algorithm.step_plan(0).check(credit.items)
+    updated = set().union(*(algorithm.updates(s) for s in range(3)))
+    items = {role: its for role, its in credit.items.items() if its and role in updated}
+    assert items, "every variant trains something"
+    refine = algorithm.step_plan(0).training("refine")
+    own_slack = slack if refine is not None and refine.context == "own" else 0  # trained in the planned prompt
+    trained = {role: sum(map(seq_len, its)) + (own_slack if role == "solver" else 0) for role, its in items.items()}
     assert tokens["trained"] == pytest.approx(trained)
+    # extra forwards: π_ref over the policy-loss items (β > 0), the KL teacher, the value's features
+    ref = algorithm.params.needs_reference()
+    forward = {role: sum(seq_len(it) for it in its if it.kind not in ("sft", "distill")) * ref
+               + sum(len(it.teacher_prompt_ids) + len(it.ids) for it in its if it.kind == "distill")
+               for role, its in items.items()}
+    teacher_slack = slack if refine is not None and refine.teacher else 0  # the teacher reads the own context
+    forward["solver"] = forward.get("solver", 0) + sum(map(len, contexts)) + own_slack * ref + teacher_slack
+    assert tokens["forward"] == pytest.approx({r: v for r, v in forward.items() if v})
     from mlmt_bench.metrics import cost
 
     p = plan["policies"][0]["params"]

@@ -2,9 +2,11 @@
 and the roles it plays.
 
 The trainer never branches on the algorithm: it builds the policies :meth:`Algorithm.roles`
-names, asks for the program of a step, hands the rollout (and, for an algorithm with a value
-model, the value predictions it computed) to :meth:`Algorithm.credit`, and updates the roles
-:meth:`Algorithm.updates` names with the items credit returns.
+names, asks for the step plan of a step (:meth:`Algorithm.step_plan`: the turns generated and
+how each is trained, ``algorithms/step_plan.py``) and rolls out its program, hands the rollout
+(and, for an algorithm with a value model, the value predictions it computed) to
+:meth:`Algorithm.credit`, checks the items credit returns against the plan, and updates the roles
+:meth:`Algorithm.updates` names with them.
 
 Credit is pure: it reads rewards from the rollout (and values from its inputs) and returns
 advantages as train items; it never writes into the rollout and never runs a model.
@@ -21,6 +23,7 @@ import torch
 from mlmt_bench.algorithms import core
 from mlmt_bench.algorithms.advantages import estimator
 from mlmt_bench.algorithms.params import LossParams, Roles
+from mlmt_bench.algorithms.step_plan import POLICY, StepPlan, Training
 from mlmt_bench.algorithms.update import TrainItem
 from mlmt_bench.models.tokenizer import encode
 from mlmt_bench.rollout.episodes import Program, Rollout
@@ -29,6 +32,11 @@ if TYPE_CHECKING:
 
     from mlmt_bench.algorithms.value import ValueModel
     from mlmt_bench.types import Problem
+
+
+#: Turns of one kind for :meth:`Algorithm.role_items`: (kind, turn indices, advantages or
+#: weights ``[N]``, KL weight).
+Part = tuple[str, Sequence[int], "torch.Tensor | Sequence[float]", float]
 
 
 @dataclass
@@ -79,12 +87,6 @@ class Algorithm:
     #: validation (``spec.algorithm_params_model``), the trainer and ``plan``. Default: the shared
     #: clipped loss's alone.
     Params: ClassVar[type[LossParams]] = LossParams
-    #: How each kind of generated turn is trained (``mlmt-bench plan`` sizes the update from it): on
-    #: the context it was generated from ("own"), as a response to the problem alone in the policy
-    #: loss ("as_attempt"), or as a response to the problem alone in an auxiliary term ("auxiliary":
-    #: SFT / DISTILL items, over which the update computes no π_old or π_ref log-probs); a kind not
-    #: listed is not trained. Default: every turn on its own context.
-    trained_turns: ClassVar[dict[str, str]] = {"attempt": "own", "feedback": "own", "refine": "own"}
     #: Whether a step's work depends on the share of the budget spent (``CreditInputs.frac_done``):
     #: then a run read at a smaller budget (``report --at-flops``) is not one stopped there.
     budget_dependent: ClassVar[bool] = False
@@ -92,11 +94,6 @@ class Algorithm:
     #: :meth:`Benchmark.full_response`, tokenised by the solver's tokenizer. The runner hands it in
     #: (mlmt_bench/runner.py, ``build``); None: the refinement's own ids.
     response_to_x: ResponseToX | None = None
-
-    def teacher_turn(self) -> str | None:
-        """The kind of turn an extra solver forward reads in its own context each step (a
-        distillation teacher; ``mlmt-bench plan`` counts it), or None."""
-        return None
 
     def __init__(self, params: LossParams, total_steps: int) -> None:
         if not isinstance(params, LossParams):  # the contract the trainer, plan and validation read
@@ -110,13 +107,28 @@ class Algorithm:
         (``Params.roles()``; one trained solver unless they say otherwise)."""
         return self.params.roles()
 
-    def program(self, step: int) -> Program:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for derived in ("program", "eval_program", "eval_plan"):
+            if derived in vars(cls):  # one declaration: a second would drift from the plan
+                raise TypeError(f"{cls.__name__} defines {derived}(): an algorithm declares step_plan(step) "
+                                f"(mlmt_bench/algorithms/step_plan.py) and the program follows from it")
+
+    def step_plan(self, step: int) -> StepPlan:
+        """The turns ``step`` generates and how each is trained (from the params): what the
+        rollout runs, credit trains, the trainer checks and ``mlmt-bench plan`` counts."""
         raise NotImplementedError
 
+    def program(self, step: int) -> Program:
+        """The rollout's program of ``step``: :meth:`step_plan`'s."""
+        return self.step_plan(step).program()
+
+    def eval_plan(self) -> StepPlan:
+        """One greedy episode per problem with the final step's turns, nothing trained."""
+        return self.step_plan(self.total_steps).for_eval()
+
     def eval_program(self) -> Program:
-        """One greedy episode per problem with the same turn structure."""
-        prog = self.program(self.total_steps)
-        return Program(attempts=1, feedback=prog.feedback, feedbacks=1, refinements=1)
+        return self.eval_plan().program()
 
     def updates(self, step: int) -> set[str]:
         """Roles updated at ``step`` (default: every trained role, every step)."""
@@ -163,14 +175,31 @@ class Algorithm:
             r = r + core.overlong_penalty(n, inputs.max_new_tokens, buffer, self.params.overlong_penalty)
         return r
 
+    def role_items(self, rollout: Rollout, plan: StepPlan, parts: Sequence[Part]) -> tuple[list[TrainItem], int]:
+        """One role's train items and sampled count from ``parts``: each ``(kind, indices,
+        advantages, beta)``, turns of one kind with their advantages (or weights) and KL weight,
+        trained as ``plan`` declares that kind (:class:`Training`: kind and context). A kind the
+        plan does not train gives no item; the sampled count (``constant_norm``) is the turns of
+        the trained, non-auxiliary parts."""
+        items: list[TrainItem] = []
+        sampled = 0
+        for kind, indices, advantages, beta in parts:
+            training = plan.training(kind)
+            if training is None:
+                continue
+            assert all(rollout.turns[i].kind == kind for i in indices), f"role_items: not every turn is a {kind}"
+            items += self.items(rollout, indices, advantages, beta, training)
+            sampled += 0 if training.auxiliary else len(indices)
+        return items, sampled
+
     def items(self, rollout: Rollout, indices: Sequence[int], advantages: torch.Tensor | Sequence[float],
-              beta: float, mode: int = core.POLICY, to_x: bool = False) -> list[TrainItem]:
+              beta: float, training: Training = POLICY) -> list[TrainItem]:
         """:func:`train_items`, without the completions cut by the token limit when ``mask_truncated``."""
         if self.params.mask_truncated:
             keep = [k for k, i in enumerate(indices) if rollout.turns[i].finish_reason != "length"]
             advs = advantages.tolist() if isinstance(advantages, torch.Tensor) else list(advantages)
             indices, advantages = [indices[k] for k in keep], [advs[k] for k in keep]
-        return train_items(rollout, indices, advantages, beta, mode, to_x, self.response_to_x)
+        return train_items(rollout, indices, advantages, beta, training, self.response_to_x)
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -214,19 +243,19 @@ def group_advantages(values: torch.Tensor, groups: Sequence[int], advantage: str
 
 
 def train_items(rollout: Rollout, indices: Sequence[int], advantages: torch.Tensor | Sequence[float],
-                beta: float, mode: int = core.POLICY, to_x: bool = False,
-                respond: ResponseToX | None = None) -> list[TrainItem]:
+                beta: float, training: Training = POLICY, respond: ResponseToX | None = None) -> list[TrainItem]:
     """Train items of the turns at ``indices`` with a non-zero gradient (advantage ≠ 0 or a KL term).
 
     Dropping zero-advantage turns saves their forward/backward pass and takes them out of the
     token_mean normaliser (as with DAPO's dynamic sampling, a flat group leaves the batch);
     ``constant_norm`` still counts them, through :attr:`Credit.sampled`.
 
-    ``to_x``: each turn (a refinement) is trained as a response to the problem alone: its context
-    becomes its attempt's prompt x, and its own context (x, z, g) is kept as the teacher's
-    (``TrainItem.teacher_prompt_ids``, for DISTILL). Its ids are those of its full response
+    ``training``: how the turns are trained (:class:`Training`: the item's kind, and its context).
+    With ``context: x`` each turn (a refinement) is trained as a response to the problem alone: its
+    context becomes its attempt's prompt x, and its own context (x, z, g) is kept as the teacher's
+    (``TrainItem.teacher_prompt_ids``, for "distill"). Its ids are those of its full response
     (``respond``, :class:`ResponseToX`; the refinement's own without it), so that π_old, π_ref and
-    policy shaping read the full response. DISTILL keeps the refinement's own ids, the only
+    policy shaping read the full response. "distill" keeps the refinement's own ids, the only
     tokens its teacher (x, z, g) has distributions for, and puts the attempt's kept part before
     them (the full response's text before the refinement) in the student's context x.
     """
@@ -236,15 +265,15 @@ def train_items(rollout: Rollout, indices: Sequence[int], advantages: torch.Tens
         turn = rollout.turns[i]
         if not turn.ids or (a == 0.0 and beta <= 0):
             continue
-        if not to_x:
-            out.append(TrainItem(turn.prompt_ids, turn.ids, a, beta, mode))
+        if training.context == "own":
+            out.append(TrainItem(turn.prompt_ids, turn.ids, a, beta, training.kind))
             continue
         x = rollout.turns[ancestor(rollout, i, 2)].prompt_ids
         full, kept = response_to_x(rollout, i, respond)
-        if mode == core.DISTILL:
-            out.append(TrainItem(x + (kept or []), turn.ids, a, beta, mode, turn.prompt_ids))
+        if training.kind == "distill":
+            out.append(TrainItem(x + (kept or []), turn.ids, a, beta, training.kind, turn.prompt_ids))
         else:
-            out.append(TrainItem(x, full, a, beta, mode, turn.prompt_ids))
+            out.append(TrainItem(x, full, a, beta, training.kind, turn.prompt_ids))
     return out
 
 

@@ -19,7 +19,7 @@ a float mask of 0/1 is accepted wherever a mask is.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Literal, TypedDict, Unpack
 
 import torch
@@ -137,9 +137,14 @@ def _bool_mask(mask: Tensor) -> Tensor:
     return mask if mask.dtype == torch.bool else mask != 0
 
 
-#: How a row of a train batch is trained: POLICY, SHAPED and SFT in :func:`policy_loss_terms`;
-#: DISTILL rows by :func:`distill_kl` (a KL toward a teacher context's next-token distributions).
-POLICY, SHAPED, SFT, DISTILL = 0, 1, 2, 3
+#: The row kinds :func:`policy_loss_terms` trains (a step plan's ``Training.kind``,
+#: ``algorithms/step_plan.py``); ``distill`` rows are trained by :func:`distill_kl` instead.
+ROW_KINDS = ("policy", "shaped", "sft")
+
+
+def _rows_of(kinds: Sequence[str], kind: str, device: torch.device) -> Tensor:
+    """``[B, 1]`` bool: the rows of ``kinds`` that are ``kind``."""
+    return torch.tensor([k == kind for k in kinds], dtype=torch.bool, device=device).unsqueeze(1)
 
 
 def policy_loss_terms(
@@ -153,7 +158,7 @@ def policy_loss_terms(
     ratio: str = "token",
     loss: str = "clip",
     cispo_max: float = losses.CISPO_MAX,
-    row_mode: Tensor | None = None,
+    row_kinds: Sequence[str] | None = None,
     shaping_gamma: float = losses.SHAPING_GAMMA,
     loss_options: Mapping[str, float] | None = None,
 ) -> tuple[Tensor, Tensor]:
@@ -175,12 +180,13 @@ def policy_loss_terms(
                 registered one (see :mod:`mlmt_bench.algorithms.losses`).
     clip_low, clip_high, cispo_max: passed to the losses that declare them;
     loss_options: the loss's other options (keyword arguments of its function).
-    row_mode:   [B] long, per row: POLICY (the loss above), SHAPED (an off-policy response:
-                policy shaping -A * pi/(pi + gamma) with pi = exp(logp), no ratio or clip, as
-                Critique-GRPO / LUFFY), SFT (-A * log pi_theta: a weighted log-likelihood term).
-                Default: every row POLICY.
+    row_kinds:  [B] per row, how it is trained (:data:`ROW_KINDS`, a step plan's training kinds):
+                "policy" (the loss above), "shaped" (an off-policy response: policy shaping
+                -A * pi/(pi + gamma) with pi = exp(logp), no ratio or clip, as Critique-GRPO /
+                LUFFY), "sft" (-A * log pi_theta: a weighted log-likelihood term).
+                Default: every row "policy".
     returns:    (per_token_loss [B, T], 0 outside the mask;
-                 clipped_mask [B, T] bool: POLICY rows' tokens whose gradient the loss's clip
+                 clipped_mask [B, T] bool: "policy" rows' tokens whose gradient the loss's clip
                  removed (clip: rho < 1-clip_low with A < 0, or rho > 1+clip_high with A > 0;
                  cispo: the weight capped at cispo_max with A > 0)).
 
@@ -204,13 +210,15 @@ def policy_loss_terms(
     declared = losses.options_of(loss)
     options = {k: v for k, v in shared.items() if k in declared} | dict(loss_options or {})
     pg, was_clipped = loss_fn(logp, rho, adv, m, **options)
-    if row_mode is not None:
-        mode = row_mode.to(logp.device).unsqueeze(1)
+    if row_kinds is not None:
+        if len(row_kinds) != logp.shape[0] or not set(row_kinds) <= set(ROW_KINDS):
+            raise ValueError(f"row_kinds must be {logp.shape[0]} of {', '.join(ROW_KINDS)}; got {list(row_kinds)}")
         pi = torch.exp(torch.where(m, logp, zeros))
         shaped = -adv * pi / (pi + shaping_gamma)
         sft = -adv * logp
-        pg = torch.where(mode == SHAPED, shaped, torch.where(mode == SFT, sft, pg))
-        was_clipped = was_clipped & (mode == POLICY)
+        pg = torch.where(_rows_of(row_kinds, "shaped", logp.device), shaped,
+                         torch.where(_rows_of(row_kinds, "sft", logp.device), sft, pg))
+        was_clipped = was_clipped & _rows_of(row_kinds, "policy", logp.device)
     per_token = torch.where(m, pg, zeros)
     return per_token, m & was_clipped
 
@@ -284,7 +292,7 @@ class LossVariant(TypedDict, total=False):
     ratio: str
     loss: str
     cispo_max: float
-    row_mode: Tensor | None
+    row_kinds: Sequence[str] | None
     shaping_gamma: float
     loss_options: Mapping[str, float] | None
 
@@ -313,7 +321,7 @@ def grpo_loss(
                 [B, 1] tensor of per-sequence coefficients (SCoRe's stage I puts the KL on
                 one turn only).
     agg, norm: see `aggregate`.
-    variant:    ratio, loss, cispo_max, loss_options, row_mode, shaping_gamma: see `policy_loss_terms`.
+    variant:    ratio, loss, cispo_max, loss_options, row_kinds, shaping_gamma: see `policy_loss_terms`.
     returns:    (loss [] scalar with gradient w.r.t. logp,
                  stats: "clip_frac" share of masked tokens whose clipped branch is active,
                         "kl" token-mean k3 KL (nats; 0.0 when ref_logp is None),

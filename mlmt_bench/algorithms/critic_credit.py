@@ -9,6 +9,7 @@ import torch
 
 from mlmt_bench.algorithms import core
 from mlmt_bench.algorithms.base import Algorithm, Credit, ancestor, by_turn, problem_of
+from mlmt_bench.algorithms.step_plan import StepPlan
 from mlmt_bench.rollout.episodes import Rollout
 
 
@@ -19,7 +20,8 @@ def feedback_means(rollout: Rollout, r2: torch.Tensor) -> torch.Tensor:
     return core.mean_by_parent(r2, parents, len(f_pos))
 
 
-def critic_credit(algo: Algorithm, rollout: Rollout, u_bar: torch.Tensor, values: torch.Tensor | None, lam: float,
+def critic_credit(algo: Algorithm, plan: StepPlan, rollout: Rollout, u_bar: torch.Tensor, values: torch.Tensor | None,
+                  lam: float,
                   *, verdict_match: torch.Tensor | None = None, reward_kind: str = "helpfulness",
                   nu: float = 0.0, feedbacks_per_attempt: int = 1) -> Credit:
     """The critic's credit: its reward R(g) = ū(g) (``critic_reward: helpfulness``) or
@@ -35,6 +37,8 @@ def critic_credit(algo: Algorithm, rollout: Rollout, u_bar: torch.Tensor, values
     when λ = 0), ``verdict_match`` [F] 1.0 where the feedback's verdict on its attempt matches the
     verifier (None: not read; required by ``helpfulness+verdict``). ``reward_kind``
     (``critic_reward``), ``nu`` and ``feedbacks_per_attempt`` (K) are the caller's parameters.
+
+    ``plan`` is the step's plan: the feedback turns are trained as it declares.
 
     Returns a Credit of the role ``critic``: its train items, its sampled count (F), each
     feedback's advantage, its rewards R(g) + λ·V (``rewards``) and the logged stats;
@@ -60,5 +64,5 @@ def critic_credit(algo: Algorithm, rollout: Rollout, u_bar: torch.Tensor, values
         stats["value/sigma"] = core.value_sigma(value)  # the unit of the value term (v4)
     if verdict_match is not None and len(verdict_match):
         stats["critic_verdict_match"] = float(verdict_match.double().mean())
-    return Credit({"critic": algo.items(rollout, feedbacks, adv_h, p.beta)}, {"critic": len(feedbacks)},
-                  by_turn(feedbacks, adv_h), by_turn(feedbacks, r_h), stats)
+    items, sampled = algo.role_items(rollout, plan, [("feedback", feedbacks, adv_h, p.beta)])
+    return Credit({"critic": items}, {"critic": sampled}, by_turn(feedbacks, adv_h), by_turn(feedbacks, r_h), stats)

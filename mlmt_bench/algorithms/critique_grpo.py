@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import torch
 
-from mlmt_bench.algorithms import core
 from mlmt_bench.algorithms.base import (
     Algorithm,
     Credit,
@@ -32,16 +31,20 @@ from mlmt_bench.algorithms.base import (
     reward_stats,
 )
 from mlmt_bench.algorithms.params import CritiqueGRPOParams
-from mlmt_bench.rollout.episodes import Program, Rollout
+from mlmt_bench.algorithms.step_plan import POLICY, StepPlan, Training
+from mlmt_bench.rollout.episodes import Rollout
+
+#: the refinements join the problem's group as off-policy responses to x alone
+OFF_POLICY_TO_X = Training("shaped", context="x")
 
 
 class CritiqueGRPO(Algorithm):
     Params = CritiqueGRPOParams
     params: CritiqueGRPOParams  # what __init__ is given: an instance of Params
-    trained_turns = {"attempt": "own", "refine": "as_attempt"}  # refinements join the problem's group
 
-    def program(self, step: int) -> Program:
-        return Program(attempts=self.params.group_size, feedback=self.params.critique_source)
+    def step_plan(self, step: int) -> StepPlan:
+        return StepPlan.of(self.params.group_size, self.params.critique_source,
+                           train={"attempt": POLICY, "refine": OFF_POLICY_TO_X})
 
     def credit(self, rollout: Rollout, step: int, inputs: CreditInputs) -> Credit:
         p = self.params
@@ -53,9 +56,9 @@ class CritiqueGRPO(Algorithm):
         adv, zero = group_advantages(torch.cat([r1, r_joined]), problem_of(rollout, attempts + joined),
                                      p.advantage_of("solver"))
         adv1, adv_off = adv[:len(attempts)], adv[len(attempts):]
-        off = self.items(rollout, joined, adv_off, p.beta, core.SHAPED, to_x=True)  # full responses to x alone
+        items, sampled = self.role_items(rollout, self.step_plan(step), [("attempt", attempts, adv1, p.beta),
+                                                                         ("refine", joined, adv_off, p.beta)])
         stats = {**reward_stats(r1, r2, r1), "frac_zero_std": zero,
                  "off_policy_share": len(joined) / max(1, len(attempts) + len(joined))}
-        return Credit({"solver": self.items(rollout, attempts, adv1, p.beta) + off},
-                      {"solver": len(attempts) + len(joined)},
+        return Credit({"solver": items}, {"solver": sampled},
                       {**by_turn(attempts, adv1), **by_turn(joined, adv_off)}, stats=stats)

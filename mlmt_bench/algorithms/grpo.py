@@ -12,16 +12,16 @@ from mlmt_bench.algorithms.base import (
     reward_stats,
 )
 from mlmt_bench.algorithms.params import GRPOParams
-from mlmt_bench.rollout.episodes import Program, Rollout
+from mlmt_bench.algorithms.step_plan import POLICY, StepPlan
+from mlmt_bench.rollout.episodes import Rollout
 
 
 class GRPO(Algorithm):
     Params = GRPOParams
     params: GRPOParams  # what __init__ is given: an instance of Params
-    trained_turns = {"attempt": "own"}
 
-    def program(self, step: int) -> Program:
-        return Program(attempts=self.params.group_size, feedback="none")
+    def step_plan(self, step: int) -> StepPlan:
+        return StepPlan.of(self.params.group_size, train={"attempt": POLICY})
 
     def credit(self, rollout: Rollout, step: int, inputs: CreditInputs) -> Credit:
         attempts = rollout.of_kind("attempt")
@@ -29,5 +29,5 @@ class GRPO(Algorithm):
         adv, zero = group_advantages(r, problem_of(rollout, attempts),
                                      self.params.advantage_of("solver"))
         stats = {**reward_stats(r, None, r), "frac_zero_std": zero}
-        return Credit({"solver": self.items(rollout, attempts, adv, self.params.beta)},
-                      {"solver": len(attempts)}, by_turn(attempts, adv), stats=stats)
+        items, sampled = self.role_items(rollout, self.step_plan(step), [("attempt", attempts, adv, self.params.beta)])
+        return Credit({"solver": items}, {"solver": sampled}, by_turn(attempts, adv), stats=stats)

@@ -17,8 +17,8 @@ Credit (METHOD.md "MLMT-RL"):
   the verdicts, ``CreditInputs.verdict_match``).
 Schedule: ``simultaneous`` updates both policies every step; ``alternate`` runs blocks of t_L
 solver-only steps then t_H critic-only steps, so (2, 2) and (1, 1) are different schedules.
-Variants: the table ``params.MLMT_VARIANTS`` (who is trained, frozen, shared or absent, and the
-feedback source).
+Variants: the table ``params.MLMT_VARIANTS`` (who is trained, frozen, shared or absent, the
+feedback source, and which solver turns train), read into the step plan.
 """
 
 from __future__ import annotations
@@ -38,9 +38,10 @@ from mlmt_bench.algorithms.base import (
     rewards,
 )
 from mlmt_bench.algorithms.critic_credit import critic_credit, feedback_means
-from mlmt_bench.algorithms.params import MLMTParams
+from mlmt_bench.algorithms.params import MLMT_VARIANTS, MLMTParams
+from mlmt_bench.algorithms.step_plan import POLICY, StepPlan, Training
 from mlmt_bench.algorithms.value import ValueModel, refinement_contexts
-from mlmt_bench.rollout.episodes import Program, Rollout
+from mlmt_bench.rollout.episodes import Rollout
 
 
 class MLMT(Algorithm):
@@ -56,9 +57,14 @@ class MLMT(Algorithm):
     def _uses_value(self) -> bool:
         return self.params.value == "learned" and self.roles().critic in ("trained", "shared")
 
-    def program(self, step: int) -> Program:
-        return Program(attempts=self.params.group_size, feedback=self.roles().feedback,
-                       feedbacks=self.params.feedbacks, refinements=self.params.refinements)
+    def step_plan(self, step: int) -> StepPlan:
+        p, roles = self.params, self.roles()
+        trained = roles.trained()
+        train: dict[str, Training | None] = {kind: POLICY for kind in MLMT_VARIANTS[p.variant].solver_trains
+                                             if "solver" in trained}
+        if "critic" in trained:
+            train["feedback"] = POLICY
+        return StepPlan.of(p.group_size, roles.feedback, p.feedbacks, p.refinements, train=train)
 
     def updates(self, step: int) -> set[str]:
         trained = set(self.roles().trained())
@@ -99,16 +105,18 @@ class MLMT(Algorithm):
         adv1, zero1 = group_advantages(core.mlmt_turn1_reward(r1, r2_per_attempt, p.eta),
                                        problem_of(rollout, attempts), p.advantage_of("solver"))
         adv3, zero3 = group_advantages(r2, problem_of(rollout, refines), p.advantage_of("solver"))
-        items = {"solver": self.items(rollout, attempts, adv1, p.beta) + self.items(rollout, refines, adv3, p.beta)}
-        sampled = {"solver": len(attempts) + len(refines)}
+        plan = self.step_plan(step)
+        items, sampled = self.role_items(rollout, plan, [("attempt", attempts, adv1, p.beta),
+                                                         ("refine", refines, adv3, p.beta)])
         stats = {**reward_stats(r1, r2, r2), "frac_zero_std_t1": zero1, "frac_zero_std": zero3}
-        credit = Credit(items, sampled, {**by_turn(attempts, adv1), **by_turn(refines, adv3)}, stats=stats)
+        credit = Credit({"solver": items}, {"solver": sampled}, {**by_turn(attempts, adv1), **by_turn(refines, adv3)},
+                        stats=stats)
 
-        if self.roles().critic in ("trained", "shared"):
+        if plan.training("feedback") is not None:
             if self._value is not None and inputs.values is None:
                 raise ValueError("value: learned needs the value model's predictions in CreditInputs.values")
             lam = p.lam if self._value is not None else 0.0
-            credit = credit.merged(critic_credit(self, rollout, u_bar, inputs.values, lam,
+            credit = credit.merged(critic_credit(self, plan, rollout, u_bar, inputs.values, lam,
                                                  verdict_match=inputs.verdict_match, reward_kind=p.critic_reward,
                                                  nu=p.nu, feedbacks_per_attempt=p.feedbacks))
         return credit

@@ -1,9 +1,9 @@
 """Parameters of each built-in algorithm, and the roles each one plays (light module: pydantic only).
 
 Every **(decision)** of METHOD.md is a field here, so an ablation can flip it. The MLMT variants
-live in one table, :data:`MLMT_VARIANTS`: what each does with the two roles and where the
-feedback comes from. A new variant is a row here (and, if its episode differs, a line in
-``mlmt.py``).
+live in one table, :data:`MLMT_VARIANTS`: what each does with the two roles, where the
+feedback comes from and which of the solver's turns train. A new variant is a row here: the step
+plan (``mlmt.py``), credit, the trainer and ``mlmt-bench plan`` read it from there.
 
 Limits: every float must be finite (``allow_inf_nan=False``), and the counts that multiply a
 step's work or memory have upper limits far beyond real use, so that a typo is a one-line error
@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from mlmt_bench.algorithms import advantages, losses
 from mlmt_bench.registry import unknown_message
-from mlmt_bench.rollout.episodes import FeedbackSource
+from mlmt_bench.rollout.episodes import FeedbackSource, TurnKind
 
 #: What an algorithm does with a role's policy: ``trained`` (built and updated), ``frozen``
 #: (built, never updated), ``shared`` (the solver's weights play it: one model, both prompts),
@@ -66,14 +66,23 @@ class Roles:
                 (self.mode(r) == "shared" and self.solver == "trained")]
 
 
-#: variant -> roles (METHOD.md, "Variants of mlmt").
-MLMT_VARIANTS: dict[str, Roles] = {
-    "full": Roles("trained", "trained", "critic"),
-    "fixed_feedback": Roles("trained", "frozen", "critic"),        # the paper's fixed critic
-    "shared_policy": Roles("trained", "shared", "critic"),         # one model plays both roles
-    "oracle_feedback": Roles("trained", "absent", "oracle"),       # a rule that sees y*: an upper bound
-    "null_feedback": Roles("trained", "absent", "null"),           # g = g∅
-    "critic_only": Roles("frozen", "trained", "critic"),           # CTRL-style: only the critic learns
+@dataclass(frozen=True)
+class MLMTVariant:
+    """A row of :data:`MLMT_VARIANTS`: the roles, and which of the solver's turns are trained
+    (when the solver is: the attempt on r1 + η·r̄2, the refinement on r2)."""
+
+    roles: Roles
+    solver_trains: tuple[TurnKind, ...] = ("attempt", "refine")
+
+
+#: variant -> its roles and trained solver turns (METHOD.md, "Variants of mlmt").
+MLMT_VARIANTS: dict[str, MLMTVariant] = {
+    "full": MLMTVariant(Roles("trained", "trained", "critic")),
+    "fixed_feedback": MLMTVariant(Roles("trained", "frozen", "critic")),   # the paper's fixed critic
+    "shared_policy": MLMTVariant(Roles("trained", "shared", "critic")),    # one model plays both roles
+    "oracle_feedback": MLMTVariant(Roles("trained", "absent", "oracle")),  # a rule that sees y*: an upper bound
+    "null_feedback": MLMTVariant(Roles("trained", "absent", "null")),      # g = g∅
+    "critic_only": MLMTVariant(Roles("frozen", "trained", "critic")),      # CTRL-style: only the critic learns
 }
 
 
@@ -108,6 +117,13 @@ class AlgorithmParams(BaseModel):
         """Field name -> count, for the counts that multiply a step's largest turn per problem
         (G, K, M); the spec's bound on sequences per step multiplies them."""
         return {}
+
+    @classmethod
+    def variants(cls) -> dict[str, dict[str, object]]:
+        """Named parameter settings that change the algorithm's step plan (which turns it
+        generates or trains, and how): each is checked against ``mlmt-bench plan`` by the plan
+        parity test (tests/test_plan.py) without a line there. Default: the defaults alone."""
+        return {"default": {}}
 
 
 class LossParams(AlgorithmParams):
@@ -238,6 +254,10 @@ class CritiqueGRPOParams(GRPOParams):
     def roles(self) -> Roles:
         return Roles("trained", "frozen" if self.critique_source == "critic" else "absent", self.critique_source)
 
+    @classmethod
+    def variants(cls) -> dict[str, dict[str, object]]:
+        return {source: {"critique_source": source} for source in ("critic", "oracle")}
+
 
 _SELF_DISTILL_CRITIC: dict[str, RoleMode] = {"critic": "frozen", "oracle": "absent", "mlmt": "trained"}
 
@@ -254,6 +274,11 @@ class SelfDistillParams(GRPOParams):
     def roles(self) -> Roles:
         return Roles("trained", _SELF_DISTILL_CRITIC[self.critique_source],
                      "oracle" if self.critique_source == "oracle" else "critic")
+
+    @classmethod
+    def variants(cls) -> dict[str, dict[str, object]]:
+        return {f"{source}-{distill}": {"critique_source": source, "distill": distill}
+                for source in _SELF_DISTILL_CRITIC for distill in ("sft", "kl")}
 
 
 class SelfCorrectParams(LossParams):
@@ -326,7 +351,11 @@ class MLMTParams(LossParams):
         return v
 
     def roles(self) -> Roles:
-        return MLMT_VARIANTS[self.variant]
+        return MLMT_VARIANTS[self.variant].roles
+
+    @classmethod
+    def variants(cls) -> dict[str, dict[str, object]]:
+        return {name: {"variant": name} for name in MLMT_VARIANTS}
 
     def sample_factors(self) -> dict[str, int]:
         return {"group_size": self.group_size, "feedbacks": self.feedbacks, "refinements": self.refinements}

@@ -23,17 +23,18 @@ from mlmt_bench.algorithms.base import (
     reward_stats,
 )
 from mlmt_bench.algorithms.params import SelfCorrectParams
-from mlmt_bench.rollout.episodes import Program, Rollout
+from mlmt_bench.algorithms.step_plan import POLICY, StepPlan
+from mlmt_bench.rollout.episodes import Rollout
 
 
 class SelfCorrect(Algorithm):
     Params = SelfCorrectParams
     params: SelfCorrectParams  # what __init__ is given: an instance of Params
-    trained_turns = {"attempt": "own", "refine": "own"}
     budget_dependent = True  # stage I is the first stage1_frac of the budget
 
-    def program(self, step: int) -> Program:
-        return Program(attempts=self.params.group_size, feedback="null", feedbacks=1, refinements=1)
+    def step_plan(self, step: int) -> StepPlan:
+        # stage I trains turn 1 too: its KL toward π_ref (β₂) is a gradient
+        return StepPlan.of(self.params.group_size, "null", train={"attempt": POLICY, "refine": POLICY})
 
     @staticmethod
     def stage_of(frac_done: float, stage1_frac: float) -> int:
@@ -52,7 +53,8 @@ class SelfCorrect(Algorithm):
             shaped2, beta1 = core.progress_bonus_reward(r1_of_refine, r2, p.alpha), p.beta
             adv1, _ = group_advantages(r1, problem_of(rollout, attempts), p.advantage_of("solver"))
         adv2, zero = group_advantages(shaped2, problem_of(rollout, refines), p.advantage_of("solver"))
-        items = self.items(rollout, attempts, adv1, beta1) + self.items(rollout, refines, adv2, p.beta)
+        items, sampled = self.role_items(rollout, self.step_plan(step), [("attempt", attempts, adv1, beta1),
+                                                                         ("refine", refines, adv2, p.beta)])
         stats = {**reward_stats(r1, r2, r2), "stage": float(stage), "frac_zero_std": zero}
-        return Credit({"solver": items}, {"solver": len(attempts) + len(refines)},
+        return Credit({"solver": items}, {"solver": sampled},
                       {**by_turn(attempts, adv1), **by_turn(refines, adv2)}, stats=stats)

@@ -22,7 +22,6 @@ Evaluation: acc@t1 is the distilled one-turn skill, acc@t2 the refine protocol.
 
 from __future__ import annotations
 
-from mlmt_bench.algorithms import core
 from mlmt_bench.algorithms.base import (
     Algorithm,
     Credit,
@@ -34,19 +33,21 @@ from mlmt_bench.algorithms.base import (
 )
 from mlmt_bench.algorithms.critic_credit import critic_credit, feedback_means
 from mlmt_bench.algorithms.params import SelfDistillParams
-from mlmt_bench.rollout.episodes import Program, Rollout
+from mlmt_bench.algorithms.step_plan import POLICY, StepPlan, Training
+from mlmt_bench.rollout.episodes import Rollout
 
 
 class SelfDistill(Algorithm):
     Params = SelfDistillParams
     params: SelfDistillParams  # what __init__ is given: an instance of Params
-    trained_turns = {"attempt": "own", "feedback": "own", "refine": "auxiliary"}  # refinements distilled (δ·L)
 
-    def teacher_turn(self) -> str | None:
-        return "refine" if self.params.distill == "kl" else None  # the KL teacher reads ŷ after (x, z, g)
-
-    def program(self, step: int) -> Program:
-        return Program(attempts=self.params.group_size, feedback=self.roles().feedback)
+    def step_plan(self, step: int) -> StepPlan:
+        # refinements distilled into π(·|x) (δ·L); the KL teacher reads ŷ after (x, z, g)
+        distilled = Training("sft" if self.params.distill == "sft" else "distill", context="x")
+        trains_critic = self.roles().critic in ("trained", "shared")  # critique_source: mlmt
+        return StepPlan.of(self.params.group_size, self.roles().feedback,
+                           train={"attempt": POLICY, "refine": distilled,
+                                  **({"feedback": POLICY} if trains_critic else {})})
 
     def credit(self, rollout: Rollout, step: int, inputs: CreditInputs) -> Credit:
         p = self.params
@@ -54,11 +55,11 @@ class SelfDistill(Algorithm):
         r1, r2 = self.solver_rewards(rollout, attempts, inputs), self.solver_rewards(rollout, refines, inputs)
         adv, zero = group_advantages(r1, problem_of(rollout, attempts), p.advantage_of("solver"))
         distilled = [i for i, r in zip(refines, r2.tolist()) if p.distill_on == "all" or r == 1.0]
-        mode = core.SFT if p.distill == "sft" else core.DISTILL
-        aux = self.items(rollout, distilled, [p.delta] * len(distilled), 0.0, mode, to_x=True)
+        plan = self.step_plan(step)
+        items, sampled = self.role_items(rollout, plan, [("attempt", attempts, adv, p.beta),
+                                                         ("refine", distilled, [p.delta] * len(distilled), 0.0)])
         stats = {**reward_stats(r1, r2, r1), "frac_zero_std": zero, "distilled": float(len(distilled))}
-        credit = Credit({"solver": self.items(rollout, attempts, adv, p.beta) + aux}, {"solver": len(attempts)},
-                        by_turn(attempts, adv), stats=stats)
-        if p.critique_source == "mlmt":  # the critic trained as MLMT-RL's higher level on ū (λ = 0)
-            credit = credit.merged(critic_credit(self, rollout, feedback_means(rollout, r2), None, 0.0))
+        credit = Credit({"solver": items}, {"solver": sampled}, by_turn(attempts, adv), stats=stats)
+        if plan.training("feedback") is not None:  # the critic trained as MLMT-RL's higher level on ū (λ = 0)
+            credit = credit.merged(critic_credit(self, plan, rollout, feedback_means(rollout, r2), None, 0.0))
         return credit

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from mlmt_bench.algorithms import core, losses
+from mlmt_bench.algorithms.step_plan import AUXILIARY_KINDS, TrainKind
 from mlmt_bench.fsdp import gathered, is_sharded, scalar
 from mlmt_bench.machine import memory
 from mlmt_bench.machine.dist import Dist
@@ -23,15 +24,16 @@ __all__ = ["LossConfig", "TrainItem", "padded_batch", "sequence_logprobs", "upda
 @dataclass
 class TrainItem:
     """A generated turn to train on: context ``prompt_ids``, trained ``ids``, its advantage (or
-    weight) and KL weight, and how it is trained (``mode``, see :mod:`core`: POLICY, an off-policy
-    SHAPED response, or an auxiliary SFT / DISTILL term; DISTILL's teacher reads the same ``ids``
-    after ``teacher_prompt_ids``)."""
+    weight) and KL weight, and how it is trained (``kind``, the step plan's training kind,
+    :mod:`mlmt_bench.algorithms.step_plan`: "policy", an off-policy "shaped" response, or an
+    auxiliary "sft" / "distill" term; a "distill" item's teacher reads the same ``ids`` after
+    ``teacher_prompt_ids``)."""
 
     prompt_ids: list[int]
     ids: list[int]
     advantage: float
     beta: float = 0.0
-    mode: int = core.POLICY
+    kind: TrainKind = "policy"
     teacher_prompt_ids: list[int] | None = None
 
 
@@ -47,21 +49,21 @@ class LossConfig:
     ratio: str = "token"  # token | sequence (GSPO)
     loss: str = "clip"  # a policy loss of algorithms/losses.py: clip | cispo | ...
     cispo_max: float = losses.CISPO_MAX
-    shaping_gamma: float = losses.SHAPING_GAMMA  # policy shaping of off-policy (SHAPED) rows: pi / (pi + gamma)
+    shaping_gamma: float = losses.SHAPING_GAMMA  # policy shaping of off-policy ("shaped") rows: pi / (pi + gamma)
     loss_options: dict[str, float] = field(default_factory=dict)  # the loss's own options
 
 
 def _is_auxiliary(item: TrainItem) -> bool:
-    return item.mode in (core.SFT, core.DISTILL)
+    return item.kind in AUXILIARY_KINDS
 
 
 def update_policy(policy: Any, optimizer: torch.optim.Optimizer, scheduler: Any, items: list[TrainItem],
                   cfg: LossConfig, dist: Any = None, constant_norm: float = 0.0) -> dict[str, float]:
     """``cfg.epochs`` passes over ``items``, each one optimiser step of policy loss + auxiliary term.
 
-    The policy loss covers POLICY and SHAPED items, aggregated by ``cfg.loss_agg``; the auxiliary
-    term is the token mean, over every SFT and DISTILL item's tokens, of ``weight × (−log π)``
-    (SFT) or ``weight × KL(teacher ‖ π)`` (DISTILL), the weight being the item's ``advantage``:
+    The policy loss covers "policy" and "shaped" items, aggregated by ``cfg.loss_agg``; the auxiliary
+    term is the token mean, over every "sft" and "distill" item's tokens, of ``weight × (−log π)``
+    ("sft") or ``weight × KL(teacher ‖ π)`` ("distill"), the weight being the item's ``advantage``:
     with its own normaliser, it is a separate term of the objective (self-distillation's δ·L).
 
     Each pass runs in micro-batches of at most ``cfg.micro_batch_tokens`` padded tokens (and
@@ -74,7 +76,7 @@ def update_policy(policy: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
     global counts and gradients are summed across processes, so the update equals the
     single-process update on the whole batch.
 
-    π_old (when epochs > 1), π_ref (when an item has beta > 0) log-probs and the DISTILL
+    π_old (when epochs > 1), π_ref (when an item has beta > 0) log-probs and the "distill"
     teachers' logits are computed once, before the first pass, over the same micro-batches
     (memory phase ``logprobs``).
 
@@ -144,10 +146,10 @@ def _plan_batches(model: Any, items: list[TrainItem], cfg: LossConfig, dist: Any
 
 
 def _precompute(policy: Any, plan: _Plan, cfg: LossConfig, dist: Any) -> _Fixed:
-    """π_old (epochs > 1), π_ref (beta > 0) and the DISTILL teachers, before the first update."""
+    """π_old (epochs > 1), π_ref (beta > 0) and the "distill" teachers, before the first update."""
     model, pad_id = policy.model, policy.tokenizer.pad_token_id
     fixed = _Fixed(None, [None] * len(plan.batches), [None] * len(plan.aux_batches), 0)
-    if not dist.any(cfg.epochs > 1 or plan.needs_ref or any(it.mode == core.DISTILL for it in plan.aux_items)):
+    if not dist.any(cfg.epochs > 1 or plan.needs_ref or any(it.kind == "distill" for it in plan.aux_items)):
         return fixed
     # FSDP: the weights gathered, so that these passes need no communication
     with memory.phase("logprobs"), torch.no_grad(), gathered(model):
@@ -160,7 +162,7 @@ def _precompute(policy: Any, plan: _Plan, cfg: LossConfig, dist: Any) -> _Fixed:
                                for mb in plan.batches]
             fixed.extra_tokens += sum(seq_len(it) for it in plan.rl_items)
         for k, mb in enumerate(plan.aux_batches):
-            if any(it.mode == core.DISTILL for it in mb):
+            if any(it.kind == "distill" for it in mb):
                 fixed.teachers[k] = completion_logits(model, mb, pad_id, [it.teacher_prompt_ids or it.prompt_ids
                                                                            for it in mb])[0]
                 fixed.extra_tokens += sum(len(it.teacher_prompt_ids or it.prompt_ids) + len(it.ids) for it in mb)
@@ -199,9 +201,9 @@ def _policy_micro_step(model: Any, mb: list[TrainItem], pad_id: int, old_logp: t
     old = logp.detach() if old_logp is None else old_logp
     adv = torch.tensor([it.advantage for it in mb], dtype=logp.dtype, device=logp.device)
     beta = torch.tensor([[it.beta] for it in mb], dtype=logp.dtype, device=logp.device)
-    modes = torch.tensor([it.mode for it in mb], dtype=torch.long)
     loss, s = core.grpo_loss(logp, old, ref_logp, adv, mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                             beta=beta if plan.needs_ref else 0.0, agg=cfg.loss_agg, norm=norm, row_mode=modes,
+                             beta=beta if plan.needs_ref else 0.0, agg=cfg.loss_agg, norm=norm,
+                             row_kinds=[it.kind for it in mb],
                              ratio=cfg.ratio, loss=cfg.loss, cispo_max=cfg.cispo_max, shaping_gamma=cfg.shaping_gamma,
                              loss_options=cfg.loss_options)
     n_tok = int(mask.sum())
@@ -227,14 +229,14 @@ def _totals(stats: dict[str, float], plan: _Plan, fixed: _Fixed, items: list[Tra
 
 
 def _auxiliary_sum(model: Any, items: list[TrainItem], pad_id: int, teacher: torch.Tensor | None) -> torch.Tensor:
-    """Σ over the items' tokens of weight × (−log π) (SFT) or weight × KL(teacher ‖ π) (DISTILL)."""
+    """Σ over the items' tokens of weight × (−log π) ("sft") or weight × KL(teacher ‖ π) ("distill")."""
     logits, mask = completion_logits(model, items, pad_id)
     ids = torch.zeros(mask.shape, dtype=torch.long, device=logits.device)
     for b, it in enumerate(items):
         ids[b, :len(it.ids)] = torch.tensor(it.ids, device=logits.device)
     per_token = -core.token_logprobs(logits, ids)
     if teacher is not None:
-        distill = torch.tensor([it.mode == core.DISTILL for it in items], device=logits.device).unsqueeze(1)
+        distill = torch.tensor([it.kind == "distill" for it in items], device=logits.device).unsqueeze(1)
         per_token = torch.where(distill, core.distill_kl(logits, teacher), per_token)
     weight = torch.tensor([it.advantage for it in items], dtype=per_token.dtype, device=per_token.device)
     return (per_token * weight.unsqueeze(1) * mask).sum()

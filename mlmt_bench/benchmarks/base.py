@@ -91,8 +91,8 @@ class Benchmark:
 
     def full_response(self, problem: Problem, attempt: str, refinement: str) -> str:
         """The refinement of ``attempt`` as a complete answer to ``problem`` alone: what
-        ``critique_grpo`` and ``self_distill`` train as a response to x (``trained_turns``
-        ``"as_attempt"`` / ``"auxiliary"``). Pure text in, text out.
+        ``critique_grpo`` and ``self_distill`` train as a response to x (a step plan's
+        ``Training(context="x")``, ``algorithms/step_plan.py``). Pure text in, text out.
 
         This default is the refinement itself, for benchmarks whose refinements are complete
         answers. A benchmark whose solver writes a *revision* (only the part that changes, which

@@ -51,11 +51,11 @@ from mlmt_bench.plan.throughput import GB, Device, backend_key, load_table, reso
 from mlmt_bench.plan.work import (
     eval_work,
     evaluations,
-    generated_turns,
     planned_policies,
     prompt_lengths,
+    step_turns,
     step_work,
-    trained_turns,
+    trained_sequences,
 )
 
 __all__ = ["plan_run", "plan_spec", "refusal", "render", "load_table", "resolve_device", "Device"]
@@ -79,9 +79,10 @@ def plan_run(spec: RunSpec, device: Device, gpus: int = 1, table: dict[str, Any]
     b = spec.backend
     t_new, t_fb = b.max_new_tokens, b.feedback_max_new_tokens or b.max_new_tokens
     n = max(1, math.ceil(spec.train.problems_per_step / gpus))
-    program = algorithm.program(0)
-    turns = generated_turns(program, n, lengths, t_new, t_fb)
-    trained = trained_turns(turns, algorithm, policies, lengths)
+    step_plan = algorithm.step_plan(0)
+    program = step_plan.program()
+    turns = step_turns(step_plan, n, lengths, t_new, t_fb)
+    trained = trained_sequences(turns, policies, lengths)
     value_tokens = 0.0
     if algorithm.value_model is not None:  # features of each feedback's refinement context
         refine = next((t for t in turns if t.kind == "refine"), None)
@@ -89,10 +90,6 @@ def plan_run(spec: RunSpec, device: Device, gpus: int = 1, table: dict[str, Any]
         if refine is not None and feedback is not None:
             value_tokens = feedback.count * refine.prompt
     step = step_work(turns, trained, params, value_tokens)
-    teacher = algorithm.teacher_turn()
-    if teacher is not None:  # a distillation teacher reads that turn in its own context
-        turn = next(t for t in turns if t.kind == teacher)
-        step.add("forward", "solver", turn.count * (turn.prompt + turn.new))
     model_params = {r: p.shape.params for r, p in policies.items()}
 
     gen_per_step = sum(step.generated.values()) * gpus
@@ -108,9 +105,9 @@ def plan_run(spec: RunSpec, device: Device, gpus: int = 1, table: dict[str, Any]
         steps = min(steps, flop_steps)
     n_eval_runs = evaluations(steps, spec.eval.every)
     e = lengths.eval_problems or 0
-    eval_program = algorithm.eval_program()
-    eval_turns = generated_turns(eval_program, e, lengths, t_new, t_fb)
-    one_eval = eval_work(eval_program, e, lengths, t_new, t_fb, spec.eval.feedback_metrics)
+    eval_plan = algorithm.eval_plan()
+    eval_turns = step_turns(eval_plan, e, lengths, t_new, t_fb)
+    one_eval = eval_work(eval_plan, e, lengths, t_new, t_fb, spec.eval.feedback_metrics)
     train_total = step.scaled(steps)
     eval_total = one_eval.scaled(n_eval_runs)
 

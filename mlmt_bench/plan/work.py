@@ -1,10 +1,11 @@
 """What one training step (and one evaluation) of a run generates, trains on and reads again.
 
-From the algorithm's own episode program and roles, the spec's lengths and the benchmark's
-prompts (measured with the solver's tokenizer when it can be read offline, else estimated from
-characters): the generated turns of a step, the sequences each updated role trains on, and the
-tokens of each kind as the trainer counts them (:class:`Work`), all as upper bounds (every turn
-runs to its ``max_new_tokens``, every trained turn has a gradient).
+From the algorithm's step plan (``algorithms/step_plan.py``: the turns a step generates and how
+each is trained) and roles, the spec's lengths and the benchmark's prompts (measured with the
+solver's tokenizer when it can be read offline, else estimated from characters): the generated
+turns of a step, the sequences each updated role trains on, and the tokens of each kind as the
+trainer counts them (:class:`Work`), all as upper bounds (every turn runs to its
+``max_new_tokens``, every trained turn has a gradient).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from mlmt_bench.metrics import cost
 
 if TYPE_CHECKING:
     from mlmt_bench.algorithms.params import LossParams
+    from mlmt_bench.algorithms.step_plan import StepPlan, Training
     from mlmt_bench.models.policy_spec import PolicySpec
     from mlmt_bench.spec import RunSpec
 
@@ -25,7 +27,6 @@ if TYPE_CHECKING:
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-@dataclass
 @dataclass
 class PlannedPolicy:
     """A policy as the plan sees it: its spec, its architecture, and whether it is updated."""
@@ -64,15 +65,20 @@ class Lengths:
 
 @dataclass
 class Turn:
-    """One kind of generated turn in a step: who, how many, prompt and generated tokens each."""
+    """One kind of generated turn in a step: who, how many, prompt and generated tokens each, and
+    how the step plan trains it (None: not trained)."""
 
     kind: str
     role: str
     count: int
     prompt: float
     new: int
-    trained: bool = False
-    auxiliary: bool = False  # trained in an auxiliary term (SFT / DISTILL): no π_old or π_ref pass over it
+    training: Training | None = None
+
+    @property
+    def auxiliary(self) -> bool:
+        """Trained in an auxiliary term ("sft" / "distill"): no π_old or π_ref pass over it."""
+        return self.training is not None and self.training.auxiliary
 
 
 @dataclass
@@ -197,43 +203,36 @@ def prompt_lengths(spec: RunSpec) -> Lengths:
 
 
 
-def generated_turns(program: Any, n: int, lengths: Lengths, t_new: int, t_fb: int) -> list[Turn]:
-    """The generated turns of one rollout over ``n`` problems (``program``: the algorithm's Program)."""
-    g, k, m = program.attempts, program.feedbacks, program.refinements
-    out = [Turn("attempt", "solver", n * g, lengths.attempt, t_new)]
-    if program.feedback == "none":
-        return out
-    fb: float
-    if program.feedback == "critic":
-        out.append(Turn("feedback", "critic", n * g * k, lengths.feedback_extra + t_new, t_fb))
-        fb = t_fb
-    else:
-        fb = lengths.null_feedback if program.feedback == "null" else t_fb  # oracle text: bounded by t_fb
-    refine_prompt = lengths.attempt + t_new + 1 + lengths.refine_extra + fb
-    out.append(Turn("refine", "solver", n * g * k * m, refine_prompt, t_new))
+def step_turns(plan: StepPlan, n: int, lengths: Lengths, t_new: int, t_fb: int) -> list[Turn]:
+    """The model-generated turns of one step over ``n`` problems, as ``plan`` declares them (counts
+    down its tree, how each is trained), with the prompt the rollout builds for each kind: x; the
+    critic's prompt around the attempt; x, z and the feedback (up to ``t_fb`` tokens from the
+    critic or the oracle, g∅'s from the null rule) before a refinement."""
+    out = []
+    feedback = 0.0
+    for tp in plan.turns:
+        count = plan.count(tp.kind, n)
+        if tp.kind == "feedback":
+            feedback = lengths.null_feedback if tp.writer == "null" else t_fb  # oracle text: bounded by t_fb
+            prompt, new = lengths.feedback_extra + t_new, t_fb
+        elif tp.kind == "refine":
+            prompt, new = lengths.attempt + t_new + 1 + lengths.refine_extra + feedback, t_new
+        else:
+            prompt, new = lengths.attempt, t_new
+        if tp.generated:
+            out.append(Turn(tp.kind, tp.writer, count, prompt, new, tp.training))
     return out
 
 
-#: How a kind of turn is trained (``Algorithm.trained_turns``).
-TRAINED_MODES = ("own", "as_attempt", "auxiliary")
-
-
-def trained_turns(turns: list[Turn], algorithm: Any, policies: dict[str, PlannedPolicy],
-                  lengths: Lengths) -> list[Turn]:
+def trained_sequences(turns: list[Turn], policies: dict[str, PlannedPolicy], lengths: Lengths) -> list[Turn]:
     """The sequences each updated role trains on in a step (upper bound: every one has a gradient):
-    the turns the algorithm's ``trained_turns`` lists, with the context they are trained in and
-    whether they are an auxiliary term (``Algorithm.trained_turns``: own, as_attempt, auxiliary)."""
-    how = algorithm.trained_turns
+    the turns the step plan trains, in the context it trains them in (their own, or x alone)."""
     out = []
     for t in turns:
-        mode = how.get(t.kind)
-        if mode is not None and mode not in TRAINED_MODES:
-            raise ValueError(f"{type(algorithm).__name__}.trained_turns[{t.kind!r}] = {mode!r}: expected one of "
-                             f"{', '.join(TRAINED_MODES)}")
-        if mode is None or not (t.role in policies and policies[t.role].trains):
+        if t.training is None or not (t.role in policies and policies[t.role].trains):
             continue
-        prompt = t.prompt if mode == "own" else lengths.attempt
-        out.append(Turn(t.kind, t.role, t.count, prompt, t.new, trained=True, auxiliary=mode == "auxiliary"))
+        prompt = t.prompt if t.training.context == "own" else lengths.attempt
+        out.append(Turn(t.kind, t.role, t.count, prompt, t.new, t.training))
     return out
 
 
@@ -241,8 +240,9 @@ def step_work(turns: list[Turn], trained: list[Turn], params: LossParams | None,
     """Tokens of one step as the trainer counts them: prefill and generated per generated turn;
     trained sequences (prompt + completion) every epoch; extra forward passes over them once each
     for π_ref (β > 0, or self_correct's β₂) and π_old (epochs > 1), except over auxiliary ones
-    (the update computes neither for SFT / DISTILL items); ``value_contexts`` tokens for the
-    learned value's features (METHOD.md v2)."""
+    (the update computes neither for "sft" / "distill" items), and a distillation teacher's pass
+    over each "distill" turn in its own context; ``value_contexts`` tokens for the learned
+    value's features (METHOD.md v2)."""
     w = Work()
     for t in turns:
         w.add("prefill", t.role, t.count * t.prompt)
@@ -254,14 +254,18 @@ def step_work(turns: list[Turn], trained: list[Turn], params: LossParams | None,
         w.add("trained", t.role, seq * epochs)
         if not t.auxiliary:
             w.add("forward", t.role, seq * (int(ref) + int(epochs > 1)))
+    for t in turns:  # the teacher reads the turn after its own context, once per step
+        if t.training is not None and t.training.teacher and any(tr.kind == t.kind for tr in trained):
+            w.add("forward", t.role, t.count * (t.prompt + t.new))
     if value_contexts:
         w.add("forward", "solver", value_contexts)
     return w
 
 
-def eval_work(program: Any, e: int, lengths: Lengths, t_new: int, t_fb: int, feedback_metrics: bool) -> Work:
-    turns = generated_turns(program, e, lengths, t_new, t_fb)
+def eval_work(plan: StepPlan, e: int, lengths: Lengths, t_new: int, t_fb: int, feedback_metrics: bool) -> Work:
+    turns = step_turns(plan, e, lengths, t_new, t_fb)
     w = step_work(turns, [], None, 0)
+    program = plan.program()
     if program.feedback in ("critic", "oracle") and feedback_metrics:
         refine = next(t for t in turns if t.kind == "refine")
         null_prompt = refine.prompt - t_fb + lengths.null_feedback

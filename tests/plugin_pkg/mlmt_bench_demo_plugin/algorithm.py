@@ -7,7 +7,8 @@ from pydantic import Field
 
 from mlmt_bench.algorithms.base import Algorithm, Credit, CreditInputs, by_turn, group_advantages, problem_of
 from mlmt_bench.algorithms.params import LossParams, Roles
-from mlmt_bench.rollout.episodes import Program, Rollout
+from mlmt_bench.algorithms.step_plan import POLICY, StepPlan
+from mlmt_bench.rollout.episodes import Rollout
 
 
 class RefineParams(LossParams):
@@ -24,10 +25,9 @@ class RefineParams(LossParams):
 class OracleRefine(Algorithm):
     Params = RefineParams
     params: RefineParams
-    trained_turns = {"attempt": "own", "refine": "own"}
 
-    def program(self, step: int) -> Program:
-        return Program(attempts=self.params.group_size, feedback="oracle")
+    def step_plan(self, step: int) -> StepPlan:
+        return StepPlan.of(self.params.group_size, "oracle", train={"attempt": POLICY, "refine": POLICY})
 
     def credit(self, rollout: Rollout, step: int, inputs: CreditInputs) -> Credit:
         p = self.params
@@ -37,7 +37,8 @@ class OracleRefine(Algorithm):
         adv1, _ = group_advantages(r1, problem_of(rollout, attempts), p.advantage_of("solver"))
         adv2, _ = group_advantages(r2, problem_of(rollout, refines), p.advantage_of("solver"))
         adv2 = adv2 * p.refine_weight
-        items = self.items(rollout, attempts, adv1, p.beta) + self.items(rollout, refines, adv2, p.beta)
-        return Credit({"solver": items}, {"solver": len(attempts) + len(refines)},
+        items, sampled = self.role_items(rollout, self.step_plan(step), [("attempt", attempts, adv1, p.beta),
+                                                                         ("refine", refines, adv2, p.beta)])
+        return Credit({"solver": items}, {"solver": sampled},
                       {**by_turn(attempts, adv1), **by_turn(refines, adv2)},
                       stats={"demo_refines": float(len(refines)), "reward_mean": float(r2.mean())})
