@@ -83,6 +83,7 @@ MLMT_VARIANTS: dict[str, MLMTVariant] = {
     "oracle_feedback": MLMTVariant(Roles("trained", "absent", "oracle")),  # a rule that sees y*: an upper bound
     "null_feedback": MLMTVariant(Roles("trained", "absent", "null")),      # g = g∅
     "critic_only": MLMTVariant(Roles("frozen", "trained", "critic")),      # CTRL-style: only the critic learns
+    "refine_only": MLMTVariant(Roles("trained", "trained", "critic"), ("refine",)),  # the attempt turn not trained
 }
 
 
