@@ -7,16 +7,30 @@ use, so choosing ``backend: vllm`` imports vLLM and nothing else does.
 Third-party packages add entries through the entry-point group ``mlmt_bench.plugins``:
 each entry point names a callable ``register(registries: dict[str, Registry]) -> None``.
 Plugins are loaded the first time a name is missing or a listing is asked for.
+
+Each registry is typed by its kind's base class (``Registry[type[Benchmark]]``, ...), as lm-eval's
+are: an entry must subclass it (a model factory: be an instance of it), checked when the entry is
+first imported, so what a component can do is read from the base's declared attributes and
+methods, never probed with ``getattr``.
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from mlmt_bench.errors import UserError
+
+if TYPE_CHECKING:
+    from mlmt_bench.algorithms.base import Algorithm
+    from mlmt_bench.benchmarks.base import Benchmark
+    from mlmt_bench.models.factory import ModelFactory
+    from mlmt_bench.rollout.backend import Backend
+    from mlmt_bench.trackers import Tracker
+    from mlmt_bench.verifiers.base import Verifier
 
 T = TypeVar("T")
 
@@ -45,10 +59,17 @@ class UnknownComponentError(UserError):
 
 
 class Registry(Generic[T]):
-    """name -> component, with lazy imports and did-you-mean errors."""
+    """name -> component, with lazy imports and did-you-mean errors.
 
-    def __init__(self, kind: str) -> None:
+    ``base``: ``"module:Class"``, the class every entry subclasses (``instances``: is an instance
+    of), checked at registration for an object and on first import for a ``"module:attribute"``
+    entry; anything else is a one-line :class:`UserError`.
+    """
+
+    def __init__(self, kind: str, base: str, *, instances: bool = False) -> None:
         self.kind = kind
+        self.base = base
+        self.instances = instances
         self._entries: dict[str, Entry] = {}
 
     def register(self, name: str, target: Any, description: str, *, source: str = "builtin",
@@ -57,7 +78,23 @@ class Registry(Generic[T]):
             raise ValueError(f"{self.kind} {name!r}: description must be one non-empty line")
         if name in self._entries and not overwrite:
             raise ValueError(f"{self.kind} {name!r} is already registered")
+        if not isinstance(target, str):
+            self._check(name, target)
         self._entries[name] = Entry(name, target, description, source, params)
+
+    def _check(self, name: str, target: Any) -> None:
+        """A one-line UserError unless ``target`` subclasses (is an instance of) the base."""
+        module_name, _, attr = self.base.partition(":")
+        # looked up, not imported: a subclass or instance has imported the base's module already
+        # (so refusing one never imports torch, which the algorithms' base needs)
+        base = getattr(sys.modules.get(module_name), attr, None)
+        if base is not None and (isinstance(target, base) if self.instances
+                                 else isinstance(target, type) and issubclass(target, base)):
+            return
+        what = "be an instance of" if self.instances else "subclass"
+        shown = target.__name__ if isinstance(target, type) else type(target).__name__
+        raise UserError(f"{self.kind} {name!r} must {what} {module_name}.{attr} "
+                        f"({'it is the class' if isinstance(target, type) else 'it is a'} {shown})")
 
     def __contains__(self, name: str) -> bool:
         if name in self._entries:
@@ -86,13 +123,15 @@ class Registry(Generic[T]):
             module_name, _, attr = entry.target.partition(":")
             try:
                 module = importlib.import_module(module_name)
-                entry.target = getattr(module, attr) if attr else module
+                target = getattr(module, attr) if attr else module
             except ImportError as exc:
                 raise UserError(
                     f"{self.kind} {name!r} needs a package that is not installed "
                     f"({exc.name or exc}); see the README for the extra that provides it"
                 ) from exc
-        return cast(T, entry.target)  # what was registered under the name (the registry's contract)
+            self._check(name, target)
+            entry.target = target
+        return cast(T, entry.target)  # checked against the base (:meth:`_check`)
 
     def declared_params(self, name: str) -> Any | None:
         """The parameters model the entry ``name`` declares (imported from its ``params`` pointer,
@@ -116,12 +155,12 @@ def unknown_message(kind: str, name: Any, known: list[str]) -> str:
     return f"unknown {kind} {echo(name)}{did_you_mean(name, known)} (known: {', '.join(known)})"
 
 
-benchmarks: Registry[Any] = Registry("benchmark")
-verifiers: Registry[Any] = Registry("verifier")
-models: Registry[Any] = Registry("model")
-backends: Registry[Any] = Registry("backend")
-algorithms: Registry[Any] = Registry("algorithm")
-trackers: Registry[Any] = Registry("tracker")  # mlmt_bench/trackers: Tracker subclasses (tracking.report_to)
+benchmarks: Registry[type[Benchmark]] = Registry("benchmark", "mlmt_bench.benchmarks.base:Benchmark")
+verifiers: Registry[type[Verifier]] = Registry("verifier", "mlmt_bench.verifiers.base:Verifier")
+models: Registry[ModelFactory] = Registry("model", "mlmt_bench.models.factory:ModelFactory", instances=True)
+backends: Registry[type[Backend]] = Registry("backend", "mlmt_bench.rollout.backend:Backend")
+algorithms: Registry[type[Algorithm]] = Registry("algorithm", "mlmt_bench.algorithms.base:Algorithm")
+trackers: Registry[type[Tracker]] = Registry("tracker", "mlmt_bench.trackers:Tracker")  # tracking.report_to
 
 REGISTRIES: dict[str, Registry[Any]] = {
     "benchmark": benchmarks,

@@ -369,10 +369,10 @@ def start_trackers(spec: RunSpec, run_dir: RunDir, fields: dict[str, Any], group
     run_dir.update_manifest(trackers=hub.state(), tracking_group=group)
 
 
-def _sandbox_record(verifier: Any) -> dict[str, Any]:
-    """``{"sandbox_disabled": [...]}`` for a verifier with a sandbox (printed when not empty: a
-    weakened sandbox is never silent), else ``{}``."""
-    disabled = getattr(verifier, "sandbox_disabled", None)
+def _sandbox_record(verifier: Verifier) -> dict[str, Any]:
+    """``{"sandbox_disabled": [...]}`` for a verifier with a sandbox (``Verifier.sandbox_disabled``
+    not None; printed when not empty: a weakened sandbox is never silent), else ``{}``."""
+    disabled = verifier.sandbox_disabled
     if disabled is None:
         return {}
     if disabled:

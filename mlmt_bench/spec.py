@@ -590,10 +590,11 @@ def _validate_run(data: dict[str, Any], source: str) -> RunSpec:
         check_output_root(spec.output_dir, "")
     except UserError as exc:
         raise UserError(f"{source}: output_dir: {exc}") from None
-    checks = [("benchmark.name", registry.benchmarks, spec.benchmark.name),
-              ("backend.name", registry.backends, spec.backend.name),
-              ("algorithm.name", registry.algorithms, spec.algorithm.name),
-              ("policies.solver.model", registry.models, spec.policies.solver.model)]
+    checks: list[tuple[str, registry.Registry[Any], str]] = [
+        ("benchmark.name", registry.benchmarks, spec.benchmark.name),
+        ("backend.name", registry.backends, spec.backend.name),
+        ("algorithm.name", registry.algorithms, spec.algorithm.name),
+        ("policies.solver.model", registry.models, spec.policies.solver.model)]
     if spec.benchmark.verifier is not None:
         checks.append(("benchmark.verifier", registry.verifiers, spec.benchmark.verifier))
     if spec.policies.critic is not None:
@@ -601,12 +602,12 @@ def _validate_run(data: dict[str, Any], source: str) -> RunSpec:
     for where, reg, name in checks:
         if name not in reg:
             raise UserError(f"{source}: {where}: {reg.unknown_message(name)}")
-    from mlmt_bench.rollout.backend import declared, reject_unknown_options
+    from mlmt_bench.rollout.backend import reject_unknown_options
 
     try:
         backend_cls = registry.backends.get(spec.backend.name)
         reject_unknown_options(backend_cls, spec.backend.name, spec.backend.options)
-        declared(backend_cls).check_values(**spec.backend.options)
+        backend_cls.check_values(**spec.backend.options)
     except UserError as exc:
         raise UserError(f"{source}: {exc}") from None
     params_model = algorithm_params_model(spec.algorithm.name)
@@ -702,14 +703,11 @@ def algorithm_params_model(name: str) -> type[BaseModel]:
     declared = registry.algorithms.declared_params(name)
     if declared is not None:  # read without importing the algorithm (and torch)
         return cast(type[BaseModel], declared)
-    from mlmt_bench.algorithms.base import Algorithm
     from mlmt_bench.algorithms.params import LossParams
 
-    algo = registry.algorithms.get(name)
-    if not (isinstance(algo, type) and issubclass(algo, Algorithm) and isinstance(algo.Params, type)
-            and issubclass(algo.Params, LossParams)):
-        raise UserError(f"algorithm {name!r} must subclass mlmt_bench.algorithms.base.Algorithm, its Params a "
-                        "subclass of mlmt_bench.algorithms.params.LossParams")
+    algo = registry.algorithms.get(name)  # an Algorithm subclass (the registry checks)
+    if not (isinstance(algo.Params, type) and issubclass(algo.Params, LossParams)):
+        raise UserError(f"algorithm {name!r}: its Params must subclass mlmt_bench.algorithms.params.LossParams")
     return algo.Params
 
 

@@ -16,8 +16,8 @@ from conftest import minimal_spec
 from mlmt_bench import registry
 from mlmt_bench.errors import UserError
 from mlmt_bench.fsdp import Sharding
-from mlmt_bench.models.factory import ModelFactory, factory_of, model_factory
-from mlmt_bench.rollout.backend import Backend, BackendTraits, GenerationLoad, backend_class, declared
+from mlmt_bench.models.factory import ModelFactory, model_factory
+from mlmt_bench.rollout.backend import Backend, BackendTraits, GenerationLoad, backend_class
 from mlmt_bench.spec import validate_run
 
 
@@ -45,7 +45,7 @@ class FSDPBackend(Backend):
 
 
 class BareBackend:
-    """Written against the bare protocol: not a Backend subclass, declares nothing."""
+    """Written against the bare protocol: not a Backend subclass (the registry refuses it)."""
 
     name = "plugin-bare"
 
@@ -84,13 +84,21 @@ def fsdp_env(monkeypatch):
     return SimpleNamespace(enabled=True)  # a Dist whose processes are up
 
 
-@pytest.mark.parametrize("cls", [NoFSDPBackend, BareBackend])
-def test_a_plugin_backend_that_declares_no_fsdp_is_refused_in_one_line(fsdp_env, cls):
+def test_a_plugin_backend_that_declares_no_fsdp_is_refused_in_one_line(fsdp_env):
+    cls = NoFSDPBackend
     with registered(registry.backends, cls.name, cls):
         with pytest.raises(UserError) as err:
             Sharding(fsdp_env, cls.name, backend_class(cls.name).traits)
     msg = str(err.value)
     assert "\n" not in msg and repr(cls.name) in msg and "FSDP" in msg
+
+
+def test_a_backend_that_does_not_subclass_backend_is_refused_in_one_line():
+    with pytest.raises(UserError) as err:
+        registry.backends.register(BareBackend.name, BareBackend, "a plugin's (test)", source="test-plugin")
+    assert str(err.value) == ("backend 'plugin-bare' must subclass mlmt_bench.rollout.backend.Backend "
+                              "(it is the class BareBackend)")
+    assert BareBackend.name not in registry.backends
 
 
 def test_a_plugin_backend_that_declares_fsdp_is_accepted(fsdp_env):
@@ -103,7 +111,6 @@ def test_builtin_backends_declare_their_traits_and_defaults_are_conservative():
     assert backend_class("hf").traits == BackendTraits(holds_weights=False, supports_fsdp=True)
     assert backend_class("vllm").traits == BackendTraits(holds_weights=True, supports_fsdp=False, gpu_only=True)
     assert BackendTraits() == NoFSDPBackend.traits == BackendTraits(holds_weights=True, supports_fsdp=False)
-    assert declared(BareBackend) is Backend and declared(FSDPBackend) is FSDPBackend
 
 
 def test_asking_traits_imports_neither_vllm_nor_torch():
@@ -147,12 +154,15 @@ def test_a_plugin_factory_that_starts_from_the_base_needs_it_whatever_its_name()
         assert not needs_base(with_path, _algorithm(with_path))
 
 
-def test_a_plain_function_is_a_factory_that_declares_nothing():
+def test_a_plain_factory_declares_nothing_and_a_plain_function_is_refused():
     def build(role, spec, base_dir=None, device=None):
         return ("built", role, base_dir)
 
     name = "plugin-function"
-    with registered(registry.models, name, build):
+    with pytest.raises(UserError, match=r"^model 'plugin-function' must be an instance of "
+                                        r"mlmt_bench\.models\.factory\.ModelFactory \(it is a function\)$"):
+        registry.models.register(name, build, "a plugin's (test)", source="test-plugin")
+    with registered(registry.models, name, ModelFactory(build)):
         from mlmt_bench.runner import needs_base
 
         spec = validate_run(minimal_spec(policies={"solver": {"model": name}}), "t")
@@ -163,7 +173,6 @@ def test_a_plain_function_is_a_factory_that_declares_nothing():
         assert factory.real_benchmark_note("gsm8k") == ""
         with pytest.raises(UserError, match="needs a hub name or directory"):
             factory.shape("solver", spec.policies.solver, None)
-    assert factory_of(registry.models.get("tiny")) is registry.models.get("tiny")
 
 
 def test_builtin_factories_declare_the_shared_base():
@@ -319,9 +328,15 @@ def test_an_algorithms_params_are_its_class_params_and_nothing_else_is_accepted(
     class NotAnAlgorithm:
         Params = LossParams
 
+    class OwnParams(Algorithm):
+        Params = dict  # type: ignore[assignment]  # not a LossParams
+
     with registered(registry.algorithms, "plugin-bare-algo", Bare):
         spec = validate_run(minimal_spec(algorithm={"name": "plugin-bare-algo", "params": {"clip_high": 0.28}}), "t")
         assert spec.algorithm.params["clip_high"] == 0.28 and algorithm_params_model("plugin-bare-algo") is LossParams
-    with registered(registry.algorithms, "plugin-not-algo", NotAnAlgorithm):
-        with pytest.raises(UserError, match="algorithm 'plugin-not-algo' must subclass mlmt_bench.algorithms.base"):
-            validate_run(minimal_spec(algorithm={"name": "plugin-not-algo"}), "t")
+    with pytest.raises(UserError, match="algorithm 'plugin-not-algo' must subclass mlmt_bench.algorithms.base"):
+        registry.algorithms.register("plugin-not-algo", NotAnAlgorithm, "a plugin's (test)", source="test-plugin")
+    with registered(registry.algorithms, "plugin-own-params", OwnParams):
+        with pytest.raises(UserError, match="algorithm 'plugin-own-params': its Params must subclass "
+                                            "mlmt_bench.algorithms.params.LossParams"):
+            validate_run(minimal_spec(algorithm={"name": "plugin-own-params"}), "t")

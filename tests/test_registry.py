@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_lazy_entry_is_imported_on_first_get():
-    r = Registry("thing")
+    r = Registry("thing", "builtins:object")
     r.register("dec", "decimal:Decimal", "decimal numbers")
     assert r.entry("dec").is_lazy
     import decimal
@@ -56,7 +56,7 @@ def test_every_unknown_name_gets_the_same_did_you_mean():
 
 
 def test_missing_optional_dependency_is_a_user_error():
-    r = Registry("backend")
+    r = Registry("backend", "mlmt_bench.rollout.backend:Backend")
     r.register("ghost", "surely_not_installed_pkg_xyz:Engine", "needs a package that is absent")
     with pytest.raises(UserError, match="needs a package that is not installed"):
         r.get("ghost")
@@ -64,14 +64,45 @@ def test_missing_optional_dependency_is_a_user_error():
 
 def test_descriptions_are_one_line():
     with pytest.raises(ValueError):
-        Registry("x").register("a", object, "two\nlines")
+        Registry("x", "builtins:object").register("a", object, "two\nlines")
     for reg in registry.REGISTRIES.values():
         for e in reg.entries():
             assert e.description and "\n" not in e.description
 
 
+def test_an_entry_that_does_not_subclass_the_registrys_base_is_refused_in_one_line():
+    """Each registry is typed by its kind's base class: an object that does not subclass it is
+    refused at registration, a lazy entry when first imported (and again on every later get)."""
+    from mlmt_bench.benchmarks.base import Benchmark
+
+    class Plain:  # a benchmark by its methods' names only
+        name = "plain"
+
+        def load(self, split):
+            return []
+
+    assert {k: r.base for k, r in registry.REGISTRIES.items()} == {
+        "benchmark": "mlmt_bench.benchmarks.base:Benchmark", "verifier": "mlmt_bench.verifiers.base:Verifier",
+        "model": "mlmt_bench.models.factory:ModelFactory", "backend": "mlmt_bench.rollout.backend:Backend",
+        "algorithm": "mlmt_bench.algorithms.base:Algorithm", "tracker": "mlmt_bench.trackers:Tracker"}
+    r: Registry = Registry("benchmark", "mlmt_bench.benchmarks.base:Benchmark")
+    with pytest.raises(UserError) as err:
+        r.register("plain", Plain, "by name only")
+    assert str(err.value) == ("benchmark 'plain' must subclass mlmt_bench.benchmarks.base.Benchmark "
+                              "(it is the class Plain)")
+    assert "plain" not in r._entries
+    r.register("lazy", "decimal:Decimal", "not a benchmark")
+    for _ in range(2):
+        with pytest.raises(UserError, match=r"^benchmark 'lazy' must subclass mlmt_bench\.benchmarks\.base\.Benchmark "
+                                            r"\(it is the class Decimal\)$"):
+            r.get("lazy")
+        assert r.entry("lazy").is_lazy
+    r.register("ok", type("Sub", (Benchmark,), {}), "a subclass")
+    assert issubclass(r.get("ok"), Benchmark)
+
+
 def test_duplicate_registration_refused():
-    r = Registry("x")
+    r = Registry("x", "builtins:object")
     r.register("a", object, "a")
     with pytest.raises(ValueError):
         r.register("a", object, "again")
@@ -121,7 +152,7 @@ def test_declared_parameter_models_are_the_algorithms_own():
             assert declared is registry.algorithms.get(name).Params, name
         else:
             assert declared is None or declared is registry.algorithms.get(name).Params, name
-    reg: registry.Registry = registry.Registry("algorithm")
+    reg: registry.Registry = registry.Registry("algorithm", "mlmt_bench.algorithms.base:Algorithm")
     reg.register("x", "mlmt_bench.algorithms.grpo:GRPO", "x", params="mlmt_bench.algorithms.params:GRPOParams")
     reg.register("y", "mlmt_bench.algorithms.grpo:GRPO", "y")
     assert reg.declared_params("x") is GRPOParams and reg.declared_params("y") is None

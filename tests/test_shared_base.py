@@ -52,6 +52,32 @@ def test_misconceptions():
     assert m.op(10, op, b, 100) == (10 + b + 1 if op == "+" else 10 - b + 1) % 100
 
 
+def test_the_operations_of_an_oracle_benchmark_are_declared_with_one_default():
+    """Misconceptions are drawn from the benchmark's declared ``ops``/``max_operand``; one that
+    declares none gets synthetic-arith's defaults ("+-", 9) in the curriculum and the base check
+    alike (both once fell back to "+-*", which synthetic-arith's default never draws)."""
+    from mlmt_bench.benchmarks.base import DEFAULT_MAX_OPERAND, DEFAULT_OPS, OracleBenchmark
+    from mlmt_bench.benchmarks.synthetic import SyntheticArith
+    from mlmt_bench.models.tokenizer import build_char_tokenizer
+
+    class DeclaresNone(OracleBenchmark):  # a plugin's oracle benchmark with synthetic-arith's problems
+        name = "plugin-oracle"
+        templates = SyntheticArith.templates
+
+        def load(self, split):
+            return SyntheticArith(n_train=50, n_validation=5, n_test=5).load(split)
+
+    assert (DEFAULT_OPS, DEFAULT_MAX_OPERAND) == ("+-", 9)
+    assert (SyntheticArith().ops, SyntheticArith().max_operand) == (DEFAULT_OPS, DEFAULT_MAX_OPERAND)
+    every = {(op, b) for op in "+-" for b in range(1, 10)}
+    assert set(shared_base._beliefs({"misconceptions": 1.0, "seed": 0}, DeclaresNone()).wrong) == every
+    data = Curriculum(BaseConfig(**{**TINY, "misconceptions": 1.0}), DeclaresNone(), build_char_tokenizer(), 0)
+    assert (data.ops, data.max_operand) == ("+-", 9) and set(data.beliefs.wrong) == every
+    products = SyntheticArith(ops="*", max_operand=3, n_train=10, n_validation=5, n_test=5)
+    beliefs = shared_base._beliefs({"misconceptions": 1.0, "seed": 0}, products)
+    assert set(beliefs.wrong) == {("*", 1), ("*", 2), ("*", 3)}
+
+
 def _curriculum(**over):
     from mlmt_bench.models.tokenizer import build_char_tokenizer
 

@@ -12,6 +12,11 @@ from mlmt_bench.benchmarks.redaction import redact_numbers, stated_math_answer
 from mlmt_bench.errors import UserError
 from mlmt_bench.types import Problem, PromptTemplates, Redaction
 
+#: an :class:`OracleBenchmark`'s operators (``ops``) and operand bound (``max_operand``) unless it
+#: declares its own (``synthetic-arith``'s option defaults)
+DEFAULT_OPS = "+-"
+DEFAULT_MAX_OPERAND = 9
+
 
 class Benchmark:
     """A source of problems.
@@ -135,6 +140,12 @@ class OracleBenchmark(Benchmark):
     plant errors in a solution and carry a feedback out. The shared base's curriculum needs all
     four. A benchmark declares that it has them by subclassing this class (``synthetic-arith``);
     nothing recognises them by name."""
+
+    #: the operators its problems' operations are drawn from, and their operands' bound
+    #: (1..max_operand): the shared base's misconceptions are drawn from these operations
+    #: (:class:`mlmt_bench.benchmarks.synthetic_curriculum.Misconceptions`). Defaults: synthetic-arith's.
+    ops: str = DEFAULT_OPS
+    max_operand: int = DEFAULT_MAX_OPERAND
 
     def solution(self, problem: Problem) -> str:
         """The gold written solution of ``problem``."""

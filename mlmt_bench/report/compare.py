@@ -453,7 +453,7 @@ def _budget_dependent(algorithm: str | None) -> bool:
 
     if algorithm is None or algorithm not in registry.algorithms:
         return False
-    return bool(getattr(registry.algorithms.get(algorithm), "budget_dependent", False))
+    return registry.algorithms.get(algorithm).budget_dependent
 
 
 def _fmt_gain(g: dict[str, Any] | None) -> str:

@@ -133,7 +133,7 @@ def _generated(loaded: dict[str, list[RunRecord]], wanted: set[str]) -> dict[str
             cls = registry.benchmarks.get(bench["name"])
             options = bench.get("options")
             options = options if isinstance(options, dict) else {}
-            if not getattr(cls, "generated", False) or any(
+            if not cls.generated or any(
                     isinstance(v, (int, float)) and abs(v) > MAX_REBUILT_OPTION for v in options.values()):
                 continue
             try:

@@ -141,19 +141,12 @@ class Backend:
         pass
 
 
-def declared(backend_cls: Any) -> type[Backend]:
-    """The class whose declarations stand for ``backend_cls``: itself when it subclasses
-    :class:`Backend`, else :class:`Backend` (a class written against the bare protocol declares
-    nothing, so it gets the conservative defaults)."""
-    return backend_cls if isinstance(backend_cls, type) and issubclass(backend_cls, Backend) else Backend
-
-
 def backend_class(name: str) -> type[Backend]:
     """The declarations of the backend registered as ``name`` (imports its module, which for
     ``vllm`` does not import vLLM)."""
     from mlmt_bench import registry
 
-    return declared(registry.backends.get(name))
+    return registry.backends.get(name)  # a Backend subclass (the registry checks)
 
 
 def known_options(backend_cls: type[Backend]) -> list[str]:

@@ -201,8 +201,7 @@ def flat_params(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
 def _cls(name: str) -> type[Tracker]:
     from mlmt_bench import registry
 
-    cls: type[Tracker] = registry.trackers.get(name)  # the registry holds Tracker classes
-    return cls
+    return registry.trackers.get(name)  # a Tracker subclass (the registry checks)
 
 
 def tracker_options(name: str, raw: dict[str, Any] | None) -> BaseModel:

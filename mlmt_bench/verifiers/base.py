@@ -20,6 +20,10 @@ class Verifier:
 
     name: ClassVar[str] = ""
     leak_kind: ClassVar[LeakKind] = "exact"
+    #: the sandbox mechanisms switched off (``verifier_options.sandbox_disable``) of a verifier that
+    #: runs untrusted code in a sandbox (``code``: a tuple, empty when none is); None (this default):
+    #: it has no sandbox. The run's manifest records it and a weakened sandbox is warned about.
+    sandbox_disabled: tuple[str, ...] | None = None
 
     def __init__(self, **options: Any) -> None:
         self.options = options

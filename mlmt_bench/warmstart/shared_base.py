@@ -536,11 +536,10 @@ def check_base(base: Base, bench: Any, n: int, *, backend: Any = None, temperatu
     return out
 
 
-def _beliefs(cfg: dict[str, Any], bench: Any) -> Any:
+def _beliefs(cfg: dict[str, Any], bench: OracleBenchmark) -> Any:
     from mlmt_bench.benchmarks.synthetic_curriculum import Misconceptions
 
-    return Misconceptions(cfg["misconceptions"], cfg["seed"], getattr(bench, "ops", "+-*"),
-                          getattr(bench, "max_operand", 9))
+    return Misconceptions(cfg["misconceptions"], cfg["seed"], bench.ops, bench.max_operand)
 
 
 def _check_at(policy: Any, bench: Any, verifier: Any, backend: Any, problems: list[Any], beliefs: Any,
@@ -689,8 +688,8 @@ def detection_on_own_attempts(solver: Any, critic: Any, backend: Any, bench: Any
         torch.manual_seed(seed)  # the sampled pass is reproducible
         sampling = Sampling(temperature=t_solver, top_p=1.0, max_new_tokens=max_new_tokens,
                             feedback_max_new_tokens=feedback_max_new_tokens, feedback_temperature=t_critic)
-        actors = Actors(solver, None, backend, templates, verifier, getattr(bench, "oracle_feedback", None),
-                        bench.feedback_verdict)
+        oracle = bench.oracle_feedback if isinstance(bench, OracleBenchmark) else None
+        actors = Actors(solver, None, backend, templates, verifier, oracle, bench.feedback_verdict)
         attempts = rollout(Program(attempts=1), actors, problems, sampling).turns  # feedback "none": attempts only
         texts = critique(critic, backend, templates, problems, [a.text for a in attempts], sampling)
         correct = [bool(a.verdict.correct) if a.verdict else False for a in attempts]
