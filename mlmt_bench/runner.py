@@ -176,7 +176,7 @@ def build(spec: RunSpec, progress: bool = True) -> Components:
     backend = registry.backends.get(spec.backend.name)(**spec.backend.options)
 
     algo_cls = registry.algorithms.get(spec.algorithm.name)
-    algorithm = algo_cls(algo_cls.Params.model_validate(spec.algorithm.params), spec.train.steps)
+    algorithm = algo_cls(spec.algorithm.validated_params(), spec.train.steps)  # validated once, by the spec
     roles = algorithm.roles()
     has_oracle = isinstance(benchmark, OracleBenchmark)
     if roles.feedback == "oracle" and not has_oracle:

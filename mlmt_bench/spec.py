@@ -17,12 +17,13 @@ import math
 import os
 import string
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, cast
 
 import yaml
 from pydantic import (
     BaseModel,
     Field,
+    PrivateAttr,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -33,6 +34,9 @@ from pydantic import (
 from mlmt_bench.errors import UserError
 from mlmt_bench.io import bounded_input
 from mlmt_bench.models.policy_spec import PolicySpec, SpecSection as _Spec
+
+if TYPE_CHECKING:
+    from mlmt_bench.algorithms.params import LossParams
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -150,6 +154,24 @@ class BackendSpec(_Spec):
 class AlgorithmSpec(_Spec):
     name: str
     params: dict[str, Any] = Field(default_factory=dict)
+    # what validated_params returned, and the params dicts it stands for: (a copy of) the one it
+    # was read from and its dump (what validate_run puts in their place)
+    _validated: tuple[list[dict[str, Any]], LossParams] | None = PrivateAttr(default=None)
+
+    def validated_params(self, source: str = "spec") -> LossParams:
+        """``params`` as the algorithm's own ``Params`` (:func:`algorithm_params_model`), validated
+        once: ``validate_run`` validates them (a bad value is a one-line UserError, ``source:
+        algorithm.params.<field>: ...``) and the runner and ``plan`` reuse the same object; it is
+        validated again only if ``params`` changed since."""
+        if self._validated is not None and self.params in self._validated[0]:
+            return self._validated[1]
+        params_model = algorithm_params_model(self.name)
+        try:
+            params = params_model.model_validate(self.params)
+        except ValidationError as exc:
+            raise UserError(format_validation_error(source, exc, "algorithm.params", params_model)) from None
+        self._validated = ([copy.deepcopy(self.params), params.model_dump()], params)
+        return params
 
 
 class TrainSpec(_Spec):
@@ -610,12 +632,8 @@ def _validate_run(data: dict[str, Any], source: str) -> RunSpec:
         backend_cls.check_values(**spec.backend.options)
     except UserError as exc:
         raise UserError(f"{source}: {exc}") from None
-    params_model = algorithm_params_model(spec.algorithm.name)
-    try:
-        params = params_model.model_validate(spec.algorithm.params)
-    except ValidationError as exc:
-        raise UserError(format_validation_error(source, exc, "algorithm.params", params_model)) from None
-    spec.algorithm.params = params.model_dump()
+    params = spec.algorithm.validated_params(source)
+    spec.algorithm.params = params.model_dump()  # defaults filled in: what the run records
     _check_step_size(spec, params, source)
     if spec.benchmark.path is not None:  # a device or FIFO is refused here too, not after the setup
         from mlmt_bench.benchmarks.data import data_path_problem
@@ -695,14 +713,14 @@ def _check_share_base(spec: RunSpec, built: list[str], source: str) -> None:
                                 f"{first} has {bounded_input.echo(a)} and {role} {bounded_input.echo(b)}")
 
 
-def algorithm_params_model(name: str) -> type[BaseModel]:
+def algorithm_params_model(name: str) -> type[LossParams]:
     """The parameters model the algorithm registered as ``name`` declares (its class's ``Params``,
     the one place an algorithm's parameters are written, built-in or plugin alike)."""
     from mlmt_bench import registry
 
     declared = registry.algorithms.declared_params(name)
     if declared is not None:  # read without importing the algorithm (and torch)
-        return cast(type[BaseModel], declared)
+        return cast("type[LossParams]", declared)
     from mlmt_bench.algorithms.params import LossParams
 
     algo = registry.algorithms.get(name)  # an Algorithm subclass (the registry checks)

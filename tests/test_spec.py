@@ -239,3 +239,45 @@ def test_validate_checks_a_sweep_spec_and_its_run_spec(write_spec, tmp_path):
                      "bad.yaml")
     code, err = validate(bad)
     assert code == 2 and "cipso" in err and len(err.splitlines()) == 1
+
+
+# ----------------------------------------------------------------------------------------------
+# algorithm.params: validated once, by the spec
+
+
+def test_algorithm_params_are_validated_once_and_plan_reuses_them(monkeypatch, tmp_path):
+    """validate_run validates ``algorithm.params`` (its errors are the one-line ones above); the
+    runner and ``plan`` read the same object, never the Params model again."""
+    import mlmt_bench.spec as spec_module
+    from mlmt_bench.plan import load_table, plan_run, resolve_device
+
+    spec = spec_module.validate_run(minimal_spec(output_dir=str(tmp_path), policies={"solver": {"model": "tiny"}},
+                                                 base={}), "t")
+    params = spec.algorithm.validated_params()
+    assert params.group_size == 4 and spec.algorithm.params == params.model_dump()
+
+    def no_second_validation(*args, **kwargs):
+        raise AssertionError("algorithm.params validated again")
+
+    monkeypatch.setattr(spec_module, "algorithm_params_model", no_second_validation)
+    monkeypatch.setattr(type(params), "model_validate", no_second_validation)
+    assert spec.algorithm.validated_params() is params
+    table = load_table()
+    assert plan_run(spec, resolve_device("cpu", table), 1, table)["algorithm"] == "grpo"
+    monkeypatch.undo()
+    spec.algorithm.params = {**spec.algorithm.params, "group_size": 1}  # changed since: validated again
+    with pytest.raises(UserError) as err:
+        spec.algorithm.validated_params("t")
+    assert str(err.value).startswith("t: algorithm.params.group_size: must be ≥ 2, got 1")
+
+
+@pytest.mark.parametrize("name", ["grpo", "self_correct", "mlmt", "critique_grpo", "self_distill"])
+def test_validated_params_are_what_their_dump_validates_to(name):
+    """The runner reuses the object validated from the spec's own params, where it once validated
+    their dump again: the same object for every built-in algorithm and step-plan variant."""
+    from mlmt_bench.spec import algorithm_params_model
+
+    model = algorithm_params_model(name)
+    for over in model.variants().values():
+        params = model.model_validate(over)
+        assert model.model_validate(params.model_dump()) == params, (name, over)

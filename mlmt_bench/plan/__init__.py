@@ -72,7 +72,7 @@ def plan_run(spec: RunSpec, device: Device, gpus: int = 1, table: dict[str, Any]
         raise UserError(f"--gpus must be ≥ 1, got {gpus}")
     table = table if table is not None else load_table()
     algo_cls = registry.algorithms.get(spec.algorithm.name)
-    params = algo_cls.Params.model_validate(spec.algorithm.params)
+    params = spec.algorithm.validated_params()  # validated once, by the spec
     algorithm = algo_cls(params, spec.train.steps)
     policies = planned_policies(spec, algorithm)
     lengths = prompt_lengths(spec)
