@@ -444,3 +444,16 @@ def test_mlmt_training_is_identical_with_the_static_path(tiny_ckpt, tmp_path):
             assert k in a, k
             assert a[k] == pytest.approx(b[k], abs=1e-6), k
     assert records["generate"][1]["loss/solver"] != records["generate"][0]["loss/solver"]
+
+
+def test_static_decode_runs_under_cpu_bfloat16_autocast(tok, prompts):
+    """A run with ``train.cpu_dtype: bfloat16`` generates under autocast: k and v come out of the
+    layers in bfloat16 while the static cache holds the weights' float32 (``index_copy_`` refused
+    the mix). Widening them is exact; the first token of every row (the prefill, the same
+    kernels in both paths) is generate's, and later ones may differ by bfloat16 rounding."""
+    model = MODELS["llama-lora"](tok)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        plain, static = _both(model, tok, prompts, max_new_tokens=12, temperature=0.0, seed=0)
+    assert len(plain) == len(static) == len(prompts)
+    assert [g.ids[:1] for g in static] == [g.ids[:1] for g in plain]
+    assert all(len(g.ids) == len(g.logprobs) > 0 for g in static)

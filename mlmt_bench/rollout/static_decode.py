@@ -498,8 +498,10 @@ class StaticDecoder:
         mask = st.key_mask[:, :active]
         for i, layer in enumerate(a.layers):
             q, k, v = a.qkv(layer, layer.input_layernorm(x), cos, sin)
-            st.k[i].index_copy_(2, st.slot, k)
-            st.v[i].index_copy_(2, st.slot, v)
+            # under autocast (bfloat16 matmuls on a CPU) k and v may come out in a lower dtype than the
+            # cache's (the weights'): widening them is exact, and autocast narrows them again to attend
+            st.k[i].index_copy_(2, st.slot, k.to(st.k[i].dtype))
+            st.v[i].index_copy_(2, st.slot, v.to(st.v[i].dtype))
             o = _decode_attention(q, st.k[i][:, :, :active], st.v[i][:, :, :active], mask, a.scaling, a.groups)
             x = a.finish_layer(layer, x, o)
         logits = a.lm_head(a.norm(x))[:, -1].float()
