@@ -2,6 +2,12 @@
 
 Bytes; GB = 1e9 bytes. The activation model is calibrated against the storages autograd keeps
 for the trainer's forward (tests/test_plan.py).
+
+:func:`estimate_memory` adds up lines ``(phase, what, bytes)`` (a backend's ``MemoryItem``) that
+one function per job lists: :func:`model_state_items` (weights, adapters, gradients, AdamW states,
+the reference copy), :func:`generation_items` (the backend's engines and caches),
+:func:`update_items` (the largest micro-batch's activations and logits, and the log-prob pass
+before it) and :func:`runtime_item`.
 """
 
 from __future__ import annotations
@@ -14,11 +20,14 @@ from mlmt_bench.plan.work import PlannedPolicy, Turn
 
 if TYPE_CHECKING:
     from mlmt_bench.algorithms.params import LossParams
+    from mlmt_bench.rollout.backend import GenerationLoad, MemoryItem
     from mlmt_bench.spec import RunSpec
 
 #: CUDA context, cuBLAS workspaces, allocator slack (GPU); Python + torch (CPU)
 RUNTIME_OVERHEAD = {"gpu": 1.0 * GB, "cpu": 0.5 * GB}
 
+#: the phases of a step, in the order the plan lists them: held throughout, then the three that alternate
+PHASES = ("persistent", "generation", "logprobs", "training")
 
 def act_bytes_per_token(shape: Any, b: int, checkpointing: bool) -> float:
     """Bytes autograd keeps per token for backward, all layers, for a Llama-style layer in dtype
@@ -55,81 +64,177 @@ def micro_batch_shapes(trained: list[Turn], roles: list[str], grad_accum: int,
     return out
 
 
-def estimate_memory(spec: RunSpec, params: LossParams, policies: dict[str, PlannedPolicy], turns: list[Turn],
-                    trained: list[Turn], eval_turns: list[Turn], device: Device) -> dict[str, Any]:
-    """Bytes per phase (held throughout, generation, log-probs, update) and the peak, per GPU;
-    ``params`` are the algorithm's (they say whether π_ref is kept and how many epochs update)."""
-    items: dict[str, dict[str, float]] = {"persistent": {}, "generation": {}, "logprobs": {}, "training": {}}
+# --- weights, adapters, optimiser states, reference copy (held throughout) ---
 
-    def add(phase: str, what: str, nbytes: float) -> None:
-        if nbytes:
-            items[phase][what] = items[phase].get(what, 0.0) + nbytes
+def distinct_models(policies: dict[str, PlannedPolicy]) -> list[PlannedPolicy]:
+    """The policies with a model of their own (a critic shared with the solver has none)."""
+    return [p for p in policies.values() if not p.shared]
 
-    distinct = [p for p in policies.values() if not p.shared]
-    needs_ref = params.needs_reference()
+
+def weights_items(p: PlannedPolicy, distinct: list[PlannedPolicy]) -> list[MemoryItem]:
+    """The frozen or trained weights of ``p``'s base, once per base: an adapter on another role's
+    base (``policies.share_base``) holds none, and its base's line names it."""
+    if p.base_of is not None:
+        return []
+    on_it = [q.role for q in distinct if q.base_of == p.role]
+    label = f"weights ({', '.join([p.role, *on_it])}{', one frozen base' if on_it else ''})"
+    return [("persistent", label, p.shape.params * p.bytes)]
+
+
+def updated(p: PlannedPolicy, policies: dict[str, PlannedPolicy]) -> bool:
+    """Whether ``p``'s model is updated: by its own role, or by a critic that shares it."""
+    return p.trains or any(q.trains for q in policies.values() if q.shared)
+
+
+def optimizer_items(p: PlannedPolicy, needs_ref: bool) -> list[MemoryItem]:
+    """Gradients and the two AdamW moments of what ``p`` trains (a float32 LoRA adapter, or all
+    weights in their dtype), and under full fine-tuning with a KL term the frozen π_ref copy."""
+    lora = p.spec.lora is not None
+    n, nbytes = (p.lora_params, 4) if lora else (p.shape.params, p.bytes)
+    items: list[MemoryItem] = [("persistent", f"gradients ({p.role})", n * nbytes),
+                         ("persistent", f"AdamW states ({p.role})", 2 * n * nbytes)]
+    if needs_ref and not lora:  # LoRA's π_ref is its base with the adapter off: no copy
+        items.append(("persistent", f"reference copy ({p.role})", p.shape.params * p.bytes))
+    return items
+
+
+def model_state_items(policies: dict[str, PlannedPolicy], needs_ref: bool) -> list[MemoryItem]:
+    """What each distinct model holds for the whole run: weights, LoRA adapter, and if updated
+    its gradients, optimiser states and reference copy."""
+    distinct = distinct_models(policies)
+    items: list[MemoryItem] = []
     for p in distinct:
-        on_it = [q.role for q in distinct if q.base_of == p.role]  # share_base: the adapters on p's base
-        if p.base_of is None:
-            add("persistent", f"weights ({', '.join([p.role, *on_it])}{', one frozen base' if on_it else ''})",
-                p.shape.params * p.bytes)
-        trains = p.trains or any(q.trains for q in policies.values() if q.shared)
+        items += weights_items(p, distinct)
         if p.spec.lora is not None:
-            add("persistent", f"LoRA adapter ({p.role}, float32)", p.lora_params * 4)
-        if trains:
-            t = p.lora_params if p.spec.lora is not None else p.shape.params
-            tb = 4 if p.spec.lora is not None else p.bytes
-            add("persistent", f"gradients ({p.role})", t * tb)
-            add("persistent", f"AdamW states ({p.role})", 2 * t * tb)
-            if needs_ref and p.spec.lora is None:
-                add("persistent", f"reference copy ({p.role})", p.shape.params * p.bytes)
+            items.append(("persistent", f"LoRA adapter ({p.role}, float32)", p.lora_params * 4))
+        if updated(p, policies):
+            items += optimizer_items(p, needs_ref)
+    return items
 
-    # generation engines and caches, per model that generates: the backend class's own estimate
-    from mlmt_bench.rollout.backend import GenerationLoad, backend_class
+
+# --- generation: the backend's engines and caches ---
+
+def generating_roles(p: PlannedPolicy, policies: dict[str, PlannedPolicy], one_engine: bool) -> set[str]:
+    """The roles whose turns ``p``'s model generates: its own, a critic that shares it and, when an
+    engine holds the weights (one per base), the adapters on its base."""
+    return {p.role} | {q.role for q in policies.values() if q.shared or (one_engine and q.base_of == p.role)}
+
+
+def generation_load(p: PlannedPolicy, turns: list[Turn], device: Device) -> GenerationLoad:
+    """The largest generate call of ``turns`` (all generated by ``p``'s model), as a backend sizes it."""
+    from mlmt_bench.rollout.backend import GenerationLoad
+
+    return GenerationLoad(p.role, p.shape, p.bytes, sequences=max(t.count for t in turns),
+                          length=max(t.prompt + t.new for t in turns), prompt=max(t.prompt for t in turns),
+                          device_memory=device.memory, gpu=device.gpu)
+
+
+def generation_items(spec: RunSpec, policies: dict[str, PlannedPolicy], turns: list[Turn],
+                     device: Device) -> list[MemoryItem]:
+    """Generation engines and caches, per model that generates some of ``turns`` (training and
+    evaluation): the backend class's own estimate."""
+    from mlmt_bench.rollout.backend import backend_class
 
     backend = backend_class(spec.backend.name)
-    all_turns = turns + eval_turns
     one_engine = backend.traits.holds_weights  # an engine holds the weights: one per base, whatever its adapters
-    for p in distinct:
+    items: list[MemoryItem] = []
+    for p in distinct_models(policies):
         if one_engine and p.base_of is not None:
             continue  # share_base: the engine of its base serves it
-        generating = {p.role} | {q.role for q in policies.values() if q.shared or (one_engine and q.base_of == p.role)}
-        gen = [t for t in all_turns if t.role in generating]
-        if not gen:
-            continue
-        load = GenerationLoad(p.role, p.shape, p.bytes, sequences=max(t.count for t in gen),
-                              length=max(t.prompt + t.new for t in gen), prompt=max(t.prompt for t in gen),
-                              device_memory=device.memory, gpu=device.gpu)
-        for phase, what, nbytes in backend.generation_memory(load, spec.backend.options):
-            add(phase, what, nbytes)
+        roles = generating_roles(p, policies, one_engine)
+        gen = [t for t in turns if t.role in roles]
+        if gen:
+            items += backend.generation_memory(generation_load(p, gen, device), spec.backend.options)
+    return items
 
-    # the update: the largest micro-batch of each model's update (policies update one after
-    # another); before it, the no-grad log-prob passes (π_ref, π_old) over the same micro-batches
-    mb_tokens = spec.train.micro_batch_tokens
-    epochs = params.loss_terms().epochs
-    worst: dict[str, tuple[float, dict[str, float]]] = {"training": (0.0, {}), "logprobs": (0.0, {})}
-    for p in distinct:
-        roles = [r for r, q in policies.items() if (q is p or (q.shared and p.role == "solver")) and q.trains]
-        ckpt = p.spec.gradient_checkpointing
-        for rows, length, logit_pos in micro_batch_shapes(trained, roles, spec.train.grad_accum, mb_tokens):
-            act = rows * length * act_bytes_per_token(p.shape, p.bytes, ckpt)
-            logits = rows * logit_pos * logit_bytes_per_token(p.shape, p.bytes)
-            if act + logits > worst["training"][0]:
-                worst["training"] = (act + logits, {
-                    f"activations ({p.role}, {rows} sequences x {int(length)} tokens"
-                    f"{', checkpointed' if ckpt else ''})": act,
-                    f"logits + float32 log-softmax ({p.role})": logits})
-            if needs_ref or epochs > 1:  # no graph kept: the logits, and one row's float32 log-softmax
-                lp = rows * logit_pos * p.shape.vocab * p.bytes + logit_pos * p.shape.vocab * 8
-                if lp > worst["logprobs"][0]:
-                    worst["logprobs"] = (lp, {f"reference / old log-prob logits ({p.role})": lp})
-    for phase, (_, parts) in worst.items():
-        for what, nbytes in parts.items():
-            add(phase, what, nbytes)
-    add("persistent", "runtime (CUDA context, workspaces)" if device.gpu else "runtime (Python, torch)",
-        RUNTIME_OVERHEAD["gpu" if device.gpu else "cpu"])
+
+# --- the update: training micro-batches and the log-prob passes before them ---
+
+def update_roles(p: PlannedPolicy, policies: dict[str, PlannedPolicy]) -> list[str]:
+    """The updated roles whose sequences ``p``'s model trains on (the solver's model also trains
+    a critic that shares it)."""
+    return [r for r, q in policies.items() if (q is p or (q.shared and p.role == "solver")) and q.trains]
+
+
+def training_candidate(p: PlannedPolicy, rows: int, length: float, logit_pos: float) -> tuple[float, dict[str, float]]:
+    """Bytes of one micro-batch's forward and backward (``rows`` × ``length`` padded tokens,
+    ``logit_pos`` trained positions a row): the activations autograd keeps and the logits with
+    their float32 log-softmax. (total, its lines)."""
+    ckpt = p.spec.gradient_checkpointing
+    act = rows * length * act_bytes_per_token(p.shape, p.bytes, ckpt)
+    logits = rows * logit_pos * logit_bytes_per_token(p.shape, p.bytes)
+    return act + logits, {
+        f"activations ({p.role}, {rows} sequences x {int(length)} tokens{', checkpointed' if ckpt else ''})": act,
+        f"logits + float32 log-softmax ({p.role})": logits}
+
+
+def logprob_candidate(p: PlannedPolicy, rows: int, logit_pos: float) -> tuple[float, dict[str, float]]:
+    """Bytes of one micro-batch's no-grad π_ref / π_old pass: no graph is kept, only the logits in
+    dtype and one row's float32 log-softmax. (total, its line)."""
+    lp = rows * logit_pos * p.shape.vocab * p.bytes + logit_pos * p.shape.vocab * 8
+    return lp, {f"reference / old log-prob logits ({p.role})": lp}
+
+
+def largest(candidates: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
+    """The lines of the first candidate with the largest positive total ({} if none)."""
+    best: tuple[float, dict[str, float]] = (0.0, {})
+    for c in candidates:
+        if c[0] > best[0]:
+            best = c
+    return best[1]
+
+
+def update_items(spec: RunSpec, params: LossParams, policies: dict[str, PlannedPolicy],
+                 trained: list[Turn]) -> list[MemoryItem]:
+    """The largest micro-batch of any model's update (policies update one after another) and,
+    when there is one (β > 0 or several epochs), the largest log-prob pass before it."""
+    extra_pass = params.needs_reference() or params.loss_terms().epochs > 1
+    train: list[tuple[float, dict[str, float]]] = []
+    logprobs: list[tuple[float, dict[str, float]]] = []
+    for p in distinct_models(policies):
+        shapes = micro_batch_shapes(trained, update_roles(p, policies), spec.train.grad_accum,
+                                    spec.train.micro_batch_tokens)
+        train += [training_candidate(p, rows, length, pos) for rows, length, pos in shapes]
+        if extra_pass:
+            logprobs += [logprob_candidate(p, rows, pos) for rows, _, pos in shapes]
+    return [*(("training", what, nbytes) for what, nbytes in largest(train).items()),
+            *(("logprobs", what, nbytes) for what, nbytes in largest(logprobs).items())]
+
+
+def runtime_item(device: Device) -> MemoryItem:
+    """The fixed overhead of the process (:data:`RUNTIME_OVERHEAD`)."""
+    if device.gpu:
+        return ("persistent", "runtime (CUDA context, workspaces)", RUNTIME_OVERHEAD["gpu"])
+    return ("persistent", "runtime (Python, torch)", RUNTIME_OVERHEAD["cpu"])
+
+
+# --- the sum ---
+
+def tally(items: list[MemoryItem]) -> dict[str, dict[str, float]]:
+    """Bytes per phase and line: lines with the same name add up, zero lines are left out."""
+    out: dict[str, dict[str, float]] = {phase: {} for phase in PHASES}
+    for phase, what, nbytes in items:
+        if nbytes:
+            out[phase][what] = out[phase].get(what, 0.0) + nbytes
+    return out
+
+
+def summary(items: dict[str, dict[str, float]], device: Device) -> dict[str, Any]:
+    """Totals of :func:`tally`'s lines: what is held throughout plus the largest phase is the peak."""
     persistent = sum(items["persistent"].values())
-    phases = {k: sum(items[k].values()) for k in ("generation", "logprobs", "training")}
+    phases = {k: sum(items[k].values()) for k in PHASES[1:]}
     peak = persistent + max(phases.values())
     return {"items": items, "persistent": persistent, "generation_phase": phases["generation"],
             "logprobs_phase": phases["logprobs"], "training_phase": phases["training"], "peak": peak,
             "device": device.memory, "fits": device.memory is None or peak <= device.memory}
+
+
+def estimate_memory(spec: RunSpec, params: LossParams, policies: dict[str, PlannedPolicy], turns: list[Turn],
+                    trained: list[Turn], eval_turns: list[Turn], device: Device) -> dict[str, Any]:
+    """Bytes per phase (held throughout, generation, log-probs, update) and the peak, per GPU;
+    ``params`` are the algorithm's (they say whether π_ref is kept and how many epochs update)."""
+    items = [*model_state_items(policies, params.needs_reference()),
+             *generation_items(spec, policies, turns + eval_turns, device),
+             *update_items(spec, params, policies, trained),
+             runtime_item(device)]
+    return summary(tally(items), device)
