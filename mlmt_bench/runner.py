@@ -164,7 +164,31 @@ def ensure_run_base(spec: RunSpec, progress: bool = True) -> Base:
     return ensure_base(base_config(spec), progress=progress)
 
 
+@dataclass
+class Setup:
+    """What a run needs before any model: the benchmark and its splits, the verifier, the backend
+    and the algorithm (with the params the spec validated)."""
+
+    benchmark: Benchmark
+    train: list[Problem]
+    evals: list[Problem]
+    verifier: Verifier
+    backend: Backend
+    algorithm: Algorithm
+
+
 def build(spec: RunSpec, progress: bool = True) -> Components:
+    """The components of a run, in three steps read top to bottom: what needs no model
+    (:func:`setup`: cheap, so bad input fails before anything is built), the shared base when a
+    role starts from it (built and checked once, then cached: ``warmstart/shared_base.py``), and
+    the policies on it (:func:`assemble`)."""
+    parts = setup(spec)
+    base = ensure_run_base(spec, progress) if needs_base(spec, parts.algorithm) else None
+    return assemble(spec, parts, base, progress)
+
+
+def setup(spec: RunSpec) -> Setup:
+    """The benchmark (its train and eval splits, non-empty), verifier, backend and algorithm of ``spec``."""
     b = spec.benchmark
     benchmark = registry.benchmarks.get(b.name)(path=b.path, **b.options)
     train = benchmark.load(b.train_split)[: b.train_limit]
@@ -177,13 +201,18 @@ def build(spec: RunSpec, progress: bool = True) -> Components:
 
     algo_cls = registry.algorithms.get(spec.algorithm.name)
     algorithm = algo_cls(spec.algorithm.validated_params(), spec.train.steps)  # validated once, by the spec
-    roles = algorithm.roles()
-    has_oracle = isinstance(benchmark, OracleBenchmark)
-    if roles.feedback == "oracle" and not has_oracle:
+    if algorithm.roles().feedback == "oracle" and not isinstance(benchmark, OracleBenchmark):
         raise UserError(f"algorithm {spec.algorithm.name}: oracle feedback needs a benchmark with an oracle critic "
                         f"(synthetic-*), not {b.name}")
-    base = ensure_run_base(spec, progress) if needs_base(spec, algorithm) else None
-    if progress and not has_oracle:  # what each model factory says about itself on a real benchmark
+    return Setup(benchmark, train, evals, verifier, backend, algorithm)
+
+
+def assemble(spec: RunSpec, parts: Setup, base: Base | None, progress: bool = True) -> Components:
+    """The policies of ``spec`` (on ``base``, the shared base, where a role starts from it) joined
+    to ``parts``: the run's :class:`Components`."""
+    b, benchmark, algorithm = spec.benchmark, parts.benchmark, parts.algorithm
+    roles = algorithm.roles()
+    if progress and not isinstance(benchmark, OracleBenchmark):  # what each model factory says on a real benchmark
         from mlmt_bench.models.factory import model_factory
 
         built = [getattr(spec.policies, r) for r in roles.built() if getattr(spec.policies, r) is not None]
@@ -210,8 +239,8 @@ def build(spec: RunSpec, progress: bool = True) -> Components:
     base_critic = None
     if spec.eval.base_critic and algorithm.eval_program().feedback == "none":
         base_critic = frozen_start(spec, base_dir, device)
-    return Components(benchmark, templates_for(spec, benchmark), verifier, backend, policies,
-                      algorithm, train, evals, base, base_critic)
+    return Components(benchmark, templates_for(spec, benchmark), parts.verifier, parts.backend, policies,
+                      algorithm, parts.train, parts.evals, base, base_critic)
 
 
 def one_base_policies(role_specs: dict[str, Any], base_dir: Path | None, device: str | None) -> dict[str, Policy]:
