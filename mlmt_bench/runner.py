@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from mlmt_bench.trainer import Trainer
     from mlmt_bench.types import Problem
     from mlmt_bench.verifiers.base import Verifier
+    from mlmt_bench.warmstart.pretrained_base import WarmStart
     from mlmt_bench.warmstart.shared_base import Base, BaseConfig
 
 
@@ -50,6 +51,7 @@ class Components:
     eval_problems: list[Problem]
     base: Base | None
     base_critic: Policy | None = None  # eval.base_critic: the frozen starting point as a test-time critic
+    warm_start: WarmStart | None = None  # the warm-started checkpoint the roles that load spec.warm_start.model load
 
 
 def needs_cpu_pin(spec: RunSpec) -> bool:
@@ -179,12 +181,38 @@ class Setup:
 
 def build(spec: RunSpec, progress: bool = True) -> Components:
     """The components of a run, in three steps read top to bottom: what needs no model
-    (:func:`setup`: cheap, so bad input fails before anything is built), the shared base when a
-    role starts from it (built and checked once, then cached: ``warmstart/shared_base.py``), and
-    the policies on it (:func:`assemble`)."""
+    (:func:`setup`: cheap, so bad input fails before anything is built), the checkpoint the roles
+    start from (the shared base when a role starts from it, ``warmstart/shared_base.py``; the
+    warm start of a pretrained model, ``warmstart/pretrained_base.py``: each built once, then
+    cached), and the policies on it (:func:`assemble`)."""
     parts = setup(spec)
     base = ensure_run_base(spec, progress) if needs_base(spec, parts.algorithm) else None
-    return assemble(spec, parts, base, progress)
+    warm = ensure_run_warm_start(spec, parts, progress) if spec.warm_start is not None else None
+    comp = assemble(on_warm_start(spec, warm), parts, base, progress)
+    comp.warm_start = warm
+    return comp
+
+
+def ensure_run_warm_start(spec: RunSpec, parts: Setup, progress: bool = True) -> WarmStart:
+    """The warm start of ``spec``'s ``warm_start:`` section, for the run's benchmark and prompt
+    templates (built on first use, then reused from the cache)."""
+    from mlmt_bench.warmstart.pretrained_base import WarmStartConfig, ensure_warm_start
+
+    cfg = WarmStartConfig.model_validate(spec.warm_start)  # the section itself is checked by spec.validate_run
+    return ensure_warm_start(cfg, templates_for(spec, parts.benchmark), spec.benchmark.name,
+                             dict(spec.benchmark.options), progress=progress)
+
+
+def on_warm_start(spec: RunSpec, warm: WarmStart | None) -> RunSpec:
+    """``spec`` with every role that loads the warm start's pretrained model (its ``path``) loading
+    the warm-started checkpoint instead; ``spec`` itself when there is none."""
+    if warm is None:
+        return spec
+    model = warm.record["config"]["model"]
+    policies = spec.policies.model_copy(update={
+        role: p.model_copy(update={"path": str(warm.model_dir)})
+        for role in ("solver", "critic") if (p := getattr(spec.policies, role)) is not None and p.path == model})
+    return spec.model_copy(update={"policies": policies})
 
 
 def setup(spec: RunSpec) -> Setup:
@@ -261,7 +289,8 @@ def _probe_critic(spec: RunSpec, comp: Any) -> tuple[Any, str]:
     critic = comp.policies["critic"]
     if critic is not None:
         return critic, "spec"
-    return frozen_start(spec, comp.base.model_dir if comp.base is not None else None, _device()), "base"
+    return frozen_start(on_warm_start(spec, comp.warm_start), comp.base.model_dir if comp.base is not None else None,
+                        _device()), "base"
 
 
 def frozen_start(spec: RunSpec, base_dir: Path | None, device: str | None) -> Policy:
@@ -302,12 +331,12 @@ def make_trainer(spec: RunSpec, comp: Components, run_dir: RunDir, dist: Dist | 
 def run_manifest(spec: RunSpec, comp: Components) -> dict[str, Any]:
     """What the manifest records about a run's components: the algorithm's roles, the policies'
     sizes, the sampling temperatures, where each built policy's weights came from (``weights``: its
-    model factory says: a shipped model's alias and sha256, a hub name, a directory), the shared
+    model factory says: a shipped model's alias and sha256, a hub name, a directory; or the warm
+    start), the warm start (``warm_start``: its key, data, SFT cost and weights sha256), the shared
     base (its weights' sha256, data, tokens and seed, identical for every arm of an experiment) and
     what the floats depend on (:func:`mlmt_bench.machine.reproducible.record`: the CPU pin, the CPU model,
     library versions)."""
     from mlmt_bench.machine import reproducible
-    from mlmt_bench.models.factory import model_factory
     from mlmt_bench.trainer import training_temperatures
 
     roles = comp.algorithm.roles()
@@ -315,10 +344,22 @@ def run_manifest(spec: RunSpec, comp: Components) -> dict[str, Any]:
     return {"roles": {"solver": roles.solver, "critic": roles.critic, "feedback": roles.feedback},
             "temperatures": {**training_temperatures(spec), "eval": spec.eval.temperature},
             "params": {r: p.n_params for r, p in comp.policies.items() if p is not None},
-            "weights": {r: model_factory(s.model).weights_source(s) for r, s in built.items()},
+            "weights": {r: _weights_source(s, comp.warm_start) for r, s in built.items()},
             "base": comp.base.summary() if comp.base is not None else None,
+            **({"warm_start": comp.warm_start.summary()} if comp.warm_start is not None else {}),
             **({"share_base": one_base_record(spec, comp)} if spec.policies.share_base else {}),
             "cpu_dtype": cpu_dtype(spec), "environment": reproducible.record()}
+
+
+def _weights_source(role_spec: Any, warm: WarmStart | None) -> dict[str, Any] | None:
+    """Where a role's weights came from: the warm start when it replaced the role's pretrained
+    model (its key, weights sha256, and what it started from), else what its model factory says."""
+    from mlmt_bench.models.factory import model_factory
+
+    if warm is not None and role_spec.path == warm.record["config"]["model"]:
+        return {"source": "warm start", "key": warm.record["key"], "sha256": warm.record["sha256"],
+                "from": warm.record["from"], "path": str(warm.model_dir)}
+    return model_factory(role_spec.model).weights_source(role_spec)
 
 
 def one_base_record(spec: RunSpec, comp: Components) -> dict[str, Any]:
@@ -641,7 +682,8 @@ def probe_from_run_dir(path: Path | str, split: str = "test", limit: int | None 
             raise UserError(f"{run_dir.path}: no checkpoint to probe (the run saved none yet)")
         critic, source = trainer.actors.critic, "run"
         if critic is None:
-            critic = frozen_start(spec, comp.base.model_dir if comp.base is not None else None, _device())
+            critic = frozen_start(on_warm_start(spec, comp.warm_start),
+                                  comp.base.model_dir if comp.base is not None else None, _device())
             source = "base"
         result = _probe_built(spec, comp, trainer.actors.solver, critic, source, split, limit, redact, progress)
     finally:

@@ -279,6 +279,9 @@ class RunSpec(_Spec):
     eval: EvalSpec = Field(default_factory=EvalSpec)
     base: dict[str, Any] | None = Field(None, description="the shared base every tiny policy starts from "
                                                          "(warmstart/shared_base.py BaseConfig); seed: the run's")
+    warm_start: dict[str, Any] | None = Field(
+        None, description="one supervised warm start of the pretrained model the roles load, shared by every arm "
+                          "and seed (warmstart/pretrained_base.py WarmStartConfig)")
     description: str = ""
     tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="experiment trackers (TensorBoard, "
                                    "MLflow, W&B); they change nothing the run computes")
@@ -653,6 +656,8 @@ def _validate_run(data: dict[str, Any], source: str) -> RunSpec:
     from mlmt_bench.algorithms.params import AlgorithmParams
 
     roles = params.roles() if isinstance(params, AlgorithmParams) else None
+    if spec.warm_start is not None:
+        _check_warm_start(spec, roles.built() if roles is not None else ["solver"], source)
     for role in roles.built() if roles is not None else ["solver"]:
         if getattr(spec.policies, role) is None:
             mode = roles.mode(role) if roles is not None else "trained"
@@ -688,6 +693,20 @@ def _check_model_paths(spec: RunSpec, source: str) -> None:
                 pretrained.wheel_dir(shipped)
             except UserError as exc:
                 raise UserError(f"{source}: policies.{role}.path: {exc}") from None
+
+
+def _check_warm_start(spec: RunSpec, built: list[str], source: str) -> None:
+    """One-line errors for a ``warm_start:`` section that cannot work: a malformed one, or one
+    whose model no built role loads (it would start nothing)."""
+    from mlmt_bench.warmstart.pretrained_base import WarmStartConfig
+
+    try:
+        cfg = WarmStartConfig.model_validate(spec.warm_start)
+    except ValidationError as exc:
+        raise UserError(format_validation_error(source, exc, "warm_start", WarmStartConfig)) from None
+    if not any((p := getattr(spec.policies, r)) is not None and p.path == cfg.model for r in built):
+        raise UserError(f"{source}: warm_start.model: no role of the run loads {bounded_input.echo(cfg.model)} (its "
+                        "`path`); the warm start replaces exactly the roles that load it")
 
 
 #: what every role's spec must agree on when the roles share one base model

@@ -147,6 +147,12 @@ class OracleBenchmark(Benchmark):
     ops: str = DEFAULT_OPS
     max_operand: int = DEFAULT_MAX_OPERAND
 
+    def identity(self, problem: Problem) -> str:
+        """What makes two problems one for the splits' disjointness: a warm start's curriculum
+        (:mod:`mlmt_bench.warmstart.pretrained_base`) leaves out every problem whose identity is in
+        a held-out split, whatever its wording. Default: the statement."""
+        return problem.prompt
+
     def solution(self, problem: Problem) -> str:
         """The gold written solution of ``problem``."""
         raise NotImplementedError

@@ -456,6 +456,10 @@ class NLArith(OracleBenchmark):
 
     # -- the oracle critic and what the probe needs
 
+    def identity(self, problem: Problem) -> str:
+        """The start value and operations (``7+5-3``), the splits' disjointness key."""
+        return str(problem.metadata["key"])
+
     def solution(self, problem: Problem) -> str:
         return str(problem.metadata["solution"])
 

@@ -86,3 +86,18 @@ def sft(model: Any, make_example: Callable[[random.Random, int], Example], *, st
     return {"steps": steps, "batch": batch, "lr": lr, "first_loss": losses[0] if losses else None,
             "final_loss": sum(tail) / len(tail), "tokens": tokens, "trained_tokens": trained,
             "seconds": round(time.perf_counter() - t0, 2), "cpu_seconds": round(time.process_time() - c0, 2)}
+
+
+def sft_bar() -> Any:
+    """A rich progress bar of SFT steps with the step's loss (``task.fields["loss"]``)."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn(), TimeRemainingColumn())

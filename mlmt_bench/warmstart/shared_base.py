@@ -452,7 +452,7 @@ def _build(cfg: BaseConfig, bench: Any, out: Path, progress: bool,
     from mlmt_bench.metrics.cost import training_flops
     from mlmt_bench.models.tiny import build_tiny_model, num_parameters, save_checkpoint
     from mlmt_bench.models.tokenizer import build_char_tokenizer
-    from mlmt_bench.warmstart.sft import sft
+    from mlmt_bench.warmstart.sft import sft, sft_bar
 
     assert cfg.seed is not None
     tok = build_char_tokenizer()
@@ -463,7 +463,7 @@ def _build(cfg: BaseConfig, bench: Any, out: Path, progress: bool,
     governor = governor or ThreadGovernor(cfg.threads, cfg.batch)
     # torch_threads saves the caller's count first and restores it afterwards (a run that built its
     # base goes on with its own train.threads); the governor sets the count inside it
-    with torch_threads(cfg.threads), quiet_transformers(), stage_progress(progress, _rich_bar) as bar:
+    with torch_threads(cfg.threads), quiet_transformers(), stage_progress(progress, sft_bar) as bar:
         governor.start()
         model = build_tiny_model(cfg.preset, tok, seed=cfg.seed)
         what = f"building shared base {cfg.preset} seed {cfg.seed} (first run only: cached for every later run)"
@@ -486,20 +486,6 @@ def _build(cfg: BaseConfig, bench: Any, out: Path, progress: bool,
             "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
             "sha256": reproducible.weights_sha256(out / "model"), "environment": reproducible.record(),
             "build_threads": governor.record()}
-
-
-def _rich_bar() -> Any:
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn(), TimeRemainingColumn())
 
 
 # --------------------------------------------------------------------------- check

@@ -1,0 +1,156 @@
+"""The warm start of a pretrained chat model (issue 33, ``warmstart/pretrained_base.py``): its
+conversations are the rollout's own contexts, its curriculum keeps out the held-out problems, the
+build is cached under a key and checked on load, and a run's roles load it."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import yaml
+
+from mlmt_bench.benchmarks.base import verdict_line
+from mlmt_bench.benchmarks.nl_arith import NLArith
+from mlmt_bench.errors import UserError
+from mlmt_bench.models.tokenizer import build_char_tokenizer
+from mlmt_bench.rollout.chat import close_turn
+from mlmt_bench.rollout.episodes import attempt_prompt, feedback_prompt, refine_prompt
+from mlmt_bench.warmstart import pretrained_base as ws
+from mlmt_bench.warmstart.chat_curriculum import conversation, encode, token_example
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return NLArith()
+
+
+def test_each_kind_targets_what_the_oracle_says(bench):
+    p = bench.load("train")[0]
+    gold = bench.solution(p)
+    rng = random.Random(0)
+    solve = conversation(bench, bench.templates, "solve", p, "own", [], rng)
+    assert (solve.target, solve.attempt, solve.source) == (gold, "", None)
+    critique = conversation(bench, bench.templates, "critique", p, "gold", [], rng)
+    assert critique.attempt == gold and verdict_line(critique.target) is True
+    slip = conversation(bench, bench.templates, "critique", p, "slip", [], rng)
+    assert slip.attempt != gold and verdict_line(slip.target) is False
+    wrong = "Step 1: 1 + 1 = 3.\nAnswer: 3"
+    refine = conversation(bench, bench.templates, "refine", p, "own", [wrong], rng)
+    assert refine.attempt == wrong and refine.feedback == bench.oracle_feedback(p, wrong)
+    assert refine.target == gold
+    kept = conversation(bench, bench.templates, "refine", p, "gold", [], rng)
+    assert verdict_line(kept.feedback) is True and kept.target == gold  # approved: z again (here gold)
+    resolve = conversation(bench, bench.templates, "resolve", p, "own", [wrong], rng)
+    assert resolve.feedback == bench.templates.null_feedback and resolve.target == gold
+
+
+@pytest.mark.parametrize("kind", ["solve", "critique", "refine", "resolve"])
+def test_an_example_is_the_rollouts_context_then_the_target_and_eos(bench, kind):
+    tok = build_char_tokenizer()
+    p = bench.load("train")[1]
+    c = conversation(bench, bench.templates, kind, p, "slip", [], random.Random(1))
+    ids, spans = token_example(tok, bench.templates, c)
+    if kind == "critique":
+        context = feedback_prompt(tok, bench.templates, p, c.attempt)
+    else:
+        context = attempt_prompt(tok, bench.templates, p)
+        if kind != "solve":
+            z = encode(tok, c.attempt)
+            context = refine_prompt(tok, bench.templates, p, context, z, c.attempt, c.feedback)
+            assert close_turn(tok, z)[-1] == tok.eos_token_id
+    assert ids[:len(context)] == context
+    assert spans == [(len(context), len(ids), 1.0)]
+    assert ids[len(context):] == encode(tok, c.target) + [tok.eos_token_id]
+
+
+def test_curriculum_keeps_out_every_held_out_problem_and_names_its_levels(bench):
+    levels = [{"ops": "+-", "n_train": 40, "n_validation": 0, "n_test": 0},
+              {"ops": "*", "n_train": 60, "n_validation": 0, "n_test": 0}]  # products: the run's own space
+    problems = ws.curriculum_problems("nl-arith", {}, levels)
+    held_out = {bench.identity(p) for s in ("validation", "test") for p in bench.load(s)}
+    idents = [bench.identity(p) for p in problems]
+    assert not held_out & set(idents) and len(set(idents)) == len(idents)
+    assert [p.id for p in problems[:33]] == [p.id for p in bench.load("train")]
+    assert {p.id.split("/")[0] for p in problems[33:]} == {"L1"}
+    # the products level can only add products the run's splits do not hold: none are left
+    assert not any(p.id.startswith("L2/") for p in problems)
+
+
+def test_config_refuses_unknown_kinds_and_a_zero_mix():
+    with pytest.raises(ValueError, match="unknown mix key"):
+        ws.WarmStartConfig(model="m", mix={"solv": 1.0})
+    with pytest.raises(ValueError, match="positive sum"):
+        ws.WarmStartConfig(model="m", sources={"own": 0.0})
+
+
+def test_key_follows_config_templates_and_weights(bench):
+    cfg = ws.WarmStartConfig(model="m")
+    k = cfg.key(bench.templates, "w")
+    assert k == ws.WarmStartConfig(model="m").key(bench.templates, "w")
+    assert k != cfg.model_copy(update={"steps": 7}).key(bench.templates, "w")
+    assert k != cfg.key(bench.templates, "w2")
+    from dataclasses import replace
+
+    assert k != cfg.key(replace(bench.templates, null_feedback="Try again."), "w")
+
+
+def test_build_caches_a_checked_hf_checkpoint_and_a_run_loads_it(tiny_ckpt, tmp_path, monkeypatch, write_spec,
+                                                                 one_torch_thread):
+    """A 4-step warm start of the tiny checkpoint: an entry with the merged weights (changed by the
+    SFT), its record, reuse without a rebuild, refusal of a changed weight file, and a run whose
+    solver loads the warm start (its manifest says so)."""
+    import torch
+    from safetensors.torch import load_file
+
+    monkeypatch.setenv("MLMT_BENCH_CACHE", str(tmp_path / "cache"))
+    cfg = ws.WarmStartConfig(model=str(tiny_ckpt), steps=4, batch=2, lr=1e-2, own_samples=1, max_new_tokens=8,
+                             levels=[{"ops": "+", "n_train": 6, "n_validation": 0, "n_test": 0}])
+    bench = NLArith()
+    built = ws.ensure_warm_start(cfg, bench.templates, "nl-arith", {}, progress=False)
+    r = built.record
+    assert r["sft"]["steps"] == 4 and r["own_attempts"]["n"] == r["data"]["problems"] == 33 + 6
+    assert sum(r["data"]["conversations"].values()) == 8
+    before = load_file(str(tiny_ckpt / "model.safetensors"))
+    after = load_file(str(built.model_dir / "model.safetensors"))
+    assert set(after) == set(before)  # merged: an ordinary checkpoint, no adapter tensors
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    again = ws.ensure_warm_start(cfg, bench.templates, "nl-arith", {}, progress=False)
+    assert again.directory == built.directory and again.record == r
+
+    spec = {"name": "w", "seed": 3, "benchmark": {"name": "nl-arith"},
+            "policies": {"solver": {"model": "hf", "path": str(tiny_ckpt), "lora": {"r": 2, "alpha": 4}}},
+            "backend": {"name": "hf", "max_new_tokens": 8}, "algorithm": {"name": "grpo", "params": {"group_size": 2}},
+            "train": {"steps": 1, "problems_per_step": 1}, "eval": {"every": 0, "limit": 2},
+            "warm_start": json.loads(cfg.model_dump_json()), "output_dir": str(tmp_path / "runs")}
+    from typer.testing import CliRunner
+
+    from mlmt_bench.cli import app
+
+    out = CliRunner().invoke(app, ["-q", "run", str(write_spec(spec))])
+    assert out.exit_code == 0, out.output
+    manifest = json.loads(next((tmp_path / "runs").rglob("manifest.json")).read_text())
+    assert manifest["warm_start"]["key"] == r["key"]
+    assert manifest["weights"]["solver"]["source"] == "warm start"
+    assert manifest["weights"]["solver"]["sha256"] == r["sha256"]
+    resolved = yaml.safe_load(next((tmp_path / "runs").rglob("spec.resolved.yaml")).read_text())
+    assert resolved["policies"]["solver"]["path"] == str(tiny_ckpt)  # the spec as written: rebuilt on restore
+
+    (built.model_dir / "model.safetensors").write_bytes(b"\0" * 64)
+    with pytest.raises(UserError, match="delete .* to build the warm start again"):
+        ws.ensure_warm_start(cfg, bench.templates, "nl-arith", {}, progress=False)
+
+
+def test_validate_refuses_a_warm_start_no_role_loads(write_spec, tmp_path):
+    from typer.testing import CliRunner
+
+    from mlmt_bench.cli import app
+
+    spec = {"name": "w", "benchmark": {"name": "nl-arith"},
+            "policies": {"solver": {"model": "hf", "path": str(tmp_path)}},
+            "algorithm": {"name": "grpo"}, "warm_start": {"model": "smollm2-135m-instruct"}}
+    out = CliRunner().invoke(app, ["validate", str(write_spec(spec))])
+    assert out.exit_code == 2 and "warm_start.model: no role of the run loads" in out.output
+    spec["warm_start"] = {"model": str(tmp_path), "mix": {"solve": -1}}
+    out = CliRunner().invoke(app, ["validate", str(write_spec(spec))])
+    assert out.exit_code == 2 and "warm_start" in out.output and len(out.output.strip().splitlines()) == 1
