@@ -204,6 +204,12 @@ class HFBackend(Backend):
             input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
             attention[i, width - len(p):] = 1
         sampling = temperature > 0
+        chosen = ChosenLogprobs()
+        processors: list[Any] = []
+        if sampling:  # the spec's warpers, then the recorder, which so sees the distribution sampled from
+            from transformers import TemperatureLogitsWarper, TopPLogitsWarper
+
+            processors += [TemperatureLogitsWarper(temperature)] + ([TopPLogitsWarper(top_p)] if top_p < 1.0 else [])
         kwargs: dict[str, Any] = dict(
             max_new_tokens=max_new_tokens,
             do_sample=sampling,
@@ -211,12 +217,11 @@ class HFBackend(Backend):
             eos_token_id=eos_id,
             return_dict_in_generate=True,
             synced_gpus=False,  # every process generates alone (FSDP: on weights gathered by mlmt_bench/fsdp.py)
-            output_scores=True,
+            logits_processor=[*processors, chosen],
+            # the spec's temperature and top-p are the only warpers (above, as processors): none of the
+            # model's generation_config (SmolLM2's, Qwen's) is added after them
+            **_no_warpers(),
         )
-        if sampling:
-            kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
-        else:
-            kwargs.update(temperature=None, top_p=None, top_k=None)
         if stop:
             kwargs.update(stop_strings=stop, tokenizer=tokenizer)
         was_training = model.training
@@ -226,11 +231,49 @@ class HFBackend(Backend):
         finally:
             model.train(was_training)
         new = res.sequences[:, width:].cpu()
-        # scores: tuple over steps of [B, V] processed logits; log-prob of the chosen token per step.
-        step_logprobs = torch.stack(
-            [torch.log_softmax(s.float(), dim=-1).gather(1, new[:, t:t + 1].to(s.device)).squeeze(1).cpu()
-             for t, s in enumerate(res.scores)], dim=1) if res.scores else torch.zeros((len(prompts), 0))
-        return new, step_logprobs
+        return new, chosen.finish(new)
+
+
+class ChosenLogprobs:
+    """A logits processor, last in ``generate``'s list, that keeps the log-prob of each sampled
+    token under the distribution it was sampled from: ``[B]`` a step, where ``output_scores``
+    keeps the whole ``[B, V]`` scores of every step until the end (SmolLM2: 256 rows x 49,152
+    vocabulary x 4 bytes = 50 MB a step, 6.4 GB for 128 tokens).
+
+    Called at step t with the ids so far (the token sampled at t-1 last) and the processed scores
+    of step t: it gathers step t-1's log-prob and keeps step t's log-softmax, whose token
+    :meth:`finish` reads from the generated ids."""
+
+    def __init__(self) -> None:
+        self.last: Any = None  # [B, V] log-softmax of the newest step
+        self.steps: list[Any] = []  # [B] a step
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        if self.last is not None:
+            self.steps.append(self.last.gather(1, input_ids[:, -1:]).squeeze(1))
+        self.last = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def finish(self, new: Any) -> Any:
+        """``[B, T]`` log-probs of the generated ids ``new`` ``[B, T]`` (T: the steps taken)."""
+        import torch
+
+        if self.last is None or new.shape[1] == 0:
+            return torch.zeros((new.shape[0], 0))
+        last = self.last.gather(1, new[:, len(self.steps):len(self.steps) + 1].to(self.last.device)).squeeze(1)
+        out = torch.stack([*self.steps, last], dim=1).cpu()
+        self.last, self.steps = None, []
+        return out
+
+
+def _no_warpers() -> dict[str, None]:
+    """``generate`` kwargs that switch off every warper this transformers version knows."""
+    from transformers import GenerationConfig
+
+    names = ("temperature", "top_p", "top_k", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "top_h")
+    return {k: None for k in names if hasattr(GenerationConfig(), k)}
 
 
 def _records(new: torch.Tensor, step_logprobs: torch.Tensor, eos_id: int | None, pad_id: int, tokenizer: Any,
