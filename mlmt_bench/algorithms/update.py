@@ -17,6 +17,7 @@ from mlmt_bench.fsdp import gathered, is_sharded, scalar
 from mlmt_bench.machine import memory
 from mlmt_bench.machine.dist import Dist
 from mlmt_bench.models.forward import completion_logits, padded_batch, seq_len, sequence_logprobs, split
+from mlmt_bench.models.frozen_cast import drop_cached_casts
 
 __all__ = ["LossConfig", "TrainItem", "padded_batch", "sequence_logprobs", "update_policy"]
 
@@ -187,6 +188,7 @@ def _optimizer_step(policy: Any, optimizer: torch.optim.Optimizer, scheduler: An
     dist.sum_grads(policy.trainable_parameters())
     stats["grad_norm"] = scalar(torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), cfg.grad_clip))
     optimizer.step()
+    drop_cached_casts()  # the next forward must see the new weights, also inside one autocast region
     if scheduler is not None:
         scheduler.step()
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from mlmt_bench.errors import UserError
+from mlmt_bench.models.frozen_cast import drop_cached_casts
 from mlmt_bench.rollout.episodes import Rollout
 
 #: what the value model reads of a refinement context (MLMTParams.value_features)
@@ -118,6 +119,7 @@ class ValueModel:
             self.opt.zero_grad()
             loss.backward()
             self.opt.step()
+            drop_cached_casts()  # the next minibatch's forward sees the new weights under autocast
         return float(loss.detach())
 
     def add(self, feats: torch.Tensor, targets: torch.Tensor) -> None:

@@ -34,3 +34,20 @@ def cast_frozen_linears(model: Any, dtype: Any) -> int:
             module.bias.data = module.bias.data.to(dtype)
         cast += weight.numel()
     return cast
+
+
+def drop_cached_casts() -> None:
+    """Forget autocast's cached low-precision copies of trainable weights. Call after every change
+    of weights that may happen inside an autocast region: an optimiser step, a checkpoint load.
+
+    Inside one ``torch.autocast`` region a leaf tensor that requires grad (a LoRA matrix, a fully
+    trained weight, the value head) is cast once, at its first use, and that copy is reused until
+    the outermost region ends. The trainer runs a whole run in one region
+    (:func:`mlmt_bench.runner.cpu_autocast`), so without this every forward after the first
+    optimiser step computed with the weights as they were at the first step: on a CPU with
+    bfloat16 autocast (SmolLM2 on an AVX512-BF16 or AMX machine) the policies never moved in
+    their own rollouts and log-probs. Within a step the cache is still used."""
+    import torch
+
+    torch.clear_autocast_cache()
+

@@ -113,6 +113,8 @@ class Policy:
         """Weights from a directory :meth:`save` wrote (adapter weights only, with LoRA)."""
         from safetensors.torch import load_file
 
+        from mlmt_bench.models.frozen_cast import drop_cached_casts
+
         if self.is_lora:
             from peft import set_peft_model_state_dict
 
@@ -121,6 +123,7 @@ class Policy:
             peft_model, adapter = adapter_target(self.model)  # a shared base's view: its own adapter
             set_peft_model_state_dict(peft_model, load_file(str(directory / "adapter_model.safetensors")),
                                       adapter_name=adapter)
+            drop_cached_casts()
             return
         state = {}
         for f in sorted(directory.glob("*.safetensors")):
@@ -130,6 +133,7 @@ class Policy:
             raise RuntimeError(f"{directory}: checkpoint does not match the model ({missing[:3]}, {unexpected[:3]})")
         if hasattr(self.model, "tie_weights"):
             self.model.tie_weights()
+        drop_cached_casts()  # a load inside an autocast region: no stale cast of the old weights
 
     def save(self, directory: Path, state_dict: dict[str, Any] | None = None) -> None:
         """HF-format directory (a peft adapter directory with LoRA) + the tokenizer; ``state_dict``:

@@ -300,11 +300,18 @@ def build(cfg: WarmStartConfig, templates: PromptTemplates, name: str, options: 
              f"({dtype} on the CPU) ...")
     from mlmt_bench.io.progress import stage_progress
 
+    losses: list[float] = []
     with autocast, stage_progress(progress, sft_bar) as bar:
         task = bar.add_task("warm start SFT", total=cfg.steps, loss=float("nan")) if bar else None
+
+        def on_step(step: int, loss: float) -> None:
+            losses.append(round(loss, 4))
+            if bar is not None:
+                bar.update(task, advance=1, loss=loss)
+
         summary = sft(policy.model, data.example, steps=cfg.steps, batch=cfg.batch, lr=cfg.lr,
-                      warmup_frac=cfg.warmup_frac, rng=rng, pad_id=_pad_id(tokenizer),
-                      on_step=(lambda step, loss: bar.update(task, advance=1, loss=loss)) if bar else None)
+                      warmup_frac=cfg.warmup_frac, rng=rng, pad_id=_pad_id(tokenizer), on_step=on_step)
+    summary["losses"] = losses  # a step's weighted mean over its conversations' target tokens (nats)
     merged = policy.model.merge_and_unload()
     model_dir = out / "model"
     with quiet_transformers():

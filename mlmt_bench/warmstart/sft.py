@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from mlmt_bench.models.frozen_cast import drop_cached_casts
+
 Example = tuple[list[int], list[tuple[int, int, float]]]
 
 
@@ -77,6 +79,7 @@ def sft(model: Any, make_example: Callable[[random.Random, int], Example], *, st
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        drop_cached_casts()  # under autocast, the next step's forward must see the new weights
         losses.append(float(loss.detach()))
         tokens += int(input_ids.numel())
         trained += int((weights > 0).sum())
