@@ -84,15 +84,17 @@ def test_config_refuses_unknown_kinds_and_a_zero_mix():
         ws.WarmStartConfig(model="m", sources={"own": 0.0})
 
 
-def test_key_follows_config_templates_and_weights(bench):
+def test_key_follows_config_templates_weights_and_the_runs_benchmark(bench):
+    """A run on another level of the benchmark holds out other problems: another warm start."""
     cfg = ws.WarmStartConfig(model="m")
-    k = cfg.key(bench.templates, "w")
-    assert k == ws.WarmStartConfig(model="m").key(bench.templates, "w")
-    assert k != cfg.model_copy(update={"steps": 7}).key(bench.templates, "w")
-    assert k != cfg.key(bench.templates, "w2")
+    k = cfg.key(bench.templates, "w", "nl-arith", {})
+    assert k == ws.WarmStartConfig(model="m").key(bench.templates, "w", "nl-arith", {})
+    assert k != cfg.model_copy(update={"steps": 7}).key(bench.templates, "w", "nl-arith", {})
+    assert k != cfg.key(bench.templates, "w2", "nl-arith", {})
+    assert k != cfg.key(bench.templates, "w", "nl-arith", {"ops": "+"})
     from dataclasses import replace
 
-    assert k != cfg.key(replace(bench.templates, null_feedback="Try again."), "w")
+    assert k != cfg.key(replace(bench.templates, null_feedback="Try again."), "w", "nl-arith", {})
 
 
 def test_build_caches_a_checked_hf_checkpoint_and_a_run_loads_it(tiny_ckpt, tmp_path, monkeypatch, write_spec,

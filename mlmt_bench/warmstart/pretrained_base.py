@@ -104,12 +104,14 @@ class WarmStartConfig(BaseModel):
             raise ValueError(f"must be JSON-serialisable ({exc})") from None
         return v
 
-    def key(self, templates: PromptTemplates, weights: str) -> str:
+    def key(self, templates: PromptTemplates, weights: str, benchmark: str, options: dict[str, Any]) -> str:
         """First 16 hex digits of the sha256 of the config, the prompt templates the conversations
-        are rendered with and ``weights``, the identity of the pretrained weights (a shipped
-        model's sha256, else its path)."""
+        are rendered with, ``weights`` (the identity of the pretrained weights: a shipped model's
+        sha256, else its path) and the benchmark and options it is for (the run's where the
+        config names none: its held-out splits decide the curriculum)."""
         payload = json.dumps({"format": WARM_START_FORMAT, "config": self.model_dump(mode="json"),
-                              "templates": templates.__dict__, "weights": weights}, sort_keys=True)
+                              "templates": templates.__dict__, "weights": weights,
+                              "benchmark": {"name": benchmark, "options": options}}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -202,7 +204,7 @@ def ensure_warm_start(cfg: WarmStartConfig, templates: PromptTemplates, bench_na
     options = dict(cfg.benchmark_options if cfg.benchmark_options is not None else bench_options)
     oracle_benchmark(name, options)  # fail on a bad benchmark before any work
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    key = cfg.key(templates, pretrained_identity(cfg.model))
+    key = cfg.key(templates, pretrained_identity(cfg.model), name, options)
     final = cache_dir / key
     found = load(final)
     if found is not None:
