@@ -27,6 +27,7 @@ absent), and one process builds a key at a time.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -42,12 +43,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from mlmt_bench.benchmarks.base import OracleBenchmark
+from mlmt_bench.benchmarks.base import OracleBenchmark, verdict_line
 from mlmt_bench.errors import UserError
 from mlmt_bench.io.notes import tell
 from mlmt_bench.models.policy_spec import LoraSpec
 from mlmt_bench.types import Problem, PromptTemplates
-from mlmt_bench.warmstart.chat_curriculum import KINDS, SOURCES
+from mlmt_bench.warmstart.chat_curriculum import KINDS, SOURCES, conversation, draw, token_example
 
 #: Bumped whenever a change here would change the weights a config produces (part of the key).
 WARM_START_FORMAT = 1
@@ -348,10 +349,8 @@ def own_attempts(policy: Any, bench: OracleBenchmark, templates: PromptTemplates
         backend = HFBackend(batch_size=64)
         verifier = registry.verifiers.get(bench.default_verifier)()
         policy.model.eval()
-        with_adapter_off = getattr(policy.model, "disable_adapter", None)
-        import contextlib
-
-        with (with_adapter_off() if with_adapter_off is not None else contextlib.nullcontext()):
+        adapter_off = getattr(policy.model, "disable_adapter", None)  # the pretrained model as it is
+        with adapter_off() if adapter_off is not None else contextlib.nullcontext():
             gens = backend.generate(policy.model, policy.tokenizer,
                                     [attempt_prompt(policy.tokenizer, templates, p) for p in jobs],
                                     max_new_tokens=cfg.max_new_tokens, temperature=cfg.own_temperature, top_p=1.0,
@@ -378,9 +377,6 @@ class Data:
         self.verdicts = {"correct": 0, "incorrect": 0}
 
     def example(self, rng: random.Random, step: int) -> Any:
-        from mlmt_bench.benchmarks.base import verdict_line
-        from mlmt_bench.warmstart.chat_curriculum import conversation, draw, token_example
-
         kind = draw(self.cfg.mix, rng)
         problem = self.problems[rng.randrange(len(self.problems))]
         source = draw(self.cfg.sources, rng)
