@@ -195,6 +195,21 @@ def test_oracle_approves_a_right_answer_with_the_verdict_line() -> None:
         assert feedback.endswith("\nVerdict: correct") and small().feedback_verdict(feedback) is True
 
 
+@pytest.mark.parametrize(("attempt", "checked"), [
+    ("7 + 5 = 12, 12 * 3 = 36. Answer: 36",
+     ["The first step (7 + 5 = 12) is right.", "The second step (12 * 3 = 36) is right."]),
+    ("(7 + 5) * 3 = 36. Answer: 36", ["The first to second steps (7 + 5 * 3 = 36) are right."]),
+    ("5 + 7 = 12, so the answer is 36.", ["The first step (5 + 7 = 12) is right."]),
+    ("So, the answer is 36.", []),
+])
+def test_the_oracle_checks_a_right_attempts_steps_before_approving(attempt: str, checked: list[str]) -> None:
+    """Step by step on right attempts too (a critic trained on it never decides in one token), up
+    to the first step not computed rightly; the quotes are the attempt's, so redaction keeps them."""
+    feedback = oracle_feedback(PLAIN, attempt)
+    assert feedback.split("\n")[:-2] == checked, feedback
+    assert small().redact_feedback(PLAIN, attempt, feedback).removed == 0
+
+
 def _wrong_attempts(bench: NLArith, problem: Problem, rng: random.Random) -> list[str]:
     gold = bench.solution(problem)
     last = problem.metadata["steps"][-1]

@@ -261,7 +261,11 @@ def _diagnose(eq: Equation, gold: Sequence[Step], i: int, clauses: Sequence[str]
 def oracle_feedback(problem: Problem, attempt: str) -> str:
     """Rule-based feedback from a critic that sees the gold steps, in words, answer-free.
 
-    A right final answer (as the ``stated-answer`` verifier reads it) is approved. Otherwise the
+    A right final answer (as the ``stated-answer`` verifier reads it) is approved, after the steps
+    it computes rightly are named and quoted one per line (:func:`_right_steps`): a critic that
+    learns from the oracle (the warm start) checks each step before its verdict, on right attempts
+    as on wrong ones, instead of deciding in its first token. Those quotes hold the attempt's own
+    numbers, its answer included, so they tell the refiner nothing it was not shown. Otherwise the
     gold steps are walked in order against the attempt's equations (:func:`equations`): step ``i``
     is done by the first later equation that computes it (:func:`_covers`; a chain covers several
     steps); the first step not done is the wrong one: an equation that computes it with a wrong
@@ -285,7 +289,9 @@ def oracle_feedback(problem: Problem, attempt: str) -> str:
     clauses = list(problem.metadata.get("clauses") or [])
     answer = stated_integer(attempt)
     if answer is not None and problem.answer is not None and answer == str(problem.answer).strip():
-        return f"{APPROVAL}\nVerdict: correct"
+        checked = [f"{_steps_named(i, last)} ({eq.text}) {'is' if last == i else 'are'} right."
+                   for eq, i, last in _right_steps(equations(attempt), gold)]
+        return "\n".join([*checked, APPROVAL, "Verdict: correct"])
     kind = StatedAnswerVerifier.leak_kind
     given = bool(is_leak(problem.prompt, problem.answer, kind))  # the problem states it: nothing to hide
 
@@ -317,8 +323,7 @@ def oracle_feedback(problem: Problem, attempt: str) -> str:
             lines.append(say(f"{_nth(i).capitalize()} is wrong: {_quote(eq)} has a calculation error. {redo}",
                              f"{_nth(i).capitalize()} is wrong: it has a calculation error. Recompute it."))
             return _close(lines)
-        done = _nth(i).capitalize() if last == i else f"The {_ORDINALS[i]} to {_nth(last)[4:]}s"
-        verb = "is" if last == i else "are"
+        done, verb = _steps_named(i, last), "is" if last == i else "are"
         lines.append(say(f"{done} ({eq.text}) {verb} right.", f"{done} {verb} right."))
         i, at = last + 1, found + 1
     extra = [eq for eq in eqs[at:] if not _restates(eq, gold, len(gold))]
@@ -332,6 +337,27 @@ def oracle_feedback(problem: Problem, attempt: str) -> str:
         lines.append(f"Every step is right, but the answer line gives {answer}, which is not the result of the "
                      "last step.")
     return _close(lines)
+
+
+def _steps_named(i: int, last: int) -> str:
+    """``The second step`` (``i`` = ``last`` = 1) or ``The first to third steps`` (a chain)."""
+    return _nth(i).capitalize() if last == i else f"The {_ORDINALS[i]} to {_nth(last)[4:]}s"
+
+
+def _right_steps(eqs: Sequence[Equation], gold: Sequence[Step]) -> list[tuple[Equation, int, int]]:
+    """The gold steps an attempt's equations compute rightly, in order, up to the first that none
+    does: ``(equation, first step, last step)`` each (0-based; a chain covers several)."""
+    out, i, at = [], 0, 0
+    while i < len(gold):
+        found = next((j for j in range(at, len(eqs)) if _covers(eqs[j], gold, i)), None)
+        if found is None:
+            break
+        eq, last = eqs[found], i + len(eqs[found].ops) - 1
+        if eq.result != gold[last][3]:
+            break
+        out.append((eq, i, last))
+        i, at = last + 1, found + 1
+    return out
 
 
 def _clause(clauses: Sequence[str], gold: Sequence[Step], i: int) -> str:

@@ -51,7 +51,7 @@ from mlmt_bench.types import Problem, PromptTemplates
 from mlmt_bench.warmstart.chat_curriculum import KINDS, SOURCES, conversation, draw, token_example
 
 #: Bumped whenever a change here would change the weights a config produces (part of the key).
-WARM_START_FORMAT = 1
+WARM_START_FORMAT = 2
 RECORD = "warm_start.json"
 
 
