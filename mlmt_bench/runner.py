@@ -179,18 +179,54 @@ class Setup:
     algorithm: Algorithm
 
 
-def build(spec: RunSpec, progress: bool = True) -> Components:
+def build(spec: RunSpec, progress: bool = True, *, gate: bool = True) -> Components:
     """The components of a run, in three steps read top to bottom: what needs no model
     (:func:`setup`: cheap, so bad input fails before anything is built), the checkpoint the roles
     start from (the shared base when a role starts from it, ``warmstart/shared_base.py``; the
     warm start of a pretrained model, ``warmstart/pretrained_base.py``: each built once, then
-    cached), and the policies on it (:func:`assemble`)."""
+    cached), and the policies on it (:func:`assemble`). ``gate``: check a warm start's critic gate
+    on the assembled policies and refuse one that fails it (:func:`check_warm_start_gate`); the
+    probes, which measure an invalid start too, build without it."""
     parts = setup(spec)
     base = ensure_run_base(spec, progress) if needs_base(spec, parts.algorithm) else None
     warm = ensure_run_warm_start(spec, parts, progress) if spec.warm_start is not None else None
     comp = assemble(on_warm_start(spec, warm), parts, base, progress)
     comp.warm_start = warm
+    if warm is not None and gate:
+        check_warm_start_gate(spec, comp, progress)
     return comp
+
+
+def check_warm_start_gate(spec: RunSpec, comp: Components, progress: bool = True) -> None:
+    """METHOD v4's critic gate on the warm start every role of ``spec`` starts from, measured on the
+    assembled step-0 policies (:func:`_gate_on`: the first ``warm_start.gate_problems`` validation
+    problems, the warm start's own seed, the run's training temperatures and token limits) once per
+    such setting and kept beside the checkpoint (:func:`~mlmt_bench.warmstart.shared_base.cached_gate`);
+    then refused in one line unless ``warm_start.allow_invalid``. Every arm and seed on it reads
+    the same gate."""
+    from mlmt_bench.trainer import training_temperatures
+    from mlmt_bench.warmstart.pretrained_base import WarmStartConfig
+    from mlmt_bench.warmstart.shared_base import cached_gate
+
+    warm = comp.warm_start
+    assert warm is not None
+    cfg = WarmStartConfig.model_validate(spec.warm_start)
+    temps, b = training_temperatures(spec), spec.backend
+    slot = (f"n={cfg.gate_problems},solver_T={temps['solver']:g},critic_T={temps['critic']:g},"
+            f"tokens={b.max_new_tokens}/{b.feedback_max_new_tokens or b.max_new_tokens},seed={cfg.seed}")
+
+    def measure() -> dict[str, Any]:
+        problems = (comp.benchmark.load("validation")[:cfg.gate_problems]
+                    if "validation" in comp.benchmark.splits else [])
+        if not problems:
+            return {}  # no validation problem: the gate cannot be measured, so it fails
+        if progress:
+            tell(f"checking the critic gate of warm start {warm.record['key']} on {len(problems)} validation "
+                 f"problems (greedy, and solver T={temps['solver']:g}, critic T={temps['critic']:g}) ...")
+        return _gate_on(spec, comp, problems, seed=cfg.seed)[0]
+
+    warm.gate = cached_gate(warm.directory, slot, measure)
+    warm.require_valid(cfg.allow_invalid)
 
 
 def ensure_run_warm_start(spec: RunSpec, parts: Setup, progress: bool = True) -> WarmStart:
@@ -656,7 +692,7 @@ def probe_from_spec(spec: RunSpec, split: str = "test", limit: int | None = None
     spec's ``feedback.redact``. Returns the probe's result with ``spec``, ``seed``, ``split``,
     ``critic`` (``spec`` or ``base``) and ``limit`` added."""
     configure_torch(spec)
-    comp = build(spec, progress=progress)
+    comp = build(spec, progress=progress, gate=False)
     try:
         critic, source = _probe_critic(spec, comp)
         return _probe_built(spec, comp, cast("Policy", comp.policies["solver"]), critic, source, split, limit, redact,
@@ -675,7 +711,7 @@ def probe_from_run_dir(path: Path | str, split: str = "test", limit: int | None 
     run_dir = RunDir.open(path)
     spec = load_run_spec(run_dir.path / "spec.resolved.yaml")
     configure_torch(spec)
-    comp = build(spec, progress=progress)
+    comp = build(spec, progress=progress, gate=False)
     try:
         trainer = make_trainer(spec, comp, cast("RunDir", NullRunDir(run_dir.path)))
         if _load_newest_intact(trainer, run_dir, []) is None:
@@ -722,7 +758,7 @@ def value_probe_from_spec(spec: RunSpec, rows: int = 4096, steps: int = 1000,
     from mlmt_bench.warmstart.value_probe import value_probe
 
     configure_torch(spec)
-    comp = build(spec, progress=progress)
+    comp = build(spec, progress=progress, gate=False)
     group = comp.algorithm.params.sample_factors().get("group_size", 8)
     try:
         critic, source = _probe_critic(spec, comp)
@@ -745,31 +781,41 @@ def critic_gate_from_spec(spec: RunSpec, split: str = "validation", limit: int |
     with the backend's token limits; ``failures`` lists what fails the gate (empty: it passes)."""
     import time
 
-    from mlmt_bench.trainer import training_temperatures
-    from mlmt_bench.warmstart.shared_base import critic_gate, detection_on_own_attempts
+    from mlmt_bench.warmstart.shared_base import critic_gate
 
     configure_torch(spec)
-    comp = build(spec, progress=progress)
+    comp = build(spec, progress=progress, gate=False)
     try:
         comp.benchmark.check_split(split)
         problems = comp.benchmark.load(split)[:limit]
         if not problems:
             raise UserError(f"benchmark {spec.benchmark.name}: no {split} problems to judge")
-        critic, source = _probe_critic(spec, comp)
-        temps = training_temperatures(spec)
-        b = spec.backend
         t0 = time.perf_counter()
-        with cpu_autocast(spec):
-            gate = detection_on_own_attempts(
-                comp.policies["solver"], critic, comp.backend, comp.benchmark, comp.verifier, problems,
-                solver_temperature=temps["solver"], critic_temperature=temps["critic"],
-                max_new_tokens=b.max_new_tokens, feedback_max_new_tokens=b.feedback_max_new_tokens or b.max_new_tokens,
-                seed=spec.seed, templates=comp.templates)
+        gate, source = _gate_on(spec, comp, problems, seed=spec.seed)
     finally:
         comp.backend.close()
     return {"spec": spec.name, "seed": spec.seed, "benchmark": spec.benchmark.name, "split": split,
             "n": len(problems), "critic": source, **gate, "failures": critic_gate(gate),
             "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def _gate_on(spec: RunSpec, comp: Components, problems: list[Problem], *, seed: int) -> tuple[dict[str, Any], str]:
+    """The critic gate's two passes (:func:`~mlmt_bench.warmstart.shared_base.detection_on_own_attempts`)
+    on ``comp``'s step-0 solver and critic (as :func:`_probe_critic` picks it) over ``problems``, at
+    the roles' training temperatures and the backend's token limits, sampled with ``seed``; and
+    where the critic came from."""
+    from mlmt_bench.trainer import training_temperatures
+    from mlmt_bench.warmstart.shared_base import detection_on_own_attempts
+
+    critic, source = _probe_critic(spec, comp)
+    temps, b = training_temperatures(spec), spec.backend
+    with cpu_autocast(spec):
+        gate = detection_on_own_attempts(
+            comp.policies["solver"], critic, comp.backend, comp.benchmark, comp.verifier, problems,
+            solver_temperature=temps["solver"], critic_temperature=temps["critic"],
+            max_new_tokens=b.max_new_tokens, feedback_max_new_tokens=b.feedback_max_new_tokens or b.max_new_tokens,
+            seed=seed, templates=comp.templates)
+    return gate, source
 
 
 def spec_redacts(spec: RunSpec) -> bool:

@@ -129,10 +129,33 @@ def test_build_caches_a_checked_hf_checkpoint_and_a_run_loads_it(tiny_ckpt, tmp_
 
     from mlmt_bench.cli import app
 
+    # the critic gate (METHOD v4): the tiny checkpoint never solves nl-arith, so J cannot be measured
+    out = CliRunner().invoke(app, ["-q", "run", str(write_spec(spec))])
+    assert out.exit_code == 2 and len(out.output.strip().splitlines()) == 1, out.output
+    assert f"warm start {r['key']} fails the critic gate" in out.output and "warm_start.allow_invalid" in out.output
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").rglob("manifest.json"))
+    gates = json.loads((built.directory / "gate.json").read_text())
+    assert list(gates) == ["n=96,solver_T=1,critic_T=1,tokens=8/8,seed=0"]  # the run's temperatures, its limits
+    assert gates[next(iter(gates))]["greedy"]["n_right"] == 0
+
+    from mlmt_bench import runner
+
+    measured = []
+    monkeypatch.setattr(runner, "_gate_on", lambda *a, **k: measured.append(1))  # read from gate.json, not redone
+    spec["warm_start"]["allow_invalid"] = True
     out = CliRunner().invoke(app, ["-q", "run", str(write_spec(spec))])
     assert out.exit_code == 0, out.output
+    assert measured == []
     manifest = json.loads(next((tmp_path / "runs").rglob("manifest.json")).read_text())
     assert manifest["warm_start"]["key"] == r["key"]
+    assert manifest["warm_start"]["gate"] == gates[next(iter(gates))]
+    assert any("cannot be measured" in w for w in manifest["warm_start"]["invalid_because"])
+    from mlmt_bench.report.compare import invalid_bases
+    from mlmt_bench.report.runs import invalid_allowed_by, load_run
+
+    invalid = invalid_bases({"grpo": [load_run(next((tmp_path / "runs").rglob("manifest.json")).parent)]})
+    assert len(invalid) == 1 and invalid[0].startswith(f"warm start `{r['key']}` (from {tiny_ckpt})")
+    assert invalid_allowed_by(invalid) == "`base.allow_invalid` or `warm_start.allow_invalid`"
     assert manifest["weights"]["solver"]["source"] == "warm start"
     assert manifest["weights"]["solver"]["sha256"] == r["sha256"]
     resolved = yaml.safe_load(next((tmp_path / "runs").rglob("spec.resolved.yaml")).read_text())

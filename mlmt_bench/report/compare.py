@@ -64,10 +64,12 @@ from mlmt_bench.report.formatting import (
 from mlmt_bench.report.runs import (
     AT_FLOPS_TOLERANCE,
     VALUE_EXERCISED_EV,
+    WARM_START_ENTRY,
     RunRecord,
     acc_t2,
     experiment_record,
     group_runs,
+    invalid_allowed_by,
     is_num,
     load_run,
     own_arms,
@@ -348,8 +350,9 @@ def _value_notes(loaded: dict[str, list[RunRecord]]) -> list[str]:
 
 
 def invalid_bases(loaded: dict[str, list[RunRecord]]) -> list[str]:
-    """The shared bases of the runs that fail METHOD v3's validity thresholds (allowed by their
-    spec, ``base.allow_invalid``), one line each; a report puts them at its top."""
+    """The shared bases of the runs that fail METHOD v3's validity thresholds or v4's critic gate
+    (allowed by their spec, ``base.allow_invalid``), and the warm starts that fail the gate
+    (``warm_start.allow_invalid``), one line each; a report puts them at its top."""
     out: dict[str, str] = {}
     for results in loaded.values():
         for r in results:
@@ -357,6 +360,11 @@ def invalid_bases(loaded: dict[str, list[RunRecord]]) -> list[str]:
             if base.get("invalid_because"):
                 out[str(base.get("key"))] = (f"base `{base.get('key')}` ({base.get('preset')}, "
                                              f"seed {base.get('seed')}): " + "; ".join(base["invalid_because"]))
+            warm = r.manifest.get("warm_start") or {}
+            if warm.get("invalid_because"):
+                out[str(warm.get("key"))] = (f"{WARM_START_ENTRY} `{warm.get('key')}` (from "
+                                             f"{(warm.get('config') or {}).get('model')}): "
+                                             + "; ".join(warm["invalid_because"]))
     return list(out.values())
 
 
@@ -520,7 +528,8 @@ def render_markdown(summary: dict[str, Any]) -> str:
     lines = [f"# {summary['title'] or 'Comparison'}", ""]
     if summary.get("invalid_bases"):
         lines += ["**Not a valid testbed (METHOD v3/v4)**: these runs start from bases whose critic fails the "
-                  "validity thresholds or the critic gate (allowed by `base.allow_invalid`), so what they say "
+                  f"validity thresholds or the critic gate (allowed by {invalid_allowed_by(summary['invalid_bases'])}),"
+                  " so what they say "
                   "about feedback is not a measurement of the method:", ""]
         lines += [f"- {b}" for b in summary["invalid_bases"]] + [""]
     if summary.get("shared_bases"):

@@ -49,7 +49,7 @@ from mlmt_bench.report.formatting import (
     mark,
     read_at_label,
 )
-from mlmt_bench.report.runs import AT_FLOPS_TOLERANCE, RunRecord, acc_t2, is_num, own_arms
+from mlmt_bench.report.runs import AT_FLOPS_TOLERANCE, RunRecord, acc_t2, invalid_allowed_by, is_num, own_arms
 from mlmt_bench.tracking import atomic_write_text
 
 #: the feedback metrics drawn over training: (eval record key, panel title, scale)
@@ -473,7 +473,8 @@ def render_html(summary: dict[str, Any], loaded: dict[str, list[RunRecord]], acc
     sections = [
         f"<h1>{esc(title)}</h1>",
         *(["<p class='lede'><b>Not a valid testbed (METHOD v3/v4)</b>: these runs start from bases whose critic fails "
-           "the validity thresholds or the critic gate (allowed by <code>base.allow_invalid</code>), so what they say "
+           f"the validity thresholds or the critic gate (allowed by {_md_inline(invalid_allowed_by(invalid))}), so "
+           "what they say "
            "about feedback is not a measurement of the method:</p><ul>"
            + "".join(f"<li>{_md_inline(b)}</li>" for b in invalid) + "</ul>"] if invalid else []),
         *([f"<p class='lede'><b>{esc(SHARED_BASE[0])}</b>: {esc(SHARED_BASE[1])}:</p><ul>"

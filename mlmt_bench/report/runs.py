@@ -510,3 +510,12 @@ def with_base_critic_arms(loaded: dict[str, list[RunRecord]]) -> dict[str, list[
         base_critic = add(results, with_base_critic, f"{arm} + base critic")
         add(base_critic, with_critic_solver, f"{arm} + base critic as second solver")
     return out
+
+
+WARM_START_ENTRY = "warm start"
+
+
+def invalid_allowed_by(invalid: list[str]) -> str:
+    """The spec fields that allowed the :func:`~mlmt_bench.report.compare.invalid_bases` lines (a report's words)."""
+    warm = any(line.startswith(WARM_START_ENTRY) for line in invalid)
+    return "`base.allow_invalid`" + (" or `warm_start.allow_invalid`" if warm else "")

@@ -49,6 +49,7 @@ from mlmt_bench.io.notes import tell
 from mlmt_bench.models.policy_spec import LoraSpec
 from mlmt_bench.types import Problem, PromptTemplates
 from mlmt_bench.warmstart.chat_curriculum import KINDS, SOURCES, conversation, draw, token_example
+from mlmt_bench.warmstart.shared_base import critic_gate
 
 #: Bumped whenever a change here would change the weights a config produces (part of the key).
 WARM_START_FORMAT = 2
@@ -85,6 +86,10 @@ class WarmStartConfig(BaseModel):
     own_samples: int = Field(2, ge=0, description="the model's own attempts sampled per curriculum problem")
     own_temperature: float = Field(0.7, gt=0, description="their sampling temperature")
     max_new_tokens: int = Field(128, ge=1, description="length limit of an own attempt")
+    gate_problems: int = Field(96, ge=1, description="validation problems of the critic gate (METHOD v4) a run "
+                                                     "checks on the warm start before training; not in the key")
+    allow_invalid: bool = Field(False, description="run on a warm start that fails the critic gate (its manifest "
+                                                   "and every report then say so at the top); not in the key")
 
     @field_validator("mix")
     @classmethod
@@ -110,10 +115,14 @@ class WarmStartConfig(BaseModel):
         are rendered with, ``weights`` (the identity of the pretrained weights: a shipped model's
         sha256, else its path) and the benchmark and options it is for (the run's where the
         config names none: its held-out splits decide the curriculum)."""
-        payload = json.dumps({"format": WARM_START_FORMAT, "config": self.model_dump(mode="json"),
+        payload = json.dumps({"format": WARM_START_FORMAT, "config": self.model_dump(mode="json", exclude=_NOT_IN_KEY),
                               "templates": templates.__dict__, "weights": weights,
                               "benchmark": {"name": benchmark, "options": options}}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+#: WarmStartConfig fields that do not change the weights: outside the key (adding one keeps every key).
+_NOT_IN_KEY = {"gate_problems", "allow_invalid"}
 
 
 def _weights(v: dict[str, float], names: tuple[str, ...], field: str) -> dict[str, float]:
@@ -127,23 +136,41 @@ def _weights(v: dict[str, float], names: tuple[str, ...], field: str) -> dict[st
 
 @dataclass
 class WarmStart:
-    """A built warm start: ``directory`` with ``model/`` (HF checkpoint + tokenizer) and its record."""
+    """A built warm start: ``directory`` with ``model/`` (HF checkpoint + tokenizer) and its record;
+    ``gate``: its critic gate as a run measured it (:func:`mlmt_bench.runner.check_warm_start_gate`),
+    None until then."""
 
     directory: Path
     record: dict[str, Any]
+    gate: dict[str, Any] | None = None
 
     @property
     def model_dir(self) -> Path:
         return self.directory / "model"
 
+    def invalid_because(self) -> list[str]:
+        """Why the warm start fails METHOD v4's critic gate (empty: it passes; a gate not measured
+        fails)."""
+        return critic_gate(self.gate)
+
     def summary(self) -> dict[str, Any]:
         """What a run manifest records: key, the pretrained weights it started from, the merged
-        weights' sha256, data counts and sha256, SFT tokens and CPU seconds, the path."""
+        weights' sha256, data counts and sha256, SFT tokens and CPU seconds, the path, and its
+        critic gate with what fails it (where measured)."""
         r = self.record
+        gate = {} if self.gate is None else {"gate": self.gate, "invalid_because": self.invalid_because()}
         return {"key": r["key"], "from": r["from"], "sha256": r["sha256"], "data": r["data"],
                 "sft": {k: r["sft"].get(k) for k in ("steps", "batch", "first_loss", "final_loss", "tokens",
                                                      "trained_tokens", "cpu_seconds", "seconds")},
-                "own_attempts": r["own_attempts"], "config": r["config"], "path": str(self.model_dir)}
+                "own_attempts": r["own_attempts"], "config": r["config"], "path": str(self.model_dir), **gate}
+
+    def require_valid(self, allow_invalid: bool) -> None:
+        """Refuse (one line, naming the numbers) a warm start that fails the critic gate, unless allowed."""
+        failures = self.invalid_because()
+        if failures and not allow_invalid:
+            raise UserError(f"warm start {self.record['key']} fails the critic gate (METHOD v4): {'; '.join(failures)}"
+                            "; change its curriculum (warm_start.mix, sources, steps), or set "
+                            "warm_start.allow_invalid: true to run on it anyway (every report then says so)")
 
 
 def default_cache_dir() -> Path:

@@ -38,7 +38,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -736,40 +736,50 @@ def gate_temperatures(cfg: BaseConfig) -> tuple[float, float]:
 
 
 def _with_gate(base: Base, cfg: BaseConfig, progress: bool) -> Base:
-    """``base`` with ``report["gate"]`` at ``cfg``'s temperatures: read from the entry's
-    :data:`GATE_FILE`, else measured now (:func:`gate_check`) and added there. A base built
-    before METHOD v4 (the shipped ones) gets its gate on first use this way, its base.json and
-    weights untouched (so their key and a shipped entry's manifest stay valid). The file is
-    written under a temporary name and renamed; an entry that cannot be written (read-only)
-    keeps the gate in memory only."""
-    from mlmt_bench.io import bounded_input
-
+    """``base`` with ``report["gate"]`` at ``cfg``'s temperatures (:func:`cached_gate`: measured
+    once by :func:`gate_check`). A base built before METHOD v4 (the shipped ones) gets its gate on
+    first use this way, its base.json and weights untouched (so their key and a shipped entry's
+    manifest stay valid)."""
     t_solver, t_critic = gate_temperatures(cfg)
-    slot = f"n={cfg.check_problems},solver_T={t_solver:g},critic_T={t_critic:g}"
-    path = base.directory / GATE_FILE
-    gates: dict[str, Any] = {}
-    if os.path.lexists(path):
-        bounded_input.check_plain_file(path)  # not a link: read like base.json (_load)
-        try:
-            gates = bounded_input.read_json(path)
-        except UserError:
-            gates = {}  # a damaged file is measured again
-        if not isinstance(gates, dict) or not all(isinstance(v, dict) for v in gates.values()):
-            gates = {}
-    if slot not in gates:
+
+    def measure() -> dict[str, Any]:
         if progress:
             tell(f"checking the critic gate of base {base.report.get('key')} on {cfg.check_problems} validation "
                  f"problems (its solver's own attempts, greedy and with the critic at T={t_critic:g}) ...")
         bench = synthetic_benchmark(cfg.benchmark, cfg.benchmark_options)
         with torch_threads(cfg.threads):
-            gates[slot] = gate_check(base, bench, cfg.check_problems, solver_temperature=t_solver,
-                                     critic_temperature=t_critic)
+            return gate_check(base, bench, cfg.check_problems, solver_temperature=t_solver,
+                              critic_temperature=t_critic)
+
+    base.report["gate"] = cached_gate(base.directory, f"n={cfg.check_problems},solver_T={t_solver:g},"
+                                                      f"critic_T={t_critic:g}", measure)
+    return base
+
+
+def cached_gate(directory: Path, slot: str, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The critic gate of the checkpoint entry at ``directory`` under ``slot`` (what it was measured
+    at): read from its :data:`GATE_FILE`, else ``measure()`` and added there. The file is written
+    under a temporary name and renamed; a damaged file is measured again; an entry that cannot be
+    written (read-only) keeps the gate in memory only. Never touches the entry's weights or record."""
+    from mlmt_bench.io import bounded_input
+
+    path = directory / GATE_FILE
+    gates: dict[str, Any] = {}
+    if os.path.lexists(path):
+        bounded_input.check_plain_file(path)  # not a link: read like the entry's record
+        try:
+            gates = bounded_input.read_json(path)
+        except UserError:
+            gates = {}
+        if not isinstance(gates, dict) or not all(isinstance(v, dict) for v in gates.values()):
+            gates = {}
+    if slot not in gates:
+        gates[slot] = measure()
         with contextlib.suppress(OSError):
             tmp = path.with_name(f".{GATE_FILE}.{os.getpid()}.tmp")
             tmp.write_text(json.dumps(gates, indent=2, sort_keys=True) + "\n")
             os.replace(tmp, path)
-    base.report["gate"] = gates[slot]
-    return base
+    return dict(gates[slot])
 
 
 @dataclass
