@@ -161,6 +161,13 @@ class OracleBenchmark(Benchmark):
         """The feedback of a critic that sees the gold solution, on ``attempt``."""
         raise NotImplementedError
 
+    def worked_feedback(self, problem: Problem, attempt: str) -> str:
+        """The oracle's feedback with its working shown: what a critic that recomputes each step
+        writes (a warm start's critique target, ``warm_start.critique: worked``). It may state
+        values the attempt lacks, so the refiner reads it redacted (:meth:`redact_feedback`).
+        Default: :meth:`oracle_feedback` (no working to show)."""
+        return self.oracle_feedback(problem, attempt)
+
     def inject_errors(self, solution: str, rng: random.Random, second_error_rate: float = 0.15) -> str:
         """``solution`` with one error planted (a second one with ``second_error_rate``)."""
         raise NotImplementedError

@@ -258,7 +258,37 @@ def _diagnose(eq: Equation, gold: Sequence[Step], i: int, clauses: Sequence[str]
             f"{_nth(i).capitalize()} is wrong: it does not do what the problem asks.")
 
 
-def oracle_feedback(problem: Problem, attempt: str) -> str:
+def worked_check(a: int, op: str, b: int) -> str:
+    """How a critic recomputes ``a op b`` by steps it can trust: a product with a multi-digit
+    factor by place values from one-digit products (``63 * 9``: ``6 * 9 = 54, so 60 * 9 = 540;
+    3 * 9 = 27; 540 + 27 = 567``), anything else as one equation (``12 + 5 = 17``)."""
+    result = apply_op(a, op, b)
+    many, one = (a, b) if a >= b else (b, a)
+    if op != "*" or many < 10 or one >= 10:
+        return f"{a} {op} {b} = {result}"
+    pieces, partials = [], []
+    for place, digit in enumerate(reversed(str(many))):
+        if digit == "0":
+            continue
+        k, scale = int(digit), 10 ** place
+        pieces.append(f"{k} * {one} = {k * one}" + (f", so {k * scale} * {one} = {k * one * scale}" if place else ""))
+        partials.append(k * one * scale)
+    pieces.reverse()
+    partials.reverse()
+    if len(partials) > 1:
+        pieces.append(" + ".join(map(str, partials)) + f" = {result}")
+    return "; ".join(pieces)
+
+
+def _worked_line(i: int, eq: Equation, gold: Sequence[Step]) -> str:
+    """A one-operation step of the attempt checked by :func:`worked_check` (its own operands), then judged."""
+    a, op, b = eq.operands[0], eq.ops[0], eq.operands[1]
+    right = eq.result == apply_op(a, op, b) and eq.result == gold[i][3]
+    verdict = "right." if right else f"not {eq.result}: a calculation error. Recompute {a} {op} {b}."
+    return f"{_nth(i).capitalize()}, {eq.text}: {worked_check(a, op, b)}, {verdict}"
+
+
+def oracle_feedback(problem: Problem, attempt: str, *, worked: bool = False) -> str:
     """Rule-based feedback from a critic that sees the gold steps, in words, answer-free.
 
     A right final answer (as the ``stated-answer`` verifier reads it) is approved, after the steps
@@ -284,19 +314,26 @@ def oracle_feedback(problem: Problem, attempt: str) -> str:
     would state the gold answer (by the verifier's leak rule: a right step quoted, or an extra step
     starting from the right result, "21 * 3 = 62") is said without its numbers ("The first step is
     right."), unless the problem itself states the answer. Pure; never raises on an attempt.
+
+    ``worked``: each one-operation step the walk reaches is recomputed before it is judged
+    (:func:`worked_check`: ``The second step, 63 * 9 = 549: 6 * 9 = 54, so 60 * 9 = 540; 3 * 9 =
+    27; 540 + 27 = 567, not 549: a calculation error. Recompute 63 * 9.``): what a critic that
+    checks by steps it can trust writes. It states values, the gold answer among them, so it is
+    answer-free only as the refiner reads it, redacted (``feedback.redact``).
     """
     gold: list[Step] = [(int(a), str(op), int(b), int(r)) for a, op, b, r in problem.metadata["steps"]]
     clauses = list(problem.metadata.get("clauses") or [])
     answer = stated_integer(attempt)
     if answer is not None and problem.answer is not None and answer == str(problem.answer).strip():
-        checked = [f"{_steps_named(i, last)} ({eq.text}) {'is' if last == i else 'are'} right."
+        checked = [_worked_line(i, eq, gold) if worked and last == i
+                   else f"{_steps_named(i, last)} ({eq.text}) {'is' if last == i else 'are'} right."
                    for eq, i, last in _right_steps(equations(attempt), gold)]
         return "\n".join([*checked, APPROVAL, "Verdict: correct"])
     kind = StatedAnswerVerifier.leak_kind
     given = bool(is_leak(problem.prompt, problem.answer, kind))  # the problem states it: nothing to hide
 
     def say(specific: str, generic: str) -> str:
-        return specific if given or not is_leak(specific, problem.answer, kind) else generic
+        return specific if given or worked or not is_leak(specific, problem.answer, kind) else generic
 
     eqs = equations(attempt)
     lines: list[str] = []
@@ -317,6 +354,12 @@ def oracle_feedback(problem: Problem, attempt: str) -> str:
             return _close(lines)
         eq = eqs[found]
         last = i + len(eq.ops) - 1
+        if worked and len(eq.ops) == 1:
+            lines.append(_worked_line(i, eq, gold))
+            if eq.result != gold[last][3]:
+                return _close(lines)
+            i, at = last + 1, found + 1
+            continue
         if eq.result != gold[last][3]:
             redo = (f"Recompute {eq.operands[0]} {eq.ops[0]} {eq.operands[1]}." if len(eq.ops) == 1
                     else "Recompute it one operation at a time.")
@@ -374,6 +417,10 @@ def _close(lines: list[str]) -> str:
 
 
 # --------------------------------------------------------------------------- benchmark
+
+#: how far a planted slip is off: small ones and the sizes SmolLM2's own slips at two-step products have
+#: (63 * 9 = 549, 9 * 5 * 8 = 380: -18, +20; issue 33's probe of its warm start)
+SLIPS = (-20, -10, -6, -3, -2, -1, 1, 2, 3, 6, 10, 20)
 
 
 class NLArith(OracleBenchmark):
@@ -492,6 +539,9 @@ class NLArith(OracleBenchmark):
     def oracle_feedback(self, problem: Problem, attempt: str) -> str:
         return oracle_feedback(problem, attempt)
 
+    def worked_feedback(self, problem: Problem, attempt: str) -> str:
+        return oracle_feedback(problem, attempt, worked=True)
+
     def inject_errors(self, solution: str, rng: random.Random, second_error_rate: float = 0.15) -> str:
         """``solution`` (:func:`format_solution`'s form) with one arithmetic slip at a random step
         (later steps recomputed from it, the answer line following): a wrong attempt for tests and
@@ -502,7 +552,8 @@ class NLArith(OracleBenchmark):
         gold = solve(eqs[0].operands[0], [(e.ops[0], e.operands[1]) for e in eqs])
         i = rng.randrange(len(gold))
         a, op, b, r = gold[i]
-        steps = list(gold[:i]) + [(a, op, b, r + rng.choice((-2, -1, 1, 2, 10)))]
+        slip = rng.choice(SLIPS)
+        steps = list(gold[:i]) + [(a, op, b, r + slip if r + slip >= 0 else r - slip)]
         for _, op2, b2, _ in gold[i + 1:]:
             prev = steps[-1][3]
             steps.append((prev, op2, b2, apply_op(prev, op2, b2)))

@@ -59,16 +59,20 @@ def attempt_for(bench: OracleBenchmark, problem: Problem, source: Source, own: S
 
 
 def conversation(bench: OracleBenchmark, templates: PromptTemplates, kind: Kind, problem: Problem,
-                 source: Source, own: Sequence[str], rng: random.Random) -> Conversation:
-    """The ``kind`` conversation about ``problem`` with an attempt from ``source`` (unused by solve)."""
+                 source: Source, own: Sequence[str], rng: random.Random, *, worked: bool = False) -> Conversation:
+    """The ``kind`` conversation about ``problem`` with an attempt from ``source`` (unused by solve).
+    ``worked``: the critique target is the oracle's feedback with its working
+    (:meth:`OracleBenchmark.worked_feedback`), and the refiner reads it redacted, as a run with
+    ``feedback.redact`` shows it."""
     gold = bench.solution(problem)
     if kind == "solve":
         return Conversation(kind, problem, "", None, "", gold)
     z = attempt_for(bench, problem, source, own, rng)
+    written = bench.worked_feedback(problem, z) if worked else bench.oracle_feedback(problem, z)
     if kind == "critique":
-        return Conversation(kind, problem, z, source, "", bench.oracle_feedback(problem, z))
+        return Conversation(kind, problem, z, source, "", written)
     if kind == "refine":
-        g = bench.oracle_feedback(problem, z)
+        g = bench.redact_feedback(problem, z, written).text if worked else written
         return Conversation(kind, problem, z, source, g, z if verdict_line(g) else gold)
     return Conversation(kind, problem, z, source, templates.null_feedback, gold)
 

@@ -39,7 +39,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -83,6 +83,10 @@ class WarmStartConfig(BaseModel):
     sources: dict[str, float] = Field(default_factory=lambda: {"own": 0.5, "gold": 0.25, "slip": 0.25},
                                       description="where the attempts of critique, refine and resolve come from "
                                                   f"({', '.join(SOURCES)})")
+    critique: Literal["oracle", "worked"] = Field(
+        "oracle", description="the critique target: the oracle's answer-free feedback, or the same with its working "
+                              "shown (each step recomputed by steps the model can trust, then judged; the refine "
+                              "conversations then read it redacted, so a run on it should set feedback.redact)")
     own_samples: int = Field(2, ge=0, description="the model's own attempts sampled per curriculum problem")
     own_temperature: float = Field(0.7, gt=0, description="their sampling temperature")
     max_new_tokens: int = Field(128, ge=1, description="length limit of an own attempt")
@@ -408,7 +412,7 @@ class Data:
         problem = self.problems[rng.randrange(len(self.problems))]
         source = draw(self.cfg.sources, rng)
         c = conversation(self.bench, self.templates, kind, problem, source,  # type: ignore[arg-type]
-                         self.own.get(problem.id, []), rng)
+                         self.own.get(problem.id, []), rng, worked=self.cfg.critique == "worked")
         label = kind if c.source is None else f"{kind}/{c.source}"
         self.counts[label] = self.counts.get(label, 0) + 1
         if kind == "critique":
