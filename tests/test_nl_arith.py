@@ -8,7 +8,15 @@ import pytest
 
 from mlmt_bench import registry
 from mlmt_bench.benchmarks.base import verdict_line
-from mlmt_bench.benchmarks.nl_arith import NLArith, equations, format_solution, oracle_feedback, plain_text, solve
+from mlmt_bench.benchmarks.nl_arith import (
+    NLArith,
+    equations,
+    format_solution,
+    oracle_feedback,
+    plain_text,
+    solve,
+    worked_check,
+)
 from mlmt_bench.benchmarks.perturbations import PERTURBATIONS
 from mlmt_bench.errors import UserError
 from mlmt_bench.types import Problem
@@ -208,6 +216,32 @@ def test_the_oracle_checks_a_right_attempts_steps_before_approving(attempt: str,
     feedback = oracle_feedback(PLAIN, attempt)
     assert feedback.split("\n")[:-2] == checked, feedback
     assert small().redact_feedback(PLAIN, attempt, feedback).removed == 0
+
+
+@pytest.mark.parametrize(("a", "op", "b", "check"), [
+    (63, "*", 9, "6 * 9 = 54, so 60 * 9 = 540; 3 * 9 = 27; 540 + 27 = 567"),
+    (9, "*", 63, "6 * 9 = 54, so 60 * 9 = 540; 3 * 9 = 27; 540 + 27 = 567"),
+    (20, "*", 9, "2 * 9 = 18, so 20 * 9 = 180"),
+    (105, "*", 7, "1 * 7 = 7, so 100 * 7 = 700; 5 * 7 = 35; 700 + 35 = 735"),
+    (7, "*", 8, "7 * 8 = 56"), (12, "*", 34, "12 * 34 = 408"), (12, "-", 5, "12 - 5 = 7"),
+])
+def test_a_worked_check_uses_one_digit_products_and_a_sum(a: int, op: str, b: int, check: str) -> None:
+    assert worked_check(a, op, b) == check
+
+
+def test_worked_feedback_recomputes_each_step_then_judges_it() -> None:
+    wrong = "7 + 5 = 12. 12 * 3 = 35. Answer: 35"
+    assert oracle_feedback(PLAIN, wrong, worked=True).split("\n") == [
+        "The first step, 7 + 5 = 12: 7 + 5 = 12, right.",
+        "The second step, 12 * 3 = 35: 1 * 3 = 3, so 10 * 3 = 30; 2 * 3 = 6; 30 + 6 = 36, not 35: a calculation "
+        "error. Recompute 12 * 3.", "Verdict: incorrect"]
+    right = oracle_feedback(PLAIN, "7 + 5 = 12. 12 * 3 = 36. Answer: 36", worked=True).split("\n")
+    assert right[1] == "The second step, 12 * 3 = 36: 1 * 3 = 3, so 10 * 3 = 30; 2 * 3 = 6; 30 + 6 = 36, right."
+    assert right[-1] == "Verdict: correct"
+    shown = small().redact_feedback(PLAIN, wrong, oracle_feedback(PLAIN, wrong, worked=True)).text
+    assert not is_leak(shown, PLAIN.answer, "math") and "not 35" in shown  # the refiner reads no 36
+    # a wrong operation is diagnosed as by the plain oracle
+    assert "calls for a multiplication" in oracle_feedback(PLAIN, "7 + 5 = 12. 12 + 3 = 15. Answer: 15", worked=True)
 
 
 def _wrong_attempts(bench: NLArith, problem: Problem, rng: random.Random) -> list[str]:

@@ -45,6 +45,20 @@ def test_each_kind_targets_what_the_oracle_says(bench):
     assert resolve.feedback == bench.templates.null_feedback and resolve.target == gold
 
 
+def test_worked_critiques_show_their_working_and_the_refiner_reads_them_redacted():
+    bench = NLArith(ops="*", steps=2)
+    p = next(q for q in bench.load("train") if q.metadata["steps"][1][0] >= 10)  # a two-digit second product
+    a, _, b, r = p.metadata["steps"][1]
+    wrong = bench.solution(p).replace(str(r), str(r + 3))  # the step and the answer line
+    rng = random.Random(0)
+    critique = conversation(bench, bench.templates, "critique", p, "own", [wrong], rng, worked=True)
+    assert critique.target == bench.worked_feedback(p, wrong) != bench.oracle_feedback(p, wrong)
+    assert f"{r}, not {r + 3}: a calculation error" in critique.target and verdict_line(critique.target) is False
+    refine = conversation(bench, bench.templates, "refine", p, "own", [wrong], rng, worked=True)
+    assert refine.feedback == bench.redact_feedback(p, wrong, critique.target).text
+    assert str(r) not in refine.feedback.replace(f"{r + 3}", "") and refine.target == bench.solution(p)
+
+
 @pytest.mark.parametrize("kind", ["solve", "critique", "refine", "resolve"])
 def test_an_example_is_the_rollouts_context_then_the_target_and_eos(bench, kind):
     tok = build_char_tokenizer()
