@@ -219,10 +219,10 @@ def test_the_oracle_checks_a_right_attempts_steps_before_approving(attempt: str,
 
 
 @pytest.mark.parametrize(("a", "op", "b", "check"), [
-    (63, "*", 9, "6 * 9 = 54, so 60 * 9 = 540; 3 * 9 = 27; 540 + 27 = 567"),
-    (9, "*", 63, "6 * 9 = 54, so 60 * 9 = 540; 3 * 9 = 27; 540 + 27 = 567"),
-    (20, "*", 9, "2 * 9 = 18, so 20 * 9 = 180"),
-    (105, "*", 7, "1 * 7 = 7, so 100 * 7 = 700; 5 * 7 = 35; 700 + 35 = 735"),
+    (63, "*", 9, "63 = 60 + 3; 6 * 9 = 54, so 60 * 9 = 540; 3 * 9 = 27; 540 + 27 = 567"),
+    (9, "*", 63, "63 = 60 + 3; 6 * 9 = 54, so 60 * 9 = 540; 3 * 9 = 27; 540 + 27 = 567"),
+    (10, "*", 5, "10 = 10 + 0; 1 * 5 = 5, so 10 * 5 = 50; 0 * 5 = 0; 50 + 0 = 50"),
+    (105, "*", 7, "105 = 100 + 0 + 5; 1 * 7 = 7, so 100 * 7 = 700; 0 * 7 = 0; 5 * 7 = 35; 700 + 0 + 35 = 735"),
     (7, "*", 8, "7 * 8 = 56"), (12, "*", 34, "12 * 34 = 408"), (12, "-", 5, "12 - 5 = 7"),
 ])
 def test_a_worked_check_uses_one_digit_products_and_a_sum(a: int, op: str, b: int, check: str) -> None:
@@ -233,10 +233,11 @@ def test_worked_feedback_recomputes_each_step_then_judges_it() -> None:
     wrong = "7 + 5 = 12. 12 * 3 = 35. Answer: 35"
     assert oracle_feedback(PLAIN, wrong, worked=True).split("\n") == [
         "The first step, 7 + 5 = 12: 7 + 5 = 12, right.",
-        "The second step, 12 * 3 = 35: 1 * 3 = 3, so 10 * 3 = 30; 2 * 3 = 6; 30 + 6 = 36, not 35: a calculation "
-        "error. Recompute 12 * 3.", "Verdict: incorrect"]
+        "The second step, 12 * 3 = 35: 12 = 10 + 2; 1 * 3 = 3, so 10 * 3 = 30; 2 * 3 = 6; 30 + 6 = 36, not 35: a "
+        "calculation error. Recompute 12 * 3.", "Verdict: incorrect"]
     right = oracle_feedback(PLAIN, "7 + 5 = 12. 12 * 3 = 36. Answer: 36", worked=True).split("\n")
-    assert right[1] == "The second step, 12 * 3 = 36: 1 * 3 = 3, so 10 * 3 = 30; 2 * 3 = 6; 30 + 6 = 36, right."
+    assert right[1] == ("The second step, 12 * 3 = 36: 12 = 10 + 2; 1 * 3 = 3, so 10 * 3 = 30; 2 * 3 = 6; 30 + 6 = 36, "
+                        "right.")
     assert right[-1] == "Verdict: correct"
     shown = small().redact_feedback(PLAIN, wrong, oracle_feedback(PLAIN, wrong, worked=True)).text
     assert not is_leak(shown, PLAIN.answer, "math") and "not 35" in shown  # the refiner reads no 36

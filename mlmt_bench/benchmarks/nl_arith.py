@@ -260,23 +260,20 @@ def _diagnose(eq: Equation, gold: Sequence[Step], i: int, clauses: Sequence[str]
 
 def worked_check(a: int, op: str, b: int) -> str:
     """How a critic recomputes ``a op b`` by steps it can trust: a product with a multi-digit
-    factor by place values from one-digit products (``63 * 9``: ``6 * 9 = 54, so 60 * 9 = 540;
-    3 * 9 = 27; 540 + 27 = 567``), anything else as one equation (``12 + 5 = 17``)."""
+    factor split by place values, every digit multiplied alone, then the sum, always in the same
+    shape (``63 * 9``: ``63 = 60 + 3; 6 * 9 = 54, so 60 * 9 = 540; 3 * 9 = 27; 540 + 27 = 567``;
+    a zero digit too: ``10 = 10 + 0; 1 * 5 = 5, so 10 * 5 = 50; 0 * 5 = 0; 50 + 0 = 50``);
+    anything else as one equation (``12 + 5 = 17``)."""
     result = apply_op(a, op, b)
     many, one = (a, b) if a >= b else (b, a)
     if op != "*" or many < 10 or one >= 10:
         return f"{a} {op} {b} = {result}"
-    pieces, partials = [], []
-    for place, digit in enumerate(reversed(str(many))):
-        if digit == "0":
-            continue
-        k, scale = int(digit), 10 ** place
-        pieces.append(f"{k} * {one} = {k * one}" + (f", so {k * scale} * {one} = {k * one * scale}" if place else ""))
-        partials.append(k * one * scale)
-    pieces.reverse()
-    partials.reverse()
-    if len(partials) > 1:
-        pieces.append(" + ".join(map(str, partials)) + f" = {result}")
+    digits = [(int(d), 10 ** place) for place, d in reversed(list(enumerate(reversed(str(many)))))]
+    pieces = [f"{many} = " + " + ".join(str(k * scale) for k, scale in digits)]
+    for k, scale in digits:
+        pieces.append(f"{k} * {one} = {k * one}" + (f", so {k * scale} * {one} = {k * one * scale}"
+                                                     if scale > 1 and k else ""))
+    pieces.append(" + ".join(str(k * one * scale) for k, scale in digits) + f" = {result}")
     return "; ".join(pieces)
 
 
@@ -316,8 +313,8 @@ def oracle_feedback(problem: Problem, attempt: str, *, worked: bool = False) -> 
     right."), unless the problem itself states the answer. Pure; never raises on an attempt.
 
     ``worked``: each one-operation step the walk reaches is recomputed before it is judged
-    (:func:`worked_check`: ``The second step, 63 * 9 = 549: 6 * 9 = 54, so 60 * 9 = 540; 3 * 9 =
-    27; 540 + 27 = 567, not 549: a calculation error. Recompute 63 * 9.``): what a critic that
+    (:func:`worked_check`: ``The second step, 63 * 9 = 549: 63 = 60 + 3; 6 * 9 = 54, so 60 * 9 =
+    540; 3 * 9 = 27; 540 + 27 = 567, not 549: a calculation error. Recompute 63 * 9.``): what a critic that
     checks by steps it can trust writes. It states values, the gold answer among them, so it is
     answer-free only as the refiner reads it, redacted (``feedback.redact``).
     """

@@ -6,7 +6,7 @@ import sys
 spec = load_run_spec(sys.argv[1] if len(sys.argv) > 1 else "registry/runs/smollm2-testbed.yaml")
 runner.configure_torch(spec)
 comp = runner.build(spec, progress=False, gate=False)
-probs = comp.benchmark.load("validation")[:40]
+probs = comp.benchmark.load("validation")[:int(sys.argv[2]) if len(sys.argv) > 2 else 40]
 s = Sampling(temperature=0.0, top_p=1.0, max_new_tokens=128, feedback_max_new_tokens=128, feedback_temperature=0.0)
 with runner.cpu_autocast(spec):
     actors = Actors(comp.policies["solver"], None, comp.backend, comp.templates, comp.verifier, None, comp.benchmark.feedback_verdict)
