@@ -696,8 +696,9 @@ def _check_model_paths(spec: RunSpec, source: str) -> None:
 
 
 def _check_warm_start(spec: RunSpec, built: list[str], source: str) -> None:
-    """One-line errors for a ``warm_start:`` section that cannot work: a malformed one, or one
-    whose model no built role loads (it would start nothing)."""
+    """One-line errors for a ``warm_start:`` section that cannot work: a malformed one, one whose
+    model no built role loads (it would start nothing), or worked critiques read unredacted (a copy
+    channel)."""
     from mlmt_bench.warmstart.pretrained_base import WarmStartConfig
 
     try:
@@ -707,6 +708,9 @@ def _check_warm_start(spec: RunSpec, built: list[str], source: str) -> None:
     if not any((p := getattr(spec.policies, r)) is not None and p.path == cfg.model for r in built):
         raise UserError(f"{source}: warm_start.model: no role of the run loads {bounded_input.echo(cfg.model)} (its "
                         "`path`); the warm start replaces exactly the roles that load it")
+    if cfg.critique == "worked" and not spec.feedback.redact:
+        raise UserError(f"{source}: warm_start.critique: worked teaches a critic to state values (the answer among "
+                        "them), so the refiner must read it redacted: set feedback.redact: true (METHOD v4)")
 
 
 #: what every role's spec must agree on when the roles share one base model

@@ -180,7 +180,7 @@ def test_build_caches_a_checked_hf_checkpoint_and_a_run_loads_it(tiny_ckpt, tmp_
         ws.ensure_warm_start(cfg, bench.templates, "nl-arith", {}, progress=False)
 
 
-def test_validate_refuses_a_warm_start_no_role_loads(write_spec, tmp_path):
+def test_validate_refuses_a_warm_start_no_role_loads_or_worked_critiques_unredacted(write_spec, tmp_path):
     from typer.testing import CliRunner
 
     from mlmt_bench.cli import app
@@ -190,6 +190,13 @@ def test_validate_refuses_a_warm_start_no_role_loads(write_spec, tmp_path):
             "algorithm": {"name": "grpo"}, "warm_start": {"model": "smollm2-135m-instruct"}}
     out = CliRunner().invoke(app, ["validate", str(write_spec(spec))])
     assert out.exit_code == 2 and "warm_start.model: no role of the run loads" in out.output
+    spec["warm_start"] = {"model": "smollm2-135m-instruct", "critique": "worked"}
+    spec["policies"]["solver"]["path"] = "smollm2-135m-instruct"
+    out = CliRunner().invoke(app, ["validate", str(write_spec(spec))])
+    assert out.exit_code == 2 and "set feedback.redact: true" in out.output
+    assert len(out.output.strip().splitlines()) == 1  # worked critiques state values: never read unredacted
+    spec["feedback"] = {"redact": True}
+    assert CliRunner().invoke(app, ["validate", str(write_spec(spec))]).exit_code == 0
     spec["warm_start"] = {"model": str(tmp_path), "mix": {"solve": -1}}
     out = CliRunner().invoke(app, ["validate", str(write_spec(spec))])
     assert out.exit_code == 2 and "warm_start" in out.output and len(out.output.strip().splitlines()) == 1

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -268,7 +268,8 @@ def worked_check(a: int, op: str, b: int) -> str:
     many, one = (a, b) if a >= b else (b, a)
     if op != "*" or many < 10 or one >= 10:
         return f"{a} {op} {b} = {result}"
-    digits = [(int(d), 10 ** place) for place, d in reversed(list(enumerate(reversed(str(many)))))]
+    text = str(many)
+    digits = [(int(d), 10 ** (len(text) - 1 - i)) for i, d in enumerate(text)]  # 63 -> (6, 10), (3, 1)
     pieces = [f"{many} = " + " + ".join(str(k * scale) for k, scale in digits)]
     for k, scale in digits:
         pieces.append(f"{k} * {one} = {k * one}" + (f", so {k * scale} * {one} = {k * one * scale}"
@@ -280,7 +281,7 @@ def worked_check(a: int, op: str, b: int) -> str:
 def _worked_line(i: int, eq: Equation, gold: Sequence[Step]) -> str:
     """A one-operation step of the attempt checked by :func:`worked_check` (its own operands), then judged."""
     a, op, b = eq.operands[0], eq.ops[0], eq.operands[1]
-    right = eq.result == apply_op(a, op, b) and eq.result == gold[i][3]
+    right = eq.result == gold[i][3]  # eq computes gold step i (:func:`_covers`)
     verdict = "right." if right else f"not {eq.result}: a calculation error. Recompute {a} {op} {b}."
     return f"{_nth(i).capitalize()}, {eq.text}: {worked_check(a, op, b)}, {verdict}"
 
@@ -321,21 +322,27 @@ def oracle_feedback(problem: Problem, attempt: str, *, worked: bool = False) -> 
     gold: list[Step] = [(int(a), str(op), int(b), int(r)) for a, op, b, r in problem.metadata["steps"]]
     clauses = list(problem.metadata.get("clauses") or [])
     answer = stated_integer(attempt)
+    eqs = equations(attempt)
+    right = _right_steps(eqs, gold)
+
+    def right_line(j: int, i: int, last: int, say: Callable[[str, str], str]) -> str:
+        if worked and last == i:
+            return _worked_line(i, eqs[j], gold)
+        done, verb = _steps_named(i, last), "is" if last == i else "are"
+        return say(f"{done} ({eqs[j].text}) {verb} right.", f"{done} {verb} right.")
+
     if answer is not None and problem.answer is not None and answer == str(problem.answer).strip():
-        checked = [_worked_line(i, eq, gold) if worked and last == i
-                   else f"{_steps_named(i, last)} ({eq.text}) {'is' if last == i else 'are'} right."
-                   for eq, i, last in _right_steps(equations(attempt), gold)]
-        return "\n".join([*checked, APPROVAL, "Verdict: correct"])
+        quoted = [right_line(*r, lambda specific, _: specific) for r in right]  # the attempt states the answer
+        return "\n".join([*quoted, APPROVAL, "Verdict: correct"])
     kind = StatedAnswerVerifier.leak_kind
     given = bool(is_leak(problem.prompt, problem.answer, kind))  # the problem states it: nothing to hide
 
     def say(specific: str, generic: str) -> str:
         return specific if given or worked or not is_leak(specific, problem.answer, kind) else generic
 
-    eqs = equations(attempt)
-    lines: list[str] = []
-    i, at = 0, 0
-    while i < len(gold):
+    lines = [right_line(*r, say) for r in right]
+    i, at = (right[-1][2] + 1, right[-1][0] + 1) if right else (0, 0)
+    if i < len(gold):  # step i is the first not computed rightly
         found = next((j for j in range(at, len(eqs)) if _covers(eqs[j], gold, i)), None)
         if found is None:
             rest = [eq for eq in eqs[at:] if not _restates(eq, gold, i)]
@@ -349,23 +356,14 @@ def oracle_feedback(problem: Problem, attempt: str, *, worked: bool = False) -> 
                 lines.append(say(f"{_nth(i).capitalize()} is missing: the attempt never works out "
                                  f"{_clause(clauses, gold, i)}.", f"{_nth(i).capitalize()} is missing."))
             return _close(lines)
-        eq = eqs[found]
-        last = i + len(eq.ops) - 1
+        eq = eqs[found]  # computes step i with a wrong result (else _right_steps would have gone on)
         if worked and len(eq.ops) == 1:
-            lines.append(_worked_line(i, eq, gold))
-            if eq.result != gold[last][3]:
-                return _close(lines)
-            i, at = last + 1, found + 1
-            continue
-        if eq.result != gold[last][3]:
-            redo = (f"Recompute {eq.operands[0]} {eq.ops[0]} {eq.operands[1]}." if len(eq.ops) == 1
-                    else "Recompute it one operation at a time.")
-            lines.append(say(f"{_nth(i).capitalize()} is wrong: {_quote(eq)} has a calculation error. {redo}",
-                             f"{_nth(i).capitalize()} is wrong: it has a calculation error. Recompute it."))
-            return _close(lines)
-        done, verb = _steps_named(i, last), "is" if last == i else "are"
-        lines.append(say(f"{done} ({eq.text}) {verb} right.", f"{done} {verb} right."))
-        i, at = last + 1, found + 1
+            return _close([*lines, _worked_line(i, eq, gold)])
+        redo = (f"Recompute {eq.operands[0]} {eq.ops[0]} {eq.operands[1]}." if len(eq.ops) == 1
+                else "Recompute it one operation at a time.")
+        lines.append(say(f"{_nth(i).capitalize()} is wrong: {_quote(eq)} has a calculation error. {redo}",
+                         f"{_nth(i).capitalize()} is wrong: it has a calculation error. Recompute it."))
+        return _close(lines)
     extra = [eq for eq in eqs[at:] if not _restates(eq, gold, len(gold))]
     if extra:
         lines.append(say(f"Every step the problem asks for is right, but then {_quote(extra[0])} is a step it does not "
@@ -384,18 +382,20 @@ def _steps_named(i: int, last: int) -> str:
     return _nth(i).capitalize() if last == i else f"The {_ORDINALS[i]} to {_nth(last)[4:]}s"
 
 
-def _right_steps(eqs: Sequence[Equation], gold: Sequence[Step]) -> list[tuple[Equation, int, int]]:
-    """The gold steps an attempt's equations compute rightly, in order, up to the first that none
-    does: ``(equation, first step, last step)`` each (0-based; a chain covers several)."""
-    out, i, at = [], 0, 0
+def _right_steps(eqs: Sequence[Equation], gold: Sequence[Step]) -> list[tuple[int, int, int]]:
+    """The gold steps an attempt's equations compute rightly, in order (step ``i`` done by the first
+    later equation that computes it, :func:`_covers`), up to the first step that none does rightly:
+    ``(index in eqs, first step, last step)`` each (0-based; a chain covers several)."""
+    out: list[tuple[int, int, int]] = []
+    i, at = 0, 0
     while i < len(gold):
         found = next((j for j in range(at, len(eqs)) if _covers(eqs[j], gold, i)), None)
         if found is None:
             break
-        eq, last = eqs[found], i + len(eqs[found].ops) - 1
-        if eq.result != gold[last][3]:
+        last = i + len(eqs[found].ops) - 1
+        if eqs[found].result != gold[last][3]:
             break
-        out.append((eq, i, last))
+        out.append((found, i, last))
         i, at = last + 1, found + 1
     return out
 

@@ -68,13 +68,13 @@ def conversation(bench: OracleBenchmark, templates: PromptTemplates, kind: Kind,
     if kind == "solve":
         return Conversation(kind, problem, "", None, "", gold)
     z = attempt_for(bench, problem, source, own, rng)
+    if kind == "resolve":
+        return Conversation(kind, problem, z, source, templates.null_feedback, gold)
     written = bench.worked_feedback(problem, z) if worked else bench.oracle_feedback(problem, z)
     if kind == "critique":
         return Conversation(kind, problem, z, source, "", written)
-    if kind == "refine":
-        g = bench.redact_feedback(problem, z, written).text if worked else written
-        return Conversation(kind, problem, z, source, g, z if verdict_line(g) else gold)
-    return Conversation(kind, problem, z, source, templates.null_feedback, gold)
+    g = bench.redact_feedback(problem, z, written).text if worked else written
+    return Conversation(kind, problem, z, source, g, z if verdict_line(g) else gold)
 
 
 def token_example(tokenizer: Any, templates: PromptTemplates, c: Conversation) -> Example:

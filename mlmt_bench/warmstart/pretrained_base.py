@@ -86,7 +86,7 @@ class WarmStartConfig(BaseModel):
     critique: Literal["oracle", "worked"] = Field(
         "oracle", description="the critique target: the oracle's answer-free feedback, or the same with its working "
                               "shown (each step recomputed by steps the model can trust, then judged; the refine "
-                              "conversations then read it redacted, so a run on it should set feedback.redact)")
+                              "conversations then read it redacted, and a run on it must set feedback.redact)")
     own_samples: int = Field(2, ge=0, description="the model's own attempts sampled per curriculum problem")
     own_temperature: float = Field(0.7, gt=0, description="their sampling temperature")
     max_new_tokens: int = Field(128, ge=1, description="length limit of an own attempt")
