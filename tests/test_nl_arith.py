@@ -232,15 +232,15 @@ def test_a_worked_check_uses_one_digit_products_and_a_sum(a: int, op: str, b: in
 def test_worked_feedback_recomputes_each_step_then_judges_it() -> None:
     wrong = "7 + 5 = 12. 12 * 3 = 35. Answer: 35"
     assert oracle_feedback(PLAIN, wrong, worked=True).split("\n") == [
-        "The first step, 7 + 5 = 12: 7 + 5 = 12, right.",
-        "The second step, 12 * 3 = 35: 12 = 10 + 2; 1 * 3 = 3, so 10 * 3 = 30; 2 * 3 = 6; 30 + 6 = 36, not 35: a "
-        "calculation error. Recompute 12 * 3.", "Verdict: incorrect"]
+        "The first step, 7 + 5 = 12: 7 + 5 = 12; the step says 12: the same, right.",
+        "The second step, 12 * 3 = 35: 12 = 10 + 2; 1 * 3 = 3, so 10 * 3 = 30; 2 * 3 = 6; 30 + 6 = 36; the step says "
+        "35: not the same, a calculation error. Recompute 12 * 3.", "Verdict: incorrect"]
     right = oracle_feedback(PLAIN, "7 + 5 = 12. 12 * 3 = 36. Answer: 36", worked=True).split("\n")
-    assert right[1] == ("The second step, 12 * 3 = 36: 12 = 10 + 2; 1 * 3 = 3, so 10 * 3 = 30; 2 * 3 = 6; 30 + 6 = 36, "
-                        "right.")
+    assert right[1] == ("The second step, 12 * 3 = 36: 12 = 10 + 2; 1 * 3 = 3, so 10 * 3 = 30; 2 * 3 = 6; 30 + 6 = 36; "
+                        "the step says 36: the same, right.")
     assert right[-1] == "Verdict: correct"
     shown = small().redact_feedback(PLAIN, wrong, oracle_feedback(PLAIN, wrong, worked=True)).text
-    assert not is_leak(shown, PLAIN.answer, "math") and "not 35" in shown  # the refiner reads no 36
+    assert not is_leak(shown, PLAIN.answer, "math") and "says 35: not the same" in shown  # the refiner reads no 36
     # a wrong operation is diagnosed as by the plain oracle
     assert "calls for a multiplication" in oracle_feedback(PLAIN, "7 + 5 = 12. 12 + 3 = 15. Answer: 15", worked=True)
 

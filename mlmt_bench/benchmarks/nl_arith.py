@@ -279,11 +279,15 @@ def worked_check(a: int, op: str, b: int) -> str:
 
 
 def _worked_line(i: int, eq: Equation, gold: Sequence[Step]) -> str:
-    """A one-operation step of the attempt checked by :func:`worked_check` (its own operands), then judged."""
+    """A one-operation step of the attempt checked by :func:`worked_check` (its own operands), then
+    judged: the step's own result is written again beside the recomputed one before the judgement
+    (``...; 540 + 27 = 567; the step says 549: not the same, a calculation error``), so a critic
+    that learns this compares two adjacent numbers instead of one written a line earlier (the
+    first worked warm start's false alarms were "160 + 20 = 180, not 180": right value, wrong word)."""
     a, op, b = eq.operands[0], eq.ops[0], eq.operands[1]
     right = eq.result == gold[i][3]  # eq computes gold step i (:func:`_covers`)
-    verdict = "right." if right else f"not {eq.result}: a calculation error. Recompute {a} {op} {b}."
-    return f"{_nth(i).capitalize()}, {eq.text}: {worked_check(a, op, b)}, {verdict}"
+    verdict = "the same, right." if right else f"not the same, a calculation error. Recompute {a} {op} {b}."
+    return f"{_nth(i).capitalize()}, {eq.text}: {worked_check(a, op, b)}; the step says {eq.result}: {verdict}"
 
 
 def oracle_feedback(problem: Problem, attempt: str, *, worked: bool = False) -> str:
@@ -315,7 +319,8 @@ def oracle_feedback(problem: Problem, attempt: str, *, worked: bool = False) -> 
 
     ``worked``: each one-operation step the walk reaches is recomputed before it is judged
     (:func:`worked_check`: ``The second step, 63 * 9 = 549: 63 = 60 + 3; 6 * 9 = 54, so 60 * 9 =
-    540; 3 * 9 = 27; 540 + 27 = 567, not 549: a calculation error. Recompute 63 * 9.``): what a critic that
+    540; 3 * 9 = 27; 540 + 27 = 567; the step says 549: not the same, a calculation error. Recompute
+    63 * 9.``): what a critic that
     checks by steps it can trust writes. It states values, the gold answer among them, so it is
     answer-free only as the refiner reads it, redacted (``feedback.redact``).
     """

@@ -52,7 +52,7 @@ from mlmt_bench.warmstart.chat_curriculum import KINDS, SOURCES, conversation, d
 from mlmt_bench.warmstart.shared_base import critic_gate
 
 #: Bumped whenever a change here would change the weights a config produces (part of the key).
-WARM_START_FORMAT = 3
+WARM_START_FORMAT = 4
 RECORD = "warm_start.json"
 
 
