@@ -53,7 +53,8 @@ def test_worked_critiques_show_their_working_and_the_refiner_reads_them_redacted
     rng = random.Random(0)
     critique = conversation(bench, bench.templates, "critique", p, "own", [wrong], rng, worked=True)
     assert critique.target == bench.worked_feedback(p, wrong) != bench.oracle_feedback(p, wrong)
-    assert f"{r}, not {r + 3}: a calculation error" in critique.target and verdict_line(critique.target) is False
+    assert f"= {r}; the step says {r + 3}: not the same, a calculation error" in critique.target
+    assert verdict_line(critique.target) is False
     refine = conversation(bench, bench.templates, "refine", p, "own", [wrong], rng, worked=True)
     assert refine.feedback == bench.redact_feedback(p, wrong, critique.target).text
     assert str(r) not in refine.feedback.replace(f"{r + 3}", "") and refine.target == bench.solution(p)
