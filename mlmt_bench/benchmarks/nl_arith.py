@@ -320,9 +320,8 @@ def oracle_feedback(problem: Problem, attempt: str, *, worked: bool = False) -> 
     ``worked``: each one-operation step the walk reaches is recomputed before it is judged
     (:func:`worked_check`: ``The second step, 63 * 9 = 549: 63 = 60 + 3; 6 * 9 = 54, so 60 * 9 =
     540; 3 * 9 = 27; 540 + 27 = 567; the step says 549: not the same, a calculation error. Recompute
-    63 * 9.``): what a critic that
-    checks by steps it can trust writes. It states values, the gold answer among them, so it is
-    answer-free only as the refiner reads it, redacted (``feedback.redact``).
+    63 * 9.``): what a critic that checks by steps it can trust writes. It states values, the gold
+    answer among them, so it is answer-free only as the refiner reads it, redacted (``feedback.redact``).
     """
     gold: list[Step] = [(int(a), str(op), int(b), int(r)) for a, op, b, r in problem.metadata["steps"]]
     clauses = list(problem.metadata.get("clauses") or [])
