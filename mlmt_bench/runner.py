@@ -225,11 +225,9 @@ def check_warm_start_gate(spec: RunSpec, comp: Components, progress: bool = True
                  f"problems (greedy, and solver T={temps['solver']:g}, critic T={temps['critic']:g}) ...")
         import torch
 
-        rng = torch.random.get_rng_state()  # the gate seeds torch: a run that measures it and one that reads it
-        try:  # cached go on from the same state
+        # the gate seeds torch: a run that measures it and one that reads it cached go on from the same state
+        with torch.random.fork_rng(devices=[]):
             return _gate_on(spec, comp, problems, seed=cfg.seed)[0]
-        finally:
-            torch.random.set_rng_state(rng)
 
     warm.gate = cached_gate(warm.directory, slot, measure)
     warm.require_valid(cfg.allow_invalid)
