@@ -168,6 +168,12 @@ class OracleBenchmark(Benchmark):
         Default: :meth:`oracle_feedback` (no working to show)."""
         return self.oracle_feedback(problem, attempt)
 
+    def worked_refinement(self, problem: Problem, attempt: str) -> str:
+        """The gold solution as a refiner that recomputes the step a worked critique flags on
+        ``attempt`` writes it, its working shown (a warm start's refine target, ``warm_start.refine:
+        worked``). Default: :meth:`solution` (no working to show)."""
+        return self.solution(problem)
+
     def inject_errors(self, solution: str, rng: random.Random, second_error_rate: float = 0.15) -> str:
         """``solution`` with one error planted (a second one with ``second_error_rate``)."""
         raise NotImplementedError

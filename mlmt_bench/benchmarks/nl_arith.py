@@ -116,6 +116,27 @@ def format_solution(steps: Sequence[Step]) -> str:
     return "\n".join([*lines, f"Answer: {steps[-1][3]}"])
 
 
+def worked_solution(problem: Problem, attempt: str) -> str:
+    """The gold solution as a refiner that recomputes the step the oracle flags writes it: the
+    first gold step ``attempt`` does not compute rightly (:func:`_right_steps`) worked out by
+    :func:`worked_check` before its result (``Step 2: 27 * 6: 27 = 20 + 7; 2 * 6 = 12, so 20 * 6 =
+    120; 7 * 6 = 42; 120 + 42 = 162. So 27 * 6 = 162.``), every other step as
+    :func:`format_solution` writes it. The gold solution itself when every step is right or the
+    flagged step has nothing to work out (a one-digit product, a sum): the working is the skill the
+    worked critic shows, and the refiner, reading that critic's redacted feedback ("27 = ? + ?;
+    2 * 6 = ?, ..."), learns to fill it in itself. Pure."""
+    gold: list[Step] = [(int(a), str(op), int(b), int(r)) for a, op, b, r in problem.metadata["steps"]]
+    right = _right_steps(equations(attempt), gold)
+    flagged = right[-1][2] + 1 if right else 0
+    lines = format_solution(gold).split("\n")
+    if flagged < len(gold):
+        a, op, b, r = gold[flagged]
+        working = worked_check(a, op, b)
+        if working != f"{a} {op} {b} = {r}":
+            lines[flagged] = f"Step {flagged + 1}: {a} {op} {b}: {working}. So {a} {op} {b} = {r}."
+    return "\n".join(lines)
+
+
 def plain_text(first: int, ops: Sequence[tuple[str, int]]) -> tuple[str, list[str]]:
     """``What is (7 + 5) * 3?`` (brackets fix the left-to-right order) and each step's description
     (``add 5``, ``multiply by 3``)."""
@@ -542,6 +563,9 @@ class NLArith(OracleBenchmark):
 
     def worked_feedback(self, problem: Problem, attempt: str) -> str:
         return oracle_feedback(problem, attempt, worked=True)
+
+    def worked_refinement(self, problem: Problem, attempt: str) -> str:
+        return worked_solution(problem, attempt)
 
     def inject_errors(self, solution: str, rng: random.Random, second_error_rate: float = 0.15) -> str:
         """``solution`` (:func:`format_solution`'s form) with one arithmetic slip at a random step

@@ -59,11 +59,15 @@ def attempt_for(bench: OracleBenchmark, problem: Problem, source: Source, own: S
 
 
 def conversation(bench: OracleBenchmark, templates: PromptTemplates, kind: Kind, problem: Problem,
-                 source: Source, own: Sequence[str], rng: random.Random, *, worked: bool = False) -> Conversation:
+                 source: Source, own: Sequence[str], rng: random.Random, *, worked: bool = False,
+                 worked_refine: bool = False) -> Conversation:
     """The ``kind`` conversation about ``problem`` with an attempt from ``source`` (unused by solve).
     ``worked``: the critique target is the oracle's feedback with its working
     (:meth:`OracleBenchmark.worked_feedback`), and the refiner reads it redacted, as a run with
-    ``feedback.redact`` shows it."""
+    ``feedback.redact`` shows it. ``worked_refine``: after feedback that flags an error, the
+    refine target works the flagged step out (:meth:`OracleBenchmark.worked_refinement`) instead
+    of writing the gold solution bare: redacted, the feedback no longer holds the right value, so
+    a refiner that only rewrites the solution repeats its own arithmetic."""
     gold = bench.solution(problem)
     if kind == "solve":
         return Conversation(kind, problem, "", None, "", gold)
@@ -74,7 +78,8 @@ def conversation(bench: OracleBenchmark, templates: PromptTemplates, kind: Kind,
     if kind == "critique":
         return Conversation(kind, problem, z, source, "", written)
     g = bench.redact_feedback(problem, z, written).text if worked else written
-    return Conversation(kind, problem, z, source, g, z if verdict_line(g) else gold)
+    fixed = bench.worked_refinement(problem, z) if worked_refine else gold
+    return Conversation(kind, problem, z, source, g, z if verdict_line(g) else fixed)
 
 
 def token_example(tokenizer: Any, templates: PromptTemplates, c: Conversation) -> Example:

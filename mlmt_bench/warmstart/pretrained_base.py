@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mlmt_bench.benchmarks.base import OracleBenchmark, verdict_line
 from mlmt_bench.errors import UserError
@@ -87,6 +87,10 @@ class WarmStartConfig(BaseModel):
         "oracle", description="the critique target: the oracle's answer-free feedback, or the same with its working "
                               "shown (each step recomputed by steps the model can trust, then judged; the refine "
                               "conversations then read it redacted, and a run on it must set feedback.redact)")
+    refine: Literal["gold", "worked"] = Field(
+        "gold", description="the refine target after feedback that flags an error: the gold solution, or the same with "
+                            "the flagged step worked out before its result (the working a worked critique shows, "
+                            "which the refiner reads redacted); needs critique: worked")
     own_samples: int = Field(2, ge=0, description="the model's own attempts sampled per curriculum problem")
     own_temperature: float = Field(0.7, gt=0, description="their sampling temperature")
     max_new_tokens: int = Field(128, ge=1, description="length limit of an own attempt")
@@ -105,6 +109,12 @@ class WarmStartConfig(BaseModel):
     def _sources(cls, v: dict[str, float]) -> dict[str, float]:
         return _weights(v, SOURCES, "sources")
 
+    @model_validator(mode="after")
+    def _worked_refine(self) -> WarmStartConfig:
+        if self.refine == "worked" and self.critique != "worked":
+            raise ValueError("refine: worked fills in the working a worked critique shows; set critique: worked")
+        return self
+
     @field_validator("levels", "benchmark_options")
     @classmethod
     def _json(cls, v: Any) -> Any:
@@ -119,7 +129,11 @@ class WarmStartConfig(BaseModel):
         are rendered with, ``weights`` (the identity of the pretrained weights: a shipped model's
         sha256, else its path) and the benchmark and options it is for (the run's where the
         config names none: its held-out splits decide the curriculum)."""
-        payload = json.dumps({"format": WARM_START_FORMAT, "config": self.model_dump(mode="json", exclude=_NOT_IN_KEY),
+        config = self.model_dump(mode="json", exclude=_NOT_IN_KEY)
+        for name, default in _KEYED_OFF_DEFAULT.items():
+            if config[name] == default:
+                del config[name]
+        payload = json.dumps({"format": WARM_START_FORMAT, "config": config,
                               "templates": templates.__dict__, "weights": weights,
                               "benchmark": {"name": benchmark, "options": options}}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
@@ -127,6 +141,9 @@ class WarmStartConfig(BaseModel):
 
 #: WarmStartConfig fields that do not change the weights: outside the key (adding one keeps every key).
 _NOT_IN_KEY = {"gate_problems", "allow_invalid"}
+#: fields added after warm starts were built, in the key only when set off their default (so every earlier key,
+#: and the weights it names, stays what it was)
+_KEYED_OFF_DEFAULT = {"refine": "gold"}
 
 
 def _weights(v: dict[str, float], names: tuple[str, ...], field: str) -> dict[str, float]:
@@ -412,7 +429,8 @@ class Data:
         problem = self.problems[rng.randrange(len(self.problems))]
         source = draw(self.cfg.sources, rng)
         c = conversation(self.bench, self.templates, kind, problem, source,  # type: ignore[arg-type]
-                         self.own.get(problem.id, []), rng, worked=self.cfg.critique == "worked")
+                         self.own.get(problem.id, []), rng, worked=self.cfg.critique == "worked",
+                         worked_refine=self.cfg.refine == "worked")
         label = kind if c.source is None else f"{kind}/{c.source}"
         self.counts[label] = self.counts.get(label, 0) + 1
         if kind == "critique":
