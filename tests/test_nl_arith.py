@@ -16,6 +16,7 @@ from mlmt_bench.benchmarks.nl_arith import (
     plain_text,
     solve,
     worked_check,
+    worked_solution,
 )
 from mlmt_bench.benchmarks.perturbations import PERTURBATIONS
 from mlmt_bench.errors import UserError
@@ -243,6 +244,20 @@ def test_worked_feedback_recomputes_each_step_then_judges_it() -> None:
     assert not is_leak(shown, PLAIN.answer, "math") and "says 35: not the same" in shown  # the refiner reads no 36
     # a wrong operation is diagnosed as by the plain oracle
     assert "calls for a multiplication" in oracle_feedback(PLAIN, "7 + 5 = 12. 12 + 3 = 15. Answer: 15", worked=True)
+
+
+def test_a_worked_refinement_works_out_the_first_wrong_step_and_nothing_else() -> None:
+    wrong = "7 + 5 = 12. 12 * 3 = 35. Answer: 35"
+    worked = worked_solution(PLAIN, wrong)
+    assert worked.split("\n") == [
+        "Step 1: 7 + 5 = 12.",
+        "Step 2: 12 * 3: 12 = 10 + 2; 1 * 3 = 3, so 10 * 3 = 30; 2 * 3 = 6; 30 + 6 = 36. So 12 * 3 = 36.",
+        "Answer: 36"]
+    assert stated_integer(worked) == "36" and small().worked_refinement(PLAIN, wrong) == worked
+    gold = format_solution([(7, "+", 5, 12), (12, "*", 3, 36)])
+    assert worked_solution(PLAIN, gold) == gold  # nothing flagged
+    assert worked_solution(PLAIN, "7 + 5 = 13. 13 * 3 = 39. Answer: 39") == gold  # a sum: nothing to work out
+    assert worked_solution(PLAIN, "7 + 5 = 12. 12 * 3 = 36. Answer: 35") == gold  # only the answer line is wrong
 
 
 def _wrong_attempts(bench: NLArith, problem: Problem, rng: random.Random) -> list[str]:

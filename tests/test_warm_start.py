@@ -4,6 +4,7 @@ build is cached under a key and checked on load, and a run's roles load it."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 
@@ -58,6 +59,11 @@ def test_worked_critiques_show_their_working_and_the_refiner_reads_them_redacted
     refine = conversation(bench, bench.templates, "refine", p, "own", [wrong], rng, worked=True)
     assert refine.feedback == bench.redact_feedback(p, wrong, critique.target).text
     assert str(r) not in refine.feedback.replace(f"{r + 3}", "") and refine.target == bench.solution(p)
+    worked = conversation(bench, bench.templates, "refine", p, "own", [wrong], rng, worked=True, worked_refine=True)
+    assert worked.feedback == refine.feedback and worked.target == bench.worked_refinement(p, wrong)
+    assert f"Step 2: {a} * {b}: " in worked.target and worked.target.endswith(f"Answer: {r}")
+    kept = conversation(bench, bench.templates, "refine", p, "gold", [], rng, worked=True, worked_refine=True)
+    assert verdict_line(kept.feedback) is True and kept.target == kept.attempt  # approved: z again
 
 
 @pytest.mark.parametrize("kind", ["solve", "critique", "refine", "resolve"])
@@ -110,6 +116,19 @@ def test_key_follows_config_templates_weights_and_the_runs_benchmark(bench):
     from dataclasses import replace
 
     assert k != cfg.key(replace(bench.templates, null_feedback="Try again."), "w", "nl-arith", {})
+
+
+def test_a_field_added_later_keys_only_off_its_default(bench):
+    """``refine`` came after warm starts were built: at its default the key is the one they have."""
+    cfg = ws.WarmStartConfig(model="m", critique="worked")
+    config = cfg.model_dump(mode="json", exclude={*ws._NOT_IN_KEY, "refine"})
+    payload = {"format": ws.WARM_START_FORMAT, "config": config,
+               "templates": bench.templates.__dict__, "weights": "w", "benchmark": {"name": "nl-arith", "options": {}}}
+    before = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+    assert cfg.key(bench.templates, "w", "nl-arith", {}) == before
+    assert cfg.model_copy(update={"refine": "worked"}).key(bench.templates, "w", "nl-arith", {}) != before
+    with pytest.raises(ValueError, match="set critique: worked"):
+        ws.WarmStartConfig(model="m", refine="worked")
 
 
 def test_build_caches_a_checked_hf_checkpoint_and_a_run_loads_it(tiny_ckpt, tmp_path, monkeypatch, write_spec,
