@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +47,16 @@ ROW_LABELS: dict[str, str] = {
 
 
 def probe_feedback(benchmark: Benchmark, actors: Actors, problems: Sequence[Problem], sampling: Sampling, *,
-                   redact: bool = False, bar: Any = None, chunk: int = 256) -> dict[str, Any]:
+                   redact: bool = False, bar: Any = None, chunk: int = 256,
+                   oracle: Callable[[Problem, str], str] | None = None) -> dict[str, Any]:
     """The probe on ``problems`` (see the module docstring). ``actors``: the solver (attempts and
     refinements, at ``sampling.temperature``), the critic (at ``sampling.critic_temperature``),
     the backend, the templates (``null_feedback`` is the ``null`` row) and the verifier. ``bar``:
     a rich-Progress-like object told the generated turns (``add_task`` / ``update``), or None.
-    The refinements of every row go to the backend together, ``chunk`` prompts a call.
+    The refinements of every row go to the backend together, ``chunk`` prompts a call. ``oracle``:
+    the ``oracle`` row's feedback on an attempt, in the form the critic was taught to write (a
+    worked warm start's: ``OracleBenchmark.worked_feedback``, which the refiner then reads
+    redacted); default the benchmark's own (:meth:`Benchmark.feedback_perturbations`).
 
     Returns a JSON-able dict: ``n``, ``redact``, ``acc@t1``, ``rows`` (row -> :func:`row_metrics`'
     ``{"n", "acc@t2", "acc@t1", "delta", "copy_rate", "copy_last_rate", "edited",
@@ -86,6 +90,8 @@ def probe_feedback(benchmark: Benchmark, actors: Actors, problems: Sequence[Prob
     feedbacks: dict[str, list[str | None]] = {row: [] for row in PROBE_ROWS}
     for p, z, v, g in zip(problems, texts, t1_verdicts, own):
         edits = benchmark.feedback_perturbations(p, z, g, answer=v.extracted)
+        if oracle is not None and "oracle" in edits:
+            edits["oracle"] = oracle(p, z)
         for row in PROBE_ROWS:
             feedbacks[row].append(g if row == "own" else tpl.null_feedback if row == "null" else edits.get(row))
 

@@ -731,6 +731,17 @@ def probe_from_run_dir(path: Path | str, split: str = "test", limit: int | None 
     return {**result, "run_dir": str(run_dir.path), "step": trainer.counters.step}
 
 
+def probe_oracle(spec: RunSpec, benchmark: Any) -> Any:
+    """The feedback probe's ``oracle`` row in the form the run's critic was taught: a warm start
+    with ``critique: worked`` teaches the oracle's worked feedback, and a refiner taught on it
+    (redacted) is asked about that form, not the plain one; None (the benchmark's own) otherwise."""
+    from mlmt_bench.benchmarks.base import OracleBenchmark
+
+    if (spec.warm_start or {}).get("critique") == "worked" and isinstance(benchmark, OracleBenchmark):
+        return benchmark.worked_feedback
+    return None
+
+
 def _probe_built(spec: RunSpec, comp: Components, solver: Any, critic: Any, source: str, split: str,
                  limit: int | None, redact: bool | None, progress: bool) -> dict[str, Any]:
     from mlmt_bench.io.progress import progress_bar
@@ -745,7 +756,8 @@ def _probe_built(spec: RunSpec, comp: Components, solver: Any, critic: Any, sour
     actors = Actors(solver, critic, comp.backend, comp.templates, comp.verifier)
     with progress_bar(enabled=progress) as bar:
         result = probe_feedback(comp.benchmark, actors, problems, eval_sampling(spec),
-                                redact=spec_redacts(spec) if redact is None else redact, bar=bar)
+                                redact=spec_redacts(spec) if redact is None else redact, bar=bar,
+                                oracle=probe_oracle(spec, comp.benchmark))
     return {"spec": spec.name, "seed": spec.seed, "benchmark": spec.benchmark.name, "split": split, "limit": limit,
             "critic": source, **result}
 
@@ -845,7 +857,8 @@ def end_of_run_probe(spec: RunSpec, benchmark: Benchmark) -> Callable[[Trainer],
         problems = benchmark.load("validation")[:n]
         if not problems:
             return
-        result = probe_feedback(benchmark, trainer.actors, problems, trainer.eval_sampling, redact=spec_redacts(spec))
+        result = probe_feedback(benchmark, trainer.actors, problems, trainer.eval_sampling, redact=spec_redacts(spec),
+                                oracle=probe_oracle(spec, benchmark))
         record = {"spec": spec.name, "seed": spec.seed, "benchmark": spec.benchmark.name, "split": "validation",
                   "limit": n, "critic": "final", "step": trainer.counters.step, **result}
         atomic_write_text(Path(trainer.run_dir.path) / "probe.json", json.dumps(record, indent=2) + "\n")

@@ -204,13 +204,43 @@ def _clean_problems(n):
     return out
 
 
-def _run(problems, redact=False):
+def _run(problems, redact=False, oracle=None):
     solver, critic, attempts = _scripted(problems)
     backend = _ScriptBackend()
     bench = SyntheticArith()
     actors = Actors(solver, critic, backend, bench.templates, SyntheticVerifier())
     sampling = Sampling(temperature=0.0, top_p=1.0, max_new_tokens=40, feedback_max_new_tokens=80)
-    return probe_feedback(bench, actors, problems, sampling, redact=redact, chunk=5), backend
+    return probe_feedback(bench, actors, problems, sampling, redact=redact, chunk=5, oracle=oracle), backend
+
+
+def test_the_oracle_row_can_be_given_in_the_form_the_critic_was_taught():
+    """A worked warm start's refiner learnt the worked oracle's form: the probe asks it that form."""
+    problems = _clean_problems(4)
+    seen = []
+
+    def oracle(problem, attempt):
+        seen.append(problem.id)
+        return "Verdict: incorrect"  # states no value: the copying solver keeps its answer
+
+    res, _ = _run(problems, oracle=oracle)
+    assert seen == [p.id for p in problems]
+    assert res["rows"]["oracle"]["acc@t2"] == 0.5 and res["rows"]["oracle"]["edited"] == 1.0
+    assert _run(problems)[0]["rows"]["oracle"]["acc@t2"] == 1.0  # the benchmark's own oracle, copied
+
+
+def test_runs_probe_the_worked_oracle_only_after_a_worked_warm_start():
+    from mlmt_bench.benchmarks.nl_arith import NLArith
+    from mlmt_bench.runner import probe_oracle
+
+    class _Spec:
+        warm_start = {"model": "m", "critique": "worked"}
+
+    bench = NLArith()
+    assert probe_oracle(_Spec(), bench) == bench.worked_feedback
+    _Spec.warm_start = {"model": "m"}
+    assert probe_oracle(_Spec(), bench) is None
+    _Spec.warm_start = None
+    assert probe_oracle(_Spec(), bench) is None
 
 
 def test_the_probe_on_a_copying_solver_and_a_blind_critic_by_hand():
