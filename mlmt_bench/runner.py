@@ -731,7 +731,7 @@ def probe_from_run_dir(path: Path | str, split: str = "test", limit: int | None 
     return {**result, "run_dir": str(run_dir.path), "step": trainer.counters.step}
 
 
-def probe_oracle(spec: RunSpec, benchmark: Any) -> Any:
+def probe_oracle(spec: RunSpec, benchmark: Any) -> Callable[[Problem, str], str] | None:
     """The feedback probe's ``oracle`` row in the form the run's critic was taught: a warm start
     with ``critique: worked`` teaches the oracle's worked feedback, and a refiner taught on it
     (redacted) is asked about that form, not the plain one; None (the benchmark's own) otherwise."""
