@@ -4,9 +4,10 @@ Every role of every arm starts from one checkpoint (METHOD v4); when the pretrai
 skill a role needs (SmolLM2-135M writes no verdict line and is hurt by any feedback, issue 33),
 that checkpoint is the pretrained model after one supervised warm start on the union of the
 skills: solve (x -> gold solution), critique (x, z -> the oracle's answer-free feedback, ending
-with the verdict line), refine (x, z, g -> the gold solution, or z again when g approves it) and
-resolve (x, z, g∅ -> the gold solution). The oracle (:class:`OracleBenchmark`) writes every target,
-so the data never depends on which arm runs.
+with the verdict line), refine (x, z, g -> the gold solution, its flagged step worked out with
+``refine: worked``, or z again when g approves it) and resolve (x, z, g∅ -> the gold solution).
+The oracle (:class:`OracleBenchmark`) writes every target, so the data never depends on which arm
+runs.
 
 An example's prompt ids come from the same functions the rollout builds its contexts with
 (:func:`mlmt_bench.rollout.episodes.attempt_prompt`, ``feedback_prompt``, ``refine_prompt``:

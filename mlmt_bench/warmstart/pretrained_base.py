@@ -57,7 +57,8 @@ RECORD = "warm_start.json"
 
 
 class WarmStartConfig(BaseModel):
-    """What the warm start trains on and how. Every field is in the key."""
+    """What the warm start trains on and how. Every field that changes the weights is in the key
+    (``_NOT_IN_KEY``: those that do not; ``_KEYED_OFF_DEFAULT``: later ones, only off their default)."""
 
     model_config = ConfigDict(extra="forbid")
 
