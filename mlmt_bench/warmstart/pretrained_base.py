@@ -14,9 +14,11 @@ build:
    judge the errors this model makes;
 3. trains one LoRA adapter (``lora``) on conversations drawn from ``mix`` and ``sources``
    (AdamW, warmup then cosine, clip 1; bfloat16 autocast where the CPU has bfloat16 instructions);
-4. merges the adapter into the weights and saves an ordinary HF checkpoint with its tokenizer.
+4. saves the adapter (``adapter/``) and merges it into the weights exactly
+   (:mod:`mlmt_bench.warmstart.lora_merge`: the same checkpoint from the same adapter on any
+   CPU), then saves an ordinary HF checkpoint with its tokenizer.
 
-The entry ``<cache>/<key>/`` holds ``model/`` and ``warm_start.json`` (the config, the pretrained
+The entry ``<cache>/<key>/`` holds ``model/``, ``adapter/`` and ``warm_start.json`` (the config, the pretrained
 weights it started from, the data's counts and sha256, the SFT summary with its CPU seconds, the
 weights' sha256, the CPU and library versions). The key is the sha256 of the config, the prompt
 templates and the pretrained weights' identity, so a run's spec picks out its entry; the seed is
@@ -52,8 +54,10 @@ from mlmt_bench.warmstart.chat_curriculum import KINDS, SOURCES, conversation, d
 from mlmt_bench.warmstart.shared_base import critic_gate
 
 #: Bumped whenever a change here would change the weights a config produces (part of the key).
-WARM_START_FORMAT = 4
+WARM_START_FORMAT = 5
 RECORD = "warm_start.json"
+#: the trained LoRA adapter, beside the merged ``model/`` (:mod:`mlmt_bench.warmstart.lora_merge`)
+ADAPTER_DIR = "adapter"
 
 
 class WarmStartConfig(BaseModel):
@@ -332,6 +336,7 @@ def build(cfg: WarmStartConfig, templates: PromptTemplates, name: str, options: 
     from mlmt_bench.models.hf_quiet import quiet_transformers
     from mlmt_bench.models.policy import build_policy
     from mlmt_bench.models.policy_spec import PolicySpec
+    from mlmt_bench.warmstart import lora_merge
     from mlmt_bench.warmstart.sft import sft, sft_bar
 
     bench = oracle_benchmark(name, options)
@@ -364,7 +369,10 @@ def build(cfg: WarmStartConfig, templates: PromptTemplates, name: str, options: 
         summary = sft(policy.model, data.example, steps=cfg.steps, batch=cfg.batch, lr=cfg.lr,
                       warmup_frac=cfg.warmup_frac, rng=rng, pad_id=_pad_id(tokenizer), on_step=on_step)
     summary["losses"] = losses  # a step's weighted mean over its conversations' target tokens (nats)
-    merged = policy.model.merge_and_unload()
+    pairs = lora_merge.lora_pairs(policy.model)
+    lora_merge.save_adapter(pairs, out / ADAPTER_DIR)
+    merged = policy.model.unload()  # the pretrained weights, unchanged; the adapter is added exactly below
+    lora_merge.merge_exact(merged, pairs)
     model_dir = out / "model"
     with quiet_transformers():
         merged.save_pretrained(model_dir, safe_serialization=True)
