@@ -278,7 +278,9 @@ def join_base(record: dict[str, Any], manifest: dict[str, Any], run_name: str, w
     """Admit a run's shared base into the experiment: every run of one base config (its key:
     seed, preset, data, ...) must have started from the same weights. The first run records the
     weights' sha256 under ``record["bases"][key]``; a run whose base hash differs (a base built
-    on another machine, or unpinned) is refused with one line."""
+    on another machine, or unpinned) is refused with one line. Likewise a pretrained model's warm
+    start: every run of one warm-start key must have loaded the same weights (``record["warm_starts"]``)."""
+    _join_warm_start(record, manifest, run_name, where)
     base = manifest.get("base")
     if not base:
         return
@@ -294,6 +296,19 @@ def join_base(record: dict[str, Any], manifest: dict[str, Any], run_name: str, w
                         f"the experiment's runs of that base have {_short(have['sha256'])} (cpu {have.get('cpu')!r}, "
                         f"pinned {have.get('pinned')}); it does not join the experiment: rebuild the base with the "
                         "CPU pin on (MLMT_BENCH_CPU_PIN unset) and redo the run, or start a new experiment")
+
+
+def _join_warm_start(record: dict[str, Any], manifest: dict[str, Any], run_name: str, where: str) -> None:
+    warm = manifest.get("warm_start")
+    if not warm or not warm.get("sha256"):
+        return
+    have = record.setdefault("warm_starts", {}).setdefault(warm["key"], {"sha256": warm["sha256"], "first": run_name})
+    if have["sha256"] != warm["sha256"]:
+        raise UserError(f"{where}: run {run_name} ({manifest.get('arm')}, seed {manifest.get('seed')}) loaded warm "
+                        f"start {warm['key']} with weights sha256 {_short(warm['sha256'])}, but run {have['first']} "
+                        f"of the experiment loaded {_short(have['sha256'])} (a warm start built on another machine); "
+                        "it does not join the experiment: ship the first one (mlmt_bench.warmstart."
+                        "shipped_warm_starts) and redo the run, or start a new experiment")
 
 
 def _short(sha: str | None) -> str:

@@ -339,3 +339,24 @@ def test_a_report_names_the_checkpoint_every_seed_shared(tmp_path):
     assert "One checkpoint for every seed" in (tmp_path / "one" / "index.html").read_text()
     assert build_comparison(runs(("k0", "k1")), tmp_path / "per-seed")["shared_bases"] == []
     assert "One checkpoint" not in (tmp_path / "per-seed" / "comparison.md").read_text()
+
+
+def test_every_run_of_an_experiment_must_load_one_warm_start_checkpoint():
+    """METHOD v4: one checkpoint for every seed. A run whose warm start (same key) has other
+    weights, e.g. rebuilt on another CPU, is refused in one line naming both hashes and the run
+    that set them; a run without a warm start, or of another key, joins."""
+    from mlmt_bench.experiment import join_base
+
+    record: dict = {}
+    first = {"arm": "grpo", "seed": 0, "warm_start": {"key": "k" * 16, "sha256": "a" * 64}}
+    join_base(record, first, "grpo-s0", "experiment E")
+    join_base(record, {**first, "seed": 1}, "grpo-s1", "experiment E")
+    join_base(record, {"arm": "x", "seed": 0, "warm_start": {"key": "j" * 16, "sha256": "b" * 64}}, "x-s0", "E")
+    join_base(record, {"arm": "tiny", "seed": 0}, "tiny-s0", "E")
+    assert record["warm_starts"] == {"k" * 16: {"sha256": "a" * 64, "first": "grpo-s0"},
+                                     "j" * 16: {"sha256": "b" * 64, "first": "x-s0"}}
+    other = {"arm": "mlmt", "seed": 2, "warm_start": {"key": "k" * 16, "sha256": "c" * 64}}
+    with pytest.raises(UserError, match=r"^--resume D: run mlmt-s2 \(mlmt, seed 2\) loaded warm start k{16} with "
+                                        r"weights sha256 c{16}, but run grpo-s0 of the experiment loaded a{16} "
+                                        r"\(a warm start built on another machine\)"):
+        join_base(record, other, "mlmt-s2", "--resume D")

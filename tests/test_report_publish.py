@@ -254,3 +254,28 @@ def test_a_renamed_experiment_directory_is_titled_with_its_spec_name(experiment,
     record = _published(renamed, tmp_path / "pub")
     assert record["title"] == "toy"
     assert (tmp_path / "pub" / "comparison.md").read_text().startswith("# toy\n")
+
+
+def test_an_experiment_part_run_is_published_with_its_finished_runs_and_says_so(experiment, tmp_path):
+    """A long experiment is published session by session (report --raw, then run --restore): an
+    arm with no finished run yet is left out of the tables, listed empty in experiment.json, and
+    the report says which runs have finished; the copy re-renders byte for byte."""
+    record = json.loads((experiment / "experiment.json").read_text())
+    shutil.rmtree(experiment / record["arms"]["self_correct"][0])
+    record["arms"] = {"grpo": record["arms"]["grpo"][:1], "self_correct": [], "mlmt": record["arms"]["mlmt"]}
+    (experiment / "experiment.json").write_text(json.dumps(record))
+    pub = tmp_path / "partial"
+    summary = _published(experiment, pub)
+    assert list(summary["arms"]) == ["grpo", "grpo + base critic", "mlmt"]
+    note = ("PARTIAL: 3 of 6 arm × seed runs of this experiment have finished (grpo 1 of 2; self_correct 0 of 2; "
+            "mlmt 2 of 2); each arm is shown with its finished seeds only, and an arm with none is left out.")
+    assert summary["notes"][0] == note and f"- {note}" in (pub / "comparison.md").read_text()
+    assert json.loads((pub / "experiment.json").read_text())["arms"] == {
+        "grpo": ["runs/toy-grpo-s0-20250100T000000Z"], "self_correct": [],
+        "mlmt": [f"runs/toy-mlmt-s{s}-2025010{s}T000100Z" for s in (0, 1)]}
+    first = _bytes(pub)
+    for name in RENDERED:
+        (pub / name).unlink()
+    res = _cli("report", str(pub))
+    assert res.exit_code == 0, res.output
+    assert _bytes(pub) == first

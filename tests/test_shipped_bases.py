@@ -84,7 +84,7 @@ def test_a_shipped_base_that_differs_from_its_manifest_is_one_line_and_installs_
     cache = tmp_path / "cache"
     with pytest.raises(UserError, match=r"^shipped base [0-9a-f]{16}: model/model\.safetensors is missing or "
                                         r"differs from its sha256 in files\.json; reinstall mlmt-bench, or set "
-                                        r"MLMT_BENCH_SHIPPED_BASES=0 to build the base here$"):
+                                        r"MLMT_BENCH_SHIPPED_BASES=0 to build it here$"):
         sb.ensure_base(cfg, cache, progress=False, require_valid=False)
     assert not cache.exists() or list(cache.iterdir()) == []
 

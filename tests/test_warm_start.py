@@ -200,6 +200,83 @@ def test_build_caches_a_checked_hf_checkpoint_and_a_run_loads_it(tiny_ckpt, tmp_
         ws.ensure_warm_start(cfg, bench.templates, "nl-arith", {}, progress=False)
 
 
+def test_a_shipped_warm_start_installs_the_same_checkpoint_without_a_build(tiny_ckpt, tmp_path, monkeypatch,
+                                                                          one_torch_thread):
+    """Shipped: the record, gate and adapter only; installed into an empty cache, the adapter merged
+    into the pretrained weights gives the built checkpoint's sha256 (no SFT runs); a changed adapter
+    file is refused in one line, and a merge that gives other weights too."""
+    from mlmt_bench.warmstart import lora_merge, shipped_warm_starts as sw
+
+    cfg = ws.WarmStartConfig(model=str(tiny_ckpt), steps=2, batch=2, lr=1e-2, own_samples=0, max_new_tokens=8)
+    bench = NLArith()
+    built = ws.ensure_warm_start(cfg, bench.templates, "nl-arith", {}, tmp_path / "built", progress=False)
+    assert (built.directory / "adapter" / "adapter.safetensors").is_file()
+    (built.directory / "gate.json").write_text('{"slot": {}}\n')
+    root = tmp_path / "shipped"
+    entry = sw.ship(built.directory, root)
+    assert sorted(json.loads((entry / "files.json").read_text())) == [
+        "adapter/adapter.json", "adapter/adapter.safetensors", "gate.json", "warm_start.json"]
+    assert not (entry / "model").exists()
+    monkeypatch.setattr(sw, "SHIPPED_DIR", root)
+    monkeypatch.setattr(sw.install, "__defaults__", (root,))
+    monkeypatch.setattr(ws, "build", lambda *a, **k: pytest.fail("a shipped warm start was built"))
+    installed = ws.ensure_warm_start(cfg, bench.templates, "nl-arith", {}, tmp_path / "fresh", progress=False)
+    assert installed.record == built.record and installed.directory != built.directory
+    assert (installed.directory / "gate.json").read_text() == '{"slot": {}}\n'
+
+    adapter = entry / "adapter" / "adapter.safetensors"
+    data = bytearray(adapter.read_bytes())
+    data[-1] ^= 1
+    adapter.write_bytes(bytes(data))
+    with pytest.raises(UserError, match=r"^shipped warm start [0-9a-f]{16}: adapter/adapter\.safetensors is missing "
+                                        r"or differs from its sha256"):
+        ws.ensure_warm_start(cfg, bench.templates, "nl-arith", {}, tmp_path / "fresh2", progress=False)
+    assert [p.name for p in (tmp_path / "fresh2").iterdir() if not p.name.startswith(".lock")] == []
+
+    entry = sw.ship(built.directory, root)
+    pairs = lora_merge.load_adapter(entry / "adapter")
+    name = next(iter(pairs))
+    a, b, s = pairs[name]
+    lora_merge.save_adapter({**pairs, name: (a, b, s * 2)}, entry / "adapter")  # other weights, files re-hashed
+    files = json.loads((entry / "files.json").read_text())
+    (entry / "files.json").write_text(json.dumps({k: hashlib.sha256((entry / k).read_bytes()).hexdigest()
+                                                  for k in files}))
+    with pytest.raises(UserError, match=r"^shipped warm start [0-9a-f]{16}: its adapter merged here does not give "
+                                        r"the weights it was built with"):
+        ws.ensure_warm_start(cfg, bench.templates, "nl-arith", {}, tmp_path / "fresh3", progress=False)
+
+
+def test_exact_merge_matches_peft_and_is_a_fixed_order_sum():
+    """The exact merge equals peft's merge to float32 rounding, and is W + s·Σ_k B[:,k]A[k,:] in float64
+    rounded once (checked against numbers summed by hand in that order)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from mlmt_bench.warmstart import lora_merge
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, vocab_size=32))
+    peft_model = get_peft_model(model, LoraConfig(r=2, lora_alpha=4, target_modules="all-linear"))
+    for n, p in peft_model.named_parameters():
+        if "lora_B" in n:
+            p.data.normal_()
+    pairs = lora_merge.lora_pairs(peft_model)
+    assert len(pairs) == 7 and all(s == 2.0 for _, _, s in pairs.values())
+    reference = {k: v.clone() for k, v in peft_model.merge_and_unload().state_dict().items()}
+    torch.manual_seed(0)
+    plain = LlamaForCausalLM(model.config)
+    before = plain.model.layers[0].mlp.down_proj.weight.detach().clone()
+    lora_merge.merge_exact(plain, pairs)
+    for k, v in plain.state_dict().items():
+        torch.testing.assert_close(v, reference[k], rtol=0, atol=1e-6)
+    a, b, s = pairs["model.layers.0.mlp.down_proj"]
+    i, j = 3, 5
+    want = float(before[i, j]) + s * (float(b[i, 0]) * float(a[0, j]) + float(b[i, 1]) * float(a[1, j]))
+    assert plain.model.layers[0].mlp.down_proj.weight[i, j].item() == torch.tensor(want).float().item()
+
+
 def test_validate_refuses_a_warm_start_no_role_loads_or_worked_critiques_unredacted(write_spec, tmp_path):
     from typer.testing import CliRunner
 

@@ -228,6 +228,7 @@ def build_comparison(
     baseline: str | None = "grpo",
     title: str = "",
     at_flops: float | None = None,
+    notes: list[str] | None = None,
 ) -> dict[str, Any]:
     """Compare arms and write ``comparison.md``, ``acc_vs_tokens.png`` and ``index.html`` into ``out_dir``.
 
@@ -256,6 +257,7 @@ def build_comparison(
     seeds × problems, "why" saying why).
     at_flops: compare every run at its evaluation nearest this many FLOPs within ±10%, else at its last
         one below it, flagged (runs.load_run); refused when no run has one within ±10% (check_at_flops).
+    notes: notes the caller adds, first (:func:`partial_note`).
     """
     if not runs or not any(runs.values()):
         raise UserError("nothing to compare: no run directories given")
@@ -269,7 +271,8 @@ def build_comparison(
     if at_flops is not None:
         check_at_flops(loaded, at_flops)
 
-    notes: list[str] = _read_at_notes(loaded, at_flops) if at_flops is not None else []
+    notes = list(notes or [])
+    notes += _read_at_notes(loaded, at_flops) if at_flops is not None else []
     notes += _value_notes(loaded)
     for arm, results in loaded.items():
         for r in results:
@@ -601,6 +604,22 @@ def _experiment_name(record: dict[str, Any], exp_dir: Path) -> str:
     return name if isinstance(name, str) and name else strip_stamp(exp_dir.name)
 
 
+def partial_note(grouped: dict[str, list[Path]], record: dict[str, Any]) -> list[str]:
+    """One note when an experiment's arms have fewer finished runs than it has seeds (it is still
+    running, or was published part-way: ``report --raw`` then ``run --restore`` in another session);
+    [] when every arm has a run per seed, or when the seeds are not recorded."""
+    seeds = record.get("seeds")
+    if not isinstance(seeds, list) or not seeds or not grouped:
+        return []
+    n = len(seeds)
+    if all(len(dirs) >= n for dirs in grouped.values()):
+        return []
+    done = sum(min(len(dirs), n) for dirs in grouped.values())
+    each = "; ".join(f"{printable(arm)} {min(len(dirs), n)} of {n}" for arm, dirs in grouped.items())
+    return [f"PARTIAL: {done} of {n * len(grouped)} arm × seed runs of this experiment have finished ({each}); "
+            "each arm is shown with its finished seeds only, and an arm with none is left out."]
+
+
 def report_from_dirs(
     paths: list[Path],
     out_dir: Path | None = None,
@@ -642,6 +661,9 @@ def report_from_dirs(
     grouped = group_runs(paths)
     for arm, dirs in (arms or {}).items():
         grouped.setdefault(arm, []).extend(Path(d) for d in dirs)
+    partial = partial_note(grouped, record) if one_exp else []
+    if partial:  # an experiment still running, or published before it finished: its finished runs
+        grouped = {arm: dirs for arm, dirs in grouped.items() if dirs}
     if asked is not None:
         check_baseline(asked, list(grouped))
     if raw:
@@ -652,7 +674,8 @@ def report_from_dirs(
                            at_flops)
         grouped = publish.publish_runs(grouped, Path(out_dir), record=record if one_exp and not arms else {},
                                        title=title, baseline=baseline, at_flops=at_flops)
-    summary = build_comparison(grouped, Path(out_dir), baseline=baseline, title=title, at_flops=at_flops)
+    summary = build_comparison(grouped, Path(out_dir), baseline=baseline, title=title, at_flops=at_flops,
+                               notes=partial)
     if raw:
         summary["published"] = publish.size(Path(out_dir))
     return summary

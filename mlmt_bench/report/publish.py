@@ -191,7 +191,9 @@ def publish_runs(grouped: dict[str, list[Path]], out_dir: Path, *, record: dict[
     out = {arm: [out_dir / RUNS / Path(os.path.abspath(d)).name for d in dirs] for arm, dirs in grouped.items()}
     exp = {k: v for k, v in record.items() if k not in ("arms", "comparison", "report")}
     exp.setdefault("name", title)
-    exp["arms"] = {arm: [f"{RUNS}/{p.name}" for p in dirs] for arm, dirs in out.items()}
+    # an arm of the experiment with no finished run yet stays listed, empty, in its place: a re-render says so
+    order = dict.fromkeys([*(record.get("arms") or {}), *out])
+    exp["arms"] = {arm: [f"{RUNS}/{p.name}" for p in out.get(arm, [])] for arm in order}
     exp["report"] = {"title": title, "baseline": baseline, "at_flops": at_flops, "raw": True}
     atomic_write_text(out_dir / "experiment.json", json.dumps(exp, indent=2) + "\n")
     return out

@@ -253,7 +253,8 @@ def ensure_warm_start(cfg: WarmStartConfig, templates: PromptTemplates, bench_na
                       bench_options: dict[str, Any], cache_dir: Path | None = None,
                       progress: bool = True) -> WarmStart:
     """The warm start of ``cfg`` (for a run on ``bench_name`` with ``bench_options`` unless ``cfg``
-    names its own), built on first use, reused afterwards."""
+    names its own): on first use installed from the package's copy where one is shipped
+    (:mod:`mlmt_bench.warmstart.shipped_warm_starts`), else built; reused afterwards."""
     name = cfg.benchmark or bench_name
     options = dict(cfg.benchmark_options if cfg.benchmark_options is not None else bench_options)
     oracle_benchmark(name, options)  # fail on a bad benchmark before any work
@@ -265,6 +266,7 @@ def ensure_warm_start(cfg: WarmStartConfig, templates: PromptTemplates, bench_na
         return found
     cache_dir.mkdir(parents=True, exist_ok=True)
     from mlmt_bench.tracking import one_at_a_time, remove_abandoned_temporaries, rename_into_place
+    from mlmt_bench.warmstart import shipped_warm_starts
 
     def waiting(pid: str) -> None:
         if progress:
@@ -277,16 +279,21 @@ def ensure_warm_start(cfg: WarmStartConfig, templates: PromptTemplates, bench_na
         remove_abandoned_temporaries(cache_dir, _TMP)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-{key}-", dir=cache_dir))
         try:
-            record = build(cfg, templates, name, options, tmp, progress)
-            record["key"] = key
-            (tmp / RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+            shipped = shipped_warm_starts.install(key, tmp, progress)
+            if not shipped:
+                record = build(cfg, templates, name, options, tmp, progress)
+                record["key"] = key
+                (tmp / RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
             rename_into_place(tmp, final, lambda d: load(d) is not None)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     built = load(final)
     assert built is not None
-    if progress:
+    if progress and shipped:
+        tell(f"warm start {key}: installed from the package's copy (its adapter merged here, weights checked), "
+             f"cached at {final}")
+    elif progress:
         s = built.record["sft"]
         tell(f"warm start {key} built ({s['steps']} steps, {s['cpu_seconds']:.0f} CPU s for the SFT, "
              f"{built.record['own_attempts']['cpu_seconds']:.0f} for its own attempts), cached at {final}")
@@ -333,18 +340,13 @@ def build(cfg: WarmStartConfig, templates: PromptTemplates, name: str, options: 
     from mlmt_bench.machine import reproducible
     from mlmt_bench.machine.cpus import bf16_instructions, resolve_cpu_dtype
     from mlmt_bench.models import pretrained
-    from mlmt_bench.models.hf_quiet import quiet_transformers
-    from mlmt_bench.models.policy import build_policy
-    from mlmt_bench.models.policy_spec import PolicySpec
     from mlmt_bench.warmstart import lora_merge
     from mlmt_bench.warmstart.sft import sft, sft_bar
 
     bench = oracle_benchmark(name, options)
     problems = curriculum_problems(name, options, cfg.levels)
     torch.manual_seed(cfg.seed)
-    spec = PolicySpec(model="hf", path=cfg.model, lora=cfg.lora, lr=cfg.lr)
-    with quiet_transformers():
-        policy = build_policy("solver", spec, pretrained.resolve(cfg.model, progress=progress))
+    policy = _pretrained_policy(cfg, progress)
     tokenizer = policy.tokenizer
     dtype = resolve_cpu_dtype("auto", bf16_instructions(), False)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16")
@@ -371,17 +373,49 @@ def build(cfg: WarmStartConfig, templates: PromptTemplates, name: str, options: 
     summary["losses"] = losses  # a step's weighted mean over its conversations' target tokens (nats)
     pairs = lora_merge.lora_pairs(policy.model)
     lora_merge.save_adapter(pairs, out / ADAPTER_DIR)
-    merged = policy.model.unload()  # the pretrained weights, unchanged; the adapter is added exactly below
-    lora_merge.merge_exact(merged, pairs)
-    model_dir = out / "model"
-    with quiet_transformers():
-        merged.save_pretrained(model_dir, safe_serialization=True)
-        tokenizer.save_pretrained(model_dir)
+    model_dir = _save_merged(policy, pairs, out)
     source = pretrained.weights_source(cfg.model) if pretrained.lookup(cfg.model) is not None else {"path": cfg.model}
     return {"config": cfg.model_dump(mode="json"), "benchmark": {"name": name, "options": options},
             "templates": templates.__dict__, "from": source, "cpu_dtype": dtype,
             "own_attempts": own_record, "data": data.record(), "sft": summary,
             "sha256": reproducible.weights_sha256(model_dir), "environment": reproducible.record()}
+
+
+def _pretrained_policy(cfg: WarmStartConfig, progress: bool) -> Any:
+    """The pretrained model of ``cfg`` wrapped with its (fresh) LoRA adapter, and its tokenizer."""
+    from mlmt_bench.models import pretrained
+    from mlmt_bench.models.hf_quiet import quiet_transformers
+    from mlmt_bench.models.policy import build_policy
+    from mlmt_bench.models.policy_spec import PolicySpec
+
+    spec = PolicySpec(model="hf", path=cfg.model, lora=cfg.lora, lr=cfg.lr)
+    with quiet_transformers():
+        return build_policy("solver", spec, pretrained.resolve(cfg.model, progress=progress))
+
+
+def _save_merged(policy: Any, pairs: dict[str, Any], entry: Path) -> Path:
+    """Merge ``pairs`` exactly into ``policy``'s pretrained weights; save them with the tokenizer as
+    ``entry/model`` (returned)."""
+    from mlmt_bench.models.hf_quiet import quiet_transformers
+    from mlmt_bench.warmstart import lora_merge
+
+    merged = policy.model.unload()  # the pretrained weights, unchanged; the adapter is added exactly below
+    lora_merge.merge_exact(merged, pairs)
+    model_dir = entry / "model"
+    with quiet_transformers():
+        merged.save_pretrained(model_dir, safe_serialization=True)
+        policy.tokenizer.save_pretrained(model_dir)
+    return model_dir
+
+
+def rebuild_model(entry: Path, progress: bool) -> None:
+    """Write ``entry/model`` from ``entry``'s record and ``adapter/`` (a shipped entry carries no
+    merged weights): the pretrained model of its config plus the adapter, merged as the build did.
+    :func:`load` then checks the weights against the record's sha256."""
+    from mlmt_bench.warmstart import lora_merge
+
+    cfg = WarmStartConfig.model_validate(json.loads((entry / RECORD).read_text())["config"])
+    _save_merged(_pretrained_policy(cfg, progress), lora_merge.load_adapter(entry / ADAPTER_DIR), entry)
 
 
 def _pad_id(tokenizer: Any) -> int:

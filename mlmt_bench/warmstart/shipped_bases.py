@@ -51,23 +51,43 @@ def _sha256(path: Path) -> str:
     return file_sha256(path)
 
 
-def verify(entry: Path) -> dict[str, str]:
+def verify(entry: Path, required: tuple[str, ...] = ("base.json", "model/model.safetensors"),
+           what: str = "base") -> dict[str, str]:
     """The manifest of a shipped ``entry`` after checking every file it lists against its sha256
-    (and that it lists ``base.json`` and the weights); a missing or changed file is one UserError
-    naming it (a partial checkout, a Git LFS pointer, an edit)."""
+    (and that it lists the ``required`` files); a missing or changed file is one UserError naming
+    it (a partial checkout, a Git LFS pointer, an edit). ``what`` names the entry's kind in errors."""
     try:
         files = json.loads((entry / MANIFEST).read_text())
     except (OSError, ValueError) as exc:
-        raise UserError(f"shipped base {entry.name}: {MANIFEST} cannot be read ({exc}); reinstall mlmt-bench, "
-                        f"or set {SWITCH}=0 to build the base here") from None
-    if not isinstance(files, dict) or not {"base.json", "model/model.safetensors"} <= set(files):
-        raise UserError(f"shipped base {entry.name}: {MANIFEST} does not list base.json and model/model.safetensors")
+        raise UserError(f"shipped {what} {entry.name}: {MANIFEST} cannot be read ({exc}); reinstall mlmt-bench, "
+                        f"or set {SWITCH}=0 to build it here") from None
+    if not isinstance(files, dict) or not set(required) <= set(files):
+        raise UserError(f"shipped {what} {entry.name}: {MANIFEST} does not list {' and '.join(required)}")
     for rel, sha in files.items():
         path = entry / rel
         if Path(rel).is_absolute() or ".." in Path(rel).parts or not path.is_file() or _sha256(path) != sha:
-            raise UserError(f"shipped base {entry.name}: {rel} is missing or differs from its sha256 in {MANIFEST}; "
-                            f"reinstall mlmt-bench, or set {SWITCH}=0 to build the base here")
+            raise UserError(f"shipped {what} {entry.name}: {rel} is missing or differs from its sha256 in "
+                            f"{MANIFEST}; reinstall mlmt-bench, or set {SWITCH}=0 to build it here")
     return files
+
+
+def copy_entry(entry: Path, files: dict[str, str], dest: Path) -> None:
+    """Copy the ``files`` of a verified shipped ``entry`` under ``dest``."""
+    for rel in files:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(entry / rel, dest / rel)
+
+
+def write_manifest(dest: Path, paths: list[Path], source: Path) -> None:
+    """Copy ``paths`` (under ``source``) to ``dest`` keeping their relative paths, and write the
+    manifest of their sha256 there."""
+    files = {}
+    for path in sorted(paths):
+        rel = path.relative_to(source).as_posix()
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, dest / rel)
+        files[rel] = _sha256(dest / rel)
+    (dest / MANIFEST).write_text(json.dumps(files, indent=2, sort_keys=True) + "\n")
 
 
 def install(key: str, cache_dir: Path) -> Path | None:
@@ -82,9 +102,7 @@ def install(key: str, cache_dir: Path) -> Path | None:
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-{os.getpid()}-", dir=cache_dir))  # as a build's
     try:
-        for rel in files:
-            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(entry / rel, tmp / rel)
+        copy_entry(entry, files, tmp)
         try:
             os.rename(tmp, final)
         except OSError:
@@ -106,13 +124,7 @@ def ship(cache_entry: Path, root: Path = SHIPPED_DIR) -> Path:
         raise UserError(f"{cache_entry} is already the shipped entry of base {key}; ship from a cache entry")
     if dest.exists():
         shutil.rmtree(dest)
-    files = {}
-    for path in sorted([cache_entry / "base.json", *(cache_entry / "model").iterdir()]):
-        rel = path.relative_to(cache_entry).as_posix()
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, dest / rel)
-        files[rel] = _sha256(dest / rel)
-    (dest / MANIFEST).write_text(json.dumps(files, indent=2, sort_keys=True) + "\n")
+    write_manifest(dest, [cache_entry / "base.json", *(cache_entry / "model").iterdir()], cache_entry)
     return dest
 
 
