@@ -214,6 +214,7 @@ def _comparable(spec: RunSpec) -> dict[str, Any]:
     for key in ("name", "output_dir", "tracking"):  # trackers change nothing a run computes
         d.pop(key, None)
     d.get("train", {}).pop("threads", None)
+    d.get("eval", {}).pop("memo", None)  # a memo gives the result the evaluation would
     return d
 
 

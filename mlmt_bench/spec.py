@@ -230,6 +230,9 @@ class EvalSpec(_Spec):
     base_critic: bool = Field(False, description="equal test-time compute (METHOD v3): an arm that answers in one "
                               "turn is also evaluated in the refine protocol with the frozen shared base as its "
                               "critic (the report's `<arm> + base critic` row)")
+    memo: bool = Field(True, description="a greedy step-0 evaluation of weights, problems and settings that an "
+                       "earlier run on this machine evaluated is read from its memo (mlmt_bench/eval_memo.py: every "
+                       "arm and seed on one warm start starts from the same weights); false: always evaluate")
     probe_problems: int = Field(0, ge=0, description="after training, a run with a critic runs the feedback "
                                 "perturbation probe (METHOD v4; `mlmt-bench probe feedback`) on its final solver "
                                 "and critic on this many validation problems and writes probe.json; 0: none (the "

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from mlmt_bench import eval_memo
 from mlmt_bench.algorithms.base import Algorithm, Credit, CreditInputs, verdict_matches
 from mlmt_bench.algorithms.update import LossConfig, update_policy
 from mlmt_bench.evaluate import evaluate, generated_clipped, redaction_metrics
@@ -290,12 +291,11 @@ class Trainer:
             return None
         e = self.spec.eval
         with memory.phase("eval"):
-            res = evaluate(self.algorithm.eval_program(), self.actors, self.eval_problems, self.eval_sampling,
-                           feedback_metrics=e.feedback_metrics,
-                           n_samples=len(self.eval_problems) if final and e.final_samples else e.samples,
-                           protocols=e.protocols,
-                           micro_batch_tokens=self.spec.train.micro_batch_tokens)
+            res, memo = self._evaluate_once(self.algorithm.eval_program(), self.actors,
+                                            len(self.eval_problems) if final and e.final_samples else e.samples)
             extra, rows = self._evaluate_with_base_critic(res.per_problem)
+            if memo:
+                extra["eval_memo"] = True
             unredacted, rows = self._evaluate_unredacted(rows, final)
             extra = {**extra, **unredacted}
         self.counters.wall_s = time.perf_counter() - started
@@ -319,17 +319,48 @@ class Trainer:
         ``base_critic/``; each problem row gains ``t2_base_critic``."""
         if self.base_critic is None:
             return {}, rows
-        e = self.spec.eval
         actors = dataclasses.replace(self.actors, critic=self.base_critic)
-        res = evaluate(Program(attempts=1, feedback="critic"), actors, self.eval_problems, self.eval_sampling,
-                       feedback_metrics=e.feedback_metrics, n_samples=0,
-                       protocols=e.protocols, micro_batch_tokens=self.spec.train.micro_batch_tokens)
+        res, memo = self._evaluate_once(Program(attempts=1, feedback="critic"), actors, 0)
         extra = {f"base_critic/{k}": v for k, v in res.metrics.items() if k != "n"}
+        if memo:
+            extra["base_critic/eval_memo"] = True
         extra["base_critic/test_flops_eval"] = rollout_flops(
             {"solver": self._params("solver"), "critic": self.base_critic.n_params}, res.prompt_tokens, res.gen_tokens)
         return extra, [{**row, "t2_base_critic": bc["t2"],
                         **({"t2_base_critic_solver": bc["t2_critic_solver"]} if "t2_critic_solver" in bc else {})}
                        for row, bc in zip(rows, res.per_problem)]
+
+    def _evaluate_once(self, program: Program, actors: Actors, n_samples: int) -> tuple[Any, bool]:
+        """``evaluate`` of ``program`` on the eval problems, read from the memo of step-0 evaluations
+        (:mod:`mlmt_bench.eval_memo`) where this run starts from weights, problems and settings an
+        earlier run evaluated greedily; returns the result and whether it was read."""
+        e = self.spec.eval
+
+        def run(n: int) -> Any:
+            return evaluate(program, actors, self.eval_problems, self.eval_sampling,
+                            feedback_metrics=e.feedback_metrics, n_samples=n, protocols=e.protocols,
+                            micro_batch_tokens=self.spec.train.micro_batch_tokens)
+
+        return eval_memo.evaluate_once(self._memo_key(program, actors), n_samples, len(self.eval_problems), run)
+
+    def _memo_key(self, program: Program, actors: Actors) -> str | None:
+        """The memo key of a step-0 greedy evaluation (None: none applies; :func:`eval_memo.memo_key`)."""
+        e, spec = self.spec.eval, self.spec
+        if self.counters.step or self.counters.gen_tokens or e.temperature or not e.memo:
+            return None
+        roles = {"solver": actors.solver, **({"critic": actors.critic} if actors.critic is not None else {})}
+        identities = {role: eval_memo.actor_identity(a) for role, a in roles.items()}
+        if any(i is None for i in identities.values()):
+            return None
+        return eval_memo.memo_key({
+            "program": dataclasses.asdict(program), "actors": identities,
+            "problems": [[p.id, p.prompt, p.answer] for p in self.eval_problems],
+            "sampling": dataclasses.asdict(self.eval_sampling), "feedback_metrics": e.feedback_metrics,
+            "protocols": list(e.protocols), "micro_batch_tokens": spec.train.micro_batch_tokens,
+            "templates": dataclasses.asdict(actors.templates), "redact": actors.redact is not None,
+            "benchmark": spec.benchmark.model_dump(mode="json"), "feedback": spec.feedback.model_dump(mode="json"),
+            "backend": spec.backend.model_dump(mode="json"), "autocast": [torch.is_autocast_enabled("cpu"),
+                                                                          str(torch.get_autocast_dtype("cpu"))]})
 
     def _evaluate_unredacted(self, rows: list[dict[str, Any]],
                              final: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:

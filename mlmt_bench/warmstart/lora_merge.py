@@ -34,10 +34,11 @@ def lora_pairs(peft_model: Any) -> dict[str, tuple[Any, Any, float]]:
     for name, module in peft_model.named_modules():
         if not isinstance(module, LoraLayer):
             continue
-        (adapter,) = module.active_adapters
-        a = module.lora_A[adapter].weight.detach().float().cpu().clone()
-        b = module.lora_B[adapter].weight.detach().float().cpu().clone()
-        pairs[name.removeprefix(_PEFT_PREFIX)] = (a, b, float(module.scaling[adapter]))
+        layer: Any = module  # peft's attribute types are too loose for mypy
+        (adapter,) = layer.active_adapters
+        a = layer.lora_A[adapter].weight.detach().float().cpu().clone()
+        b = layer.lora_B[adapter].weight.detach().float().cpu().clone()
+        pairs[name.removeprefix(_PEFT_PREFIX)] = (a, b, float(layer.scaling[adapter]))
     if not pairs:
         raise ValueError("the model has no LoRA layer")
     return pairs

@@ -1,0 +1,136 @@
+"""The starting point's evaluation, computed once for every run that starts from the same weights.
+
+Every arm and every seed of an experiment on one warm start (METHOD v4) begins from the same
+checkpoint: a fresh LoRA adapter adds exactly zero (its B matrices are zero), and evaluation is
+greedy. So the step-0 evaluation of the same program on the same problems, with the same weights,
+templates, token limits and code, gives the same result in every run; on the SmolLM2 testbed it
+costs about 16 minutes a run. :func:`evaluate_once` keys an evaluation by all of that and keeps its
+result in ``<cache>/eval-memo/<key>.json``; a run that finds its key reads the result instead of
+generating it, and its eval record says so (``eval_memo``).
+
+What the key holds (:func:`memo_key`): each actor's weights as :func:`weights_identity` reads them
+(the sha256 of every parameter outside LoRA adapters, and refused while any adapter's B is not
+zero), its config, tokenizer and chat template; the program, the problems (id, prompt, answer),
+the sampling, the evaluation options and the spec's benchmark, feedback and backend sections;
+the CPU, the torch version and a fingerprint of mlmt-bench's own source. Only greedy evaluations
+are kept (a sampled one draws on the run's random state). ``eval.memo: false`` or
+``MLMT_BENCH_EVAL_MEMO=0`` turns it off; the memo is a cache, so a wiped machine only evaluates again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mlmt_bench.evaluate import EvalResult
+
+_FORMAT = 1
+
+
+#: ``MLMT_BENCH_EVAL_MEMO``: the memo's directory, or 0 / off / false / no for none
+SWITCH = "MLMT_BENCH_EVAL_MEMO"
+
+
+def default_dir() -> Path | None:
+    """``$MLMT_BENCH_EVAL_MEMO`` (None when it says 0, off, false or no), else
+    ``$MLMT_BENCH_CACHE/eval-memo``, else ``~/.cache/mlmt-bench/eval-memo``."""
+    from mlmt_bench.tracking import cache_env_dir
+
+    chosen = os.environ.get(SWITCH, "").strip()
+    if chosen.lower() in ("0", "off", "false", "no"):
+        return None
+    if chosen:
+        return Path(chosen).expanduser()
+    env = cache_env_dir()
+    return (env / "eval-memo") if env is not None else Path.home() / ".cache" / "mlmt-bench" / "eval-memo"
+
+
+@functools.cache
+def code_fingerprint() -> str:
+    """sha256 over mlmt-bench's own ``*.py`` files (path and bytes): a change of code changes every key."""
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def weights_identity(model: Any) -> str | None:
+    """sha256 of ``model``'s parameters outside LoRA adapters (names as without peft's wrapping,
+    dtypes, shapes and bytes, in order: a frozen copy and a fresh adapter on it agree), or None
+    when a LoRA adapter is not a no-op (a ``lora_B`` that is not all zero): the weights then differ
+    from the start's, and no memo applies."""
+    import torch
+
+    h = hashlib.sha256()
+    for name, p in model.named_parameters():
+        if "lora_" in name:
+            if "lora_B" in name and bool(torch.any(p.detach() != 0)):
+                return None
+            continue
+        t = p.detach().cpu().contiguous()
+        plain = name.removeprefix("base_model.model.").replace(".base_layer.", ".")  # as outside peft
+        h.update(f"{plain}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def actor_identity(actor: Any) -> dict[str, Any] | None:
+    """What of an actor decides its greedy outputs: weights, config, tokenizer; None: no memo."""
+    weights = weights_identity(actor.model)
+    if weights is None:
+        return None
+    tok = actor.tokenizer
+    config: Any = getattr(actor.model, "config", None)
+    shown = config.to_json_string() if hasattr(config, "to_json_string") else repr(config)
+    return {"weights": weights, "config": shown,
+            "tokenizer": [type(tok).__name__, len(tok), getattr(tok, "chat_template", None),
+                          getattr(tok, "pad_token_id", None), getattr(tok, "eos_token_id", None)]}
+
+
+def memo_key(parts: dict[str, Any]) -> str:
+    """sha256 of ``parts`` (JSON, keys sorted; anything not JSON by its repr) with the format, the
+    code fingerprint, the CPU and the torch version."""
+    import platform
+
+    import torch
+
+    payload = {"format": _FORMAT, "code": code_fingerprint(), "torch": torch.__version__,
+               "cpu": platform.processor() or platform.machine(), **parts}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+def _to_json(res: EvalResult) -> dict[str, Any]:
+    return {"metrics": res.metrics, "per_problem": res.per_problem, "samples": res.samples,
+            "prompt_tokens": res.prompt_tokens, "gen_tokens": res.gen_tokens}
+
+
+def evaluate_once(key: str | None, n_samples: int, n_problems: int, run: Callable[[int], EvalResult],
+                  directory: Path | None = None) -> tuple[EvalResult, bool]:
+    """``run(n)`` (an evaluation logging ``n`` episodes) unless ``<directory>/<key>.json`` holds its
+    result; returns the result with ``n_samples`` episodes and whether it was read. A result is
+    stored with every problem's episode, so runs that log fewer read the same entry. ``key`` None:
+    no memo. An unreadable entry is evaluated again and replaced."""
+    directory = Path(directory) if directory is not None else default_dir()
+    if key is None or directory is None:
+        return run(n_samples), False
+    path = directory / f"{key}.json"
+    try:
+        data = json.loads(path.read_text())
+        res = EvalResult(data["metrics"], data["per_problem"], data["samples"][:n_samples],
+                         data["prompt_tokens"], data["gen_tokens"])
+        return res, True
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    res = run(n_problems)
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(_to_json(res)))
+    os.replace(tmp, path)
+    return dataclasses.replace(res, samples=res.samples[:n_samples]), False
