@@ -208,12 +208,17 @@ def _open_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec],
     return exp_dir, record
 
 
-def _comparable(spec: RunSpec) -> dict[str, Any]:
-    """A run spec's fields that decide what the run computes (not where it writes or its name)."""
+def _comparable(spec: RunSpec, cpu_dtype: str | None = None) -> dict[str, Any]:
+    """A run spec's fields that decide what the run computes (not where it writes or its name).
+    ``cpu_dtype``: what its CPU matmuls ran in (the manifest's, or what this machine would run),
+    in place of the setting: ``auto`` is float32 on one CPU and bfloat16 on another, so a run
+    finished elsewhere (``--restore``) joins only runs made in the same dtype."""
     d = spec.model_dump(mode="json")
     for key in ("name", "output_dir", "tracking"):  # trackers change nothing a run computes
         d.pop(key, None)
     d.get("train", {}).pop("threads", None)
+    if cpu_dtype is not None:
+        d.setdefault("train", {})["cpu_dtype"] = cpu_dtype
     d.get("eval", {}).pop("memo", None)  # a memo gives the result the evaluation would
     return d
 
@@ -240,6 +245,7 @@ def _pending_jobs(exp: ExperimentSpec, arms: dict[str, RunSpec], exp_dir: Path,
     checkpoint but not finished is continued rather than redone; one still "running" without a
     checkpoint is marked abandoned and redone. Sets ``record["arms"]`` to the finished runs in
     seed order."""
+    from mlmt_bench import runner
     from mlmt_bench.spec import load_run_spec
 
     finished, partial, dead = {}, {}, []
@@ -254,8 +260,16 @@ def _pending_jobs(exp: ExperimentSpec, arms: dict[str, RunSpec], exp_dir: Path,
         run_dir = manifest_path.parent
         if manifest.get("status") == "completed":
             join_base(record, manifest, run_dir.name, f"--resume {exp_dir}")
-            want = _comparable(_run_spec(arms[key[0]], exp_dir, key[1]))
-            have = _comparable(load_run_spec(run_dir / "spec.resolved.yaml"))
+            want_spec = _run_spec(arms[key[0]], exp_dir, key[1])
+            ran = (manifest.get("cpu_dtype") or {}).get("dtype")
+            want = _comparable(want_spec, runner.cpu_dtype(want_spec)["dtype"] if ran else None)
+            have = _comparable(load_run_spec(run_dir / "spec.resolved.yaml"), ran)
+            ran_here = want.get("train", {}).get("cpu_dtype")
+            if ran and ran_here != ran and {**want, "train": {**want["train"], "cpu_dtype": ran}} == have:
+                raise UserError(f"--resume {exp_dir}: finished run {run_dir.name} ({key[0]}, seed {key[1]}) ran its "
+                                f"CPU matmuls in {ran}, this machine would run the rest in {ran_here}; set "
+                                f"train.cpu_dtype: {ran} in the spec, so that every run of the experiment computes "
+                                "in one dtype")
             if want != have:
                 diff = sorted(k for k in want if want.get(k) != have.get(k))
                 raise UserError(f"--resume {exp_dir}: finished run {run_dir.name} ({key[0]}, seed {key[1]}) was made "

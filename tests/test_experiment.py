@@ -360,3 +360,34 @@ def test_every_run_of_an_experiment_must_load_one_warm_start_checkpoint():
                                         r"weights sha256 c{16}, but run grpo-s0 of the experiment loaded a{16} "
                                         r"\(a warm start built on another machine\)"):
         join_base(record, other, "mlmt-s2", "--resume D")
+
+
+def test_a_run_finished_in_another_cpu_dtype_does_not_join_the_rest(exp_spec, tmp_path, monkeypatch):
+    """``train.cpu_dtype: auto`` is bfloat16 on a CPU with bfloat16 instructions and float32 on
+    another: a run restored from such a machine is refused here in one line naming both dtypes,
+    and the spec pinned to the dtype it ran in accepts it (a finished run is not redone)."""
+    import yaml
+
+    from mlmt_bench import runner
+
+    exp, arms = load_experiment(exp_spec(a=1e-4))
+    exp.seeds = [0]
+    exp_dir = Path(run_experiment(exp, arms, progress=False)["run_dir"])
+    (run,) = [p.parent for p in exp_dir.glob("*/manifest.json")]
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["cpu_dtype"]["dtype"] = "bfloat16"  # as if made on a CPU with AMX
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    exp, arms = load_experiment(exp_spec(a=1e-4))
+    exp.seeds = [0, 1]
+    with pytest.raises(UserError, match=r"ran its CPU matmuls in bfloat16, this machine would run the rest in "
+                                        r"float32; set train.cpu_dtype: bfloat16 in the spec"):
+        run_experiment(exp, arms, progress=False, resume=exp_dir)
+    monkeypatch.setattr(runner, "cpu_dtype", lambda spec: {"dtype": "bfloat16"})  # this machine now as that one
+    spec_file = exp_spec(a=1e-4)
+    data = yaml.safe_load(spec_file.read_text())
+    data["base"]["train"]["cpu_dtype"] = "bfloat16"
+    spec_file.write_text(yaml.safe_dump(data))
+    exp, arms = load_experiment(spec_file)
+    exp.seeds = [0]
+    with pytest.raises(UserError, match="nothing to resume"):  # the finished run is kept: the dtypes agree
+        run_experiment(exp, arms, progress=False, resume=exp_dir)
