@@ -291,11 +291,9 @@ class Trainer:
             return None
         e = self.spec.eval
         with memory.phase("eval"):
-            res, memo = self._evaluate_once(self.algorithm.eval_program(), self.actors,
+            res, _ = self._evaluate_once(self.algorithm.eval_program(), self.actors,
                                             len(self.eval_problems) if final and e.final_samples else e.samples)
             extra, rows = self._evaluate_with_base_critic(res.per_problem)
-            if memo:
-                extra["eval_memo"] = True
             unredacted, rows = self._evaluate_unredacted(rows, final)
             extra = {**extra, **unredacted}
         self.counters.wall_s = time.perf_counter() - started
@@ -320,20 +318,21 @@ class Trainer:
         if self.base_critic is None:
             return {}, rows
         actors = dataclasses.replace(self.actors, critic=self.base_critic)
-        res, memo = self._evaluate_once(Program(attempts=1, feedback="critic"), actors, 0)
+        res, _ = self._evaluate_once(Program(attempts=1, feedback="critic"), actors, 0, "base_critic")
         extra = {f"base_critic/{k}": v for k, v in res.metrics.items() if k != "n"}
-        if memo:
-            extra["base_critic/eval_memo"] = True
         extra["base_critic/test_flops_eval"] = rollout_flops(
             {"solver": self._params("solver"), "critic": self.base_critic.n_params}, res.prompt_tokens, res.gen_tokens)
         return extra, [{**row, "t2_base_critic": bc["t2"],
                         **({"t2_base_critic_solver": bc["t2_critic_solver"]} if "t2_critic_solver" in bc else {})}
                        for row, bc in zip(rows, res.per_problem)]
 
-    def _evaluate_once(self, program: Program, actors: Actors, n_samples: int) -> tuple[Any, bool]:
+    def _evaluate_once(self, program: Program, actors: Actors, n_samples: int,
+                       which: str = "eval") -> tuple[Any, bool]:
         """``evaluate`` of ``program`` on the eval problems, read from the memo of step-0 evaluations
         (:mod:`mlmt_bench.eval_memo`) where this run starts from weights, problems and settings an
-        earlier run evaluated greedily; returns the result and whether it was read."""
+        earlier run evaluated greedily; returns the result and whether it was read. A read one is
+        recorded in the manifest's ``eval_memo`` (``{which: key}``): the logged metrics are the same
+        either way."""
         e = self.spec.eval
 
         def run(n: int) -> Any:
@@ -341,7 +340,12 @@ class Trainer:
                             feedback_metrics=e.feedback_metrics, n_samples=n, protocols=e.protocols,
                             micro_batch_tokens=self.spec.train.micro_batch_tokens)
 
-        return eval_memo.evaluate_once(self._memo_key(program, actors), n_samples, len(self.eval_problems), run)
+        key = self._memo_key(program, actors)
+        res, read = eval_memo.evaluate_once(key, n_samples, len(self.eval_problems), run)
+        if read:
+            memo = self.run_dir.manifest().get("eval_memo") or {}
+            self.run_dir.update_manifest(eval_memo={**memo, which: key})
+        return res, read
 
     def _memo_key(self, program: Program, actors: Actors) -> str | None:
         """The memo key of a step-0 greedy evaluation (None: none applies; :func:`eval_memo.memo_key`)."""

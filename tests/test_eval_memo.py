@@ -68,12 +68,13 @@ def _run(tiny_ckpt, tmp_path, seed: int, algorithm: dict, extra_eval: dict | Non
         "train": {"steps": 1, "problems_per_step": 1}, "eval": {"every": 0, "limit": 3, "samples": 1,
                                                                 **(extra_eval or {})},
         "output_dir": str(tmp_path / "runs")})
-    out = runner.run(spec, progress=False)
-    return [json.loads(line) for line in (Path(out["run_dir"]) / "metrics.jsonl").read_text().splitlines()
-            if json.loads(line)["kind"] == "eval"]
+    run_dir = Path(runner.run(spec, progress=False)["run_dir"])
+    evals = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["kind"] == "eval"]
+    return evals, json.loads((run_dir / "manifest.json").read_text()).get("eval_memo")
 
 
-_NOT_COMPARED = {"wall_s", "eval_memo", "base_critic/eval_memo", "memory", "rss_peak_mb"}
+_NOT_COMPARED = {"wall_s", "memory", "rss_peak_mb"}
 
 
 def _same(a: dict, b: dict) -> dict:
@@ -83,23 +84,22 @@ def _same(a: dict, b: dict) -> dict:
 
 def test_a_second_seed_reads_the_first_seeds_starting_evaluation(tiny_ckpt, tmp_path, one_torch_thread):
     """Seeds 0, 1 and 2 of mlmt start from the same weights: seed 1's step-0 evaluation is read from
-    the memo (its record says so) and equals seed 0's; its final one is evaluated. With
+    the memo (its manifest says so) and logs what seed 0's logged; its final one is evaluated. With
     ``eval.memo: false`` seed 2 evaluates, and gets the same numbers."""
     mlmt = {"name": "mlmt", "params": {"group_size": 2}}
-    s0 = _run(tiny_ckpt, tmp_path, 0, mlmt)
-    s1 = _run(tiny_ckpt, tmp_path, 1, mlmt)
-    s2 = _run(tiny_ckpt, tmp_path, 2, mlmt, {"memo": False})
-    assert s0[0]["step"] == s1[0]["step"] == s2[0]["step"] == 0
-    assert ("eval_memo" in s0[0], s1[0].get("eval_memo"), "eval_memo" in s2[0]) == (False, True, False)
+    (s0, memo0), (s1, memo1), (s2, memo2) = (_run(tiny_ckpt, tmp_path, seed, mlmt, extra)
+                                             for seed, extra in ((0, None), (1, None), (2, {"memo": False})))
+    assert s0[0]["step"] == s1[0]["step"] == s2[0]["step"] == 0 and s1[-1]["step"] > 0
+    assert memo0 is None and memo2 is None and list(memo1) == ["eval"]  # only step 0's
+    assert (tmp_path / "eval-memo" / f"{memo1['eval']}.json").is_file()
     assert _same(s0[0], s1[0]) == {} and _same(s0[0], s2[0]) == {}
-    assert "eval_memo" not in s1[-1] and s1[-1]["step"] > 0
 
 
 def test_grpo_with_a_base_critic_reads_mlmts_starting_refine_evaluation(tiny_ckpt, tmp_path, one_torch_thread):
     """The frozen critic of ``eval.base_critic`` and a fresh adapter on it are the same weights: grpo's
     step-0 base-critic evaluation is mlmt's step-0 evaluation, read from the memo."""
-    mlmt = _run(tiny_ckpt, tmp_path, 0, {"name": "mlmt", "params": {"group_size": 2}})
-    grpo = _run(tiny_ckpt, tmp_path, 0, {"name": "grpo", "params": {"group_size": 2}}, {"base_critic": True})
-    assert grpo[0].get("base_critic/eval_memo") is True and "eval_memo" not in grpo[0]
+    mlmt, _ = _run(tiny_ckpt, tmp_path, 0, {"name": "mlmt", "params": {"group_size": 2}})
+    grpo, memo = _run(tiny_ckpt, tmp_path, 0, {"name": "grpo", "params": {"group_size": 2}}, {"base_critic": True})
+    assert list(memo) == ["base_critic"]
     for k in ("acc@t1", "acc@t2", "gen_tokens_eval"):
         assert grpo[0][f"base_critic/{k}"] == mlmt[0][k]
