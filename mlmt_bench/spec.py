@@ -231,7 +231,7 @@ class EvalSpec(_Spec):
                               "turn is also evaluated in the refine protocol with the frozen shared base as its "
                               "critic (the report's `<arm> + base critic` row)")
     memo: bool = Field(True, description="a greedy step-0 evaluation of weights, problems and settings that an "
-                       "earlier run on this machine evaluated is read from its memo (mlmt_bench/eval_memo.py: every "
+                       "earlier run on this machine evaluated is read from its memo (mlmt_bench/io/eval_memo.py: every "
                        "arm and seed on one warm start starts from the same weights); false: always evaluate")
     probe_problems: int = Field(0, ge=0, description="after training, a run with a critic runs the feedback "
                                 "perturbation probe (METHOD v4; `mlmt-bench probe feedback`) on its final solver "

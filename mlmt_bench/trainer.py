@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from mlmt_bench import eval_memo
 from mlmt_bench.algorithms.base import Algorithm, Credit, CreditInputs, verdict_matches
 from mlmt_bench.algorithms.update import LossConfig, update_policy
-from mlmt_bench.evaluate import evaluate, generated_clipped, redaction_metrics
+from mlmt_bench.evaluate import EvalResult, evaluate, generated_clipped, redaction_metrics
 from mlmt_bench.fsdp import Sharding
+from mlmt_bench.io import eval_memo
 from mlmt_bench.io.notes import warn
 from mlmt_bench.io.progress import announce, duration
 from mlmt_bench.machine import memory
@@ -329,7 +329,7 @@ class Trainer:
     def _evaluate_once(self, program: Program, actors: Actors, n_samples: int,
                        which: str = "eval") -> tuple[Any, bool]:
         """``evaluate`` of ``program`` on the eval problems, read from the memo of step-0 evaluations
-        (:mod:`mlmt_bench.eval_memo`) where this run starts from weights, problems and settings an
+        (:mod:`mlmt_bench.io.eval_memo`) where this run starts from weights, problems and settings an
         earlier run evaluated greedily; returns the result and whether it was read. A read one is
         recorded in the manifest's ``eval_memo`` (``{which: key}``): the logged metrics are the same
         either way."""
@@ -341,7 +341,7 @@ class Trainer:
                             micro_batch_tokens=self.spec.train.micro_batch_tokens)
 
         key = self._memo_key(program, actors)
-        res, read = eval_memo.evaluate_once(key, n_samples, len(self.eval_problems), run)
+        res, read = eval_memo.evaluate_once(key, n_samples, len(self.eval_problems), run, EvalResult)
         if read:
             memo = self.run_dir.manifest().get("eval_memo") or {}
             self.run_dir.update_manifest(eval_memo={**memo, which: key})

@@ -10,7 +10,7 @@ import yaml
 
 @pytest.fixture(autouse=True)
 def _own_eval_memo(tmp_path, monkeypatch):
-    """Each test its own memo of step-0 evaluations (mlmt_bench/eval_memo.py): a test that patches
+    """Each test its own memo of step-0 evaluations (mlmt_bench/io/eval_memo.py): a test that patches
     what an evaluation computes must not read another test's result."""
     monkeypatch.setenv("MLMT_BENCH_EVAL_MEMO", str(tmp_path / "eval-memo"))
 

@@ -1,4 +1,4 @@
-"""The memo of step-0 evaluations (``mlmt_bench/eval_memo.py``): runs that start from the same
+"""The memo of step-0 evaluations (``mlmt_bench/io/eval_memo.py``): runs that start from the same
 weights read the first one's starting evaluation instead of generating it again, and what they log
 equals what evaluating would have logged."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from mlmt_bench import eval_memo
 from mlmt_bench.evaluate import EvalResult
+from mlmt_bench.io import eval_memo
 
 
 def _tiny_lora(seed: int, tiny_ckpt):
@@ -43,16 +43,16 @@ def test_evaluate_once_reads_a_stored_result_and_slices_its_episodes(tmp_path):
         return EvalResult({"acc@t1": 0.5, "n": 3}, [{"problem_id": f"p{i}", "t1": i == 0} for i in range(3)],
                           [{"problem_id": f"p{i}"} for i in range(n)], {"solver": 10}, {"solver": 7})
 
-    first, read = eval_memo.evaluate_once("k", 1, 3, run, tmp_path)
+    first, read = eval_memo.evaluate_once("k", 1, 3, run, EvalResult, tmp_path)
     assert (read, calls, [s["problem_id"] for s in first.samples]) == (False, [3], ["p0"])
-    again, read = eval_memo.evaluate_once("k", 2, 3, run, tmp_path)
+    again, read = eval_memo.evaluate_once("k", 2, 3, run, EvalResult, tmp_path)
     assert read and calls == [3] and [s["problem_id"] for s in again.samples] == ["p0", "p1"]
     assert (again.metrics, again.per_problem, again.gen_tokens) == (first.metrics, first.per_problem, {"solver": 7})
     (tmp_path / "k.json").write_text("{not json")
-    _, read = eval_memo.evaluate_once("k", 0, 3, run, tmp_path)
+    _, read = eval_memo.evaluate_once("k", 0, 3, run, EvalResult, tmp_path)
     assert not read and calls == [3, 3]  # an unreadable entry is evaluated again and replaced
     assert json.loads((tmp_path / "k.json").read_text())["metrics"]["acc@t1"] == 0.5
-    _, read = eval_memo.evaluate_once(None, 0, 3, run, tmp_path)
+    _, read = eval_memo.evaluate_once(None, 0, 3, run, EvalResult, tmp_path)
     assert not read and calls == [3, 3, 0]
 
 

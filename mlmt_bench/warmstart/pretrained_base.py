@@ -52,12 +52,12 @@ from mlmt_bench.models.policy_spec import LoraSpec
 from mlmt_bench.types import Problem, PromptTemplates
 from mlmt_bench.warmstart.chat_curriculum import KINDS, SOURCES, conversation, draw, token_example
 from mlmt_bench.warmstart.shared_base import critic_gate
+from mlmt_bench.warmstart.shipped_warm_starts import ADAPTER_DIR, RECORD
 
 #: Bumped whenever a change here would change the weights a config produces (part of the key).
 WARM_START_FORMAT = 5
-RECORD = "warm_start.json"
-#: the trained LoRA adapter, beside the merged ``model/`` (:mod:`mlmt_bench.warmstart.lora_merge`)
-ADAPTER_DIR = "adapter"
+# RECORD: the entry's record; ADAPTER_DIR: the trained LoRA adapter beside the merged ``model/``
+# (:mod:`mlmt_bench.warmstart.lora_merge`); both as shipped entries name them
 
 
 class WarmStartConfig(BaseModel):
@@ -279,7 +279,7 @@ def ensure_warm_start(cfg: WarmStartConfig, templates: PromptTemplates, bench_na
         remove_abandoned_temporaries(cache_dir, _TMP)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-{key}-", dir=cache_dir))
         try:
-            shipped = shipped_warm_starts.install(key, tmp, progress)
+            shipped = shipped_warm_starts.install(key, tmp, lambda d: _materialize(d, progress))
             if not shipped:
                 record = build(cfg, templates, name, options, tmp, progress)
                 record["key"] = key
@@ -416,6 +416,12 @@ def rebuild_model(entry: Path, progress: bool) -> None:
 
     cfg = WarmStartConfig.model_validate(json.loads((entry / RECORD).read_text())["config"])
     _save_merged(_pretrained_policy(cfg, progress), lora_merge.load_adapter(entry / ADAPTER_DIR), entry)
+
+
+def _materialize(entry: Path, progress: bool) -> None:
+    """A shipped entry's ``model/`` (:func:`rebuild_model`), checked against its record (:func:`load`)."""
+    rebuild_model(entry, progress)
+    load(entry)
 
 
 def _pad_id(tokenizer: Any) -> int:

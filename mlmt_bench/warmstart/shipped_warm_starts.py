@@ -24,16 +24,19 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from mlmt_bench.errors import UserError
 from mlmt_bench.warmstart import shipped_bases
 from mlmt_bench.warmstart.lora_merge import ADAPTER_SCALES, ADAPTER_TENSORS
-from mlmt_bench.warmstart.pretrained_base import ADAPTER_DIR, RECORD, load, rebuild_model
 from mlmt_bench.warmstart.shared_base import GATE_FILE
 
 #: where shipped warm starts live (package data)
 SHIPPED_DIR = Path(__file__).resolve().parents[1] / "data" / "warm-starts"
+#: a warm start's record, and its adapter's folder, in a cache entry (mlmt_bench.warmstart.pretrained_base)
+RECORD = "warm_start.json"
+ADAPTER_DIR = "adapter"
 _REQUIRED = (RECORD, f"{ADAPTER_DIR}/{ADAPTER_TENSORS}", f"{ADAPTER_DIR}/{ADAPTER_SCALES}")
 
 
@@ -43,18 +46,19 @@ def find(key: str, root: Path = SHIPPED_DIR) -> Path | None:
     return entry if shipped_bases.enabled() and (entry / shipped_bases.MANIFEST).is_file() else None
 
 
-def install(key: str, tmp: Path, progress: bool, root: Path = SHIPPED_DIR) -> bool:
+def install(key: str, tmp: Path, materialize: Callable[[Path], object], root: Path = SHIPPED_DIR) -> bool:
     """Fill the empty directory ``tmp`` with the shipped entry of ``key`` (files verified against
-    their sha256, ``model/`` merged from the adapter and checked against the record's sha256);
-    False when none is shipped. A merge that does not give the recorded weights is one UserError."""
+    their sha256), then ``materialize(tmp)``: write ``model/`` from the adapter and check it against
+    the record's sha256 (:func:`mlmt_bench.warmstart.pretrained_base.rebuild_model`, then ``load``),
+    raising UserError when it differs. False when none is shipped. A merge that does not give the
+    recorded weights is one UserError."""
     entry = find(key, root)
     if entry is None:
         return False
     files = shipped_bases.verify(entry, _REQUIRED, "warm start")
     shipped_bases.copy_entry(entry, files, tmp)
-    rebuild_model(tmp, progress)
     try:
-        load(tmp)
+        materialize(tmp)
     except UserError as exc:
         raise UserError(f"shipped warm start {key}: its adapter merged here does not give the weights it was "
                         f"built with ({exc}); set {shipped_bases.SWITCH}=0 to build it here") from None

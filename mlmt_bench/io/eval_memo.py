@@ -4,7 +4,7 @@ Every arm and every seed of an experiment on one warm start (METHOD v4) begins f
 checkpoint: a fresh LoRA adapter adds exactly zero (its B matrices are zero), and evaluation is
 greedy. So the step-0 evaluation of the same program on the same problems, with the same weights,
 templates, token limits and code, gives the same result in every run; on the SmolLM2 testbed it
-costs about 16 minutes a run. :func:`evaluate_once` keys an evaluation by all of that and keeps its
+costs about 16 minutes a run. :func:`evaluate_once` keeps an evaluation by all of that and keeps its
 result in ``<cache>/eval-memo/<key>.json``; a run that finds its key reads the result instead of
 generating it, and its eval record says so (``eval_memo``).
 
@@ -26,11 +26,11 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-from mlmt_bench.evaluate import EvalResult
+from typing import Any, TypeVar
 
 _FORMAT = 1
+#: an evaluation's result: a dataclass with ``samples`` (a list) and JSON fields (mlmt_bench.evaluate.EvalResult)
+R = TypeVar("R")
 
 
 #: ``MLMT_BENCH_EVAL_MEMO``: the memo's directory, or 0 / off / false / no for none
@@ -54,7 +54,7 @@ def default_dir() -> Path | None:
 @functools.cache
 def code_fingerprint() -> str:
     """sha256 over mlmt-bench's own ``*.py`` files (path and bytes): a change of code changes every key."""
-    root = Path(__file__).resolve().parent
+    root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
         h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
@@ -106,31 +106,26 @@ def memo_key(parts: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=repr).encode()).hexdigest()
 
 
-def _to_json(res: EvalResult) -> dict[str, Any]:
-    return {"metrics": res.metrics, "per_problem": res.per_problem, "samples": res.samples,
-            "prompt_tokens": res.prompt_tokens, "gen_tokens": res.gen_tokens}
-
-
-def evaluate_once(key: str | None, n_samples: int, n_problems: int, run: Callable[[int], EvalResult],
-                  directory: Path | None = None) -> tuple[EvalResult, bool]:
+def evaluate_once(key: str | None, n_samples: int, n_problems: int, run: Callable[[int], R], result: type[R],
+                  directory: Path | None = None) -> tuple[R, bool]:
     """``run(n)`` (an evaluation logging ``n`` episodes) unless ``<directory>/<key>.json`` holds its
-    result; returns the result with ``n_samples`` episodes and whether it was read. A result is
-    stored with every problem's episode, so runs that log fewer read the same entry. ``key`` None:
-    no memo. An unreadable entry is evaluated again and replaced."""
+    result; returns the result (a ``result`` dataclass) with ``n_samples`` episodes and whether it
+    was read. A result is stored with every problem's episode, so runs that log fewer read the same
+    entry. ``key`` None, or the memo switched off: no memo. An unreadable entry is evaluated again
+    and replaced."""
     directory = Path(directory) if directory is not None else default_dir()
     if key is None or directory is None:
         return run(n_samples), False
     path = directory / f"{key}.json"
     try:
         data = json.loads(path.read_text())
-        res = EvalResult(data["metrics"], data["per_problem"], data["samples"][:n_samples],
-                         data["prompt_tokens"], data["gen_tokens"])
-        return res, True
+        data["samples"] = data["samples"][:n_samples]
+        return result(**data), True
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    res = run(n_problems)
+    res: Any = run(n_problems)
     directory.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(_to_json(res)))
+    tmp.write_text(json.dumps(dataclasses.asdict(res)))
     os.replace(tmp, path)
     return dataclasses.replace(res, samples=res.samples[:n_samples]), False
