@@ -350,8 +350,8 @@ class Trainer:
     def _memo_key(self, program: Program, actors: Actors) -> str | None:
         """The memo key of a step-0 greedy evaluation (None: none applies; :func:`eval_memo.memo_key`)."""
         e, spec = self.spec.eval, self.spec
-        if self.counters.step or self.counters.gen_tokens or e.temperature or not e.memo:
-            return None
+        if self.counters.step or self.counters.gen_tokens or e.temperature or not e.memo or self.sharding.enabled:
+            return None  # FSDP: the parameters are shards (DTensors), not the weights to key by
         roles = {"solver": actors.solver, **({"critic": actors.critic} if actors.critic is not None else {})}
         identities = {role: eval_memo.actor_identity(a) for role, a in roles.items()}
         if any(i is None for i in identities.values()):
