@@ -291,8 +291,8 @@ class Trainer:
             return None
         e = self.spec.eval
         with memory.phase("eval"):
-            res, _ = self._evaluate_once(self.algorithm.eval_program(), self.actors,
-                                            len(self.eval_problems) if final and e.final_samples else e.samples)
+            res = self._evaluate_once(self.algorithm.eval_program(), self.actors,
+                                      len(self.eval_problems) if final and e.final_samples else e.samples)
             extra, rows = self._evaluate_with_base_critic(res.per_problem)
             unredacted, rows = self._evaluate_unredacted(rows, final)
             extra = {**extra, **unredacted}
@@ -318,7 +318,7 @@ class Trainer:
         if self.base_critic is None:
             return {}, rows
         actors = dataclasses.replace(self.actors, critic=self.base_critic)
-        res, _ = self._evaluate_once(Program(attempts=1, feedback="critic"), actors, 0, "base_critic")
+        res = self._evaluate_once(Program(attempts=1, feedback="critic"), actors, 0, "base_critic")
         extra = {f"base_critic/{k}": v for k, v in res.metrics.items() if k != "n"}
         extra["base_critic/test_flops_eval"] = rollout_flops(
             {"solver": self._params("solver"), "critic": self.base_critic.n_params}, res.prompt_tokens, res.gen_tokens)
@@ -326,16 +326,14 @@ class Trainer:
                         **({"t2_base_critic_solver": bc["t2_critic_solver"]} if "t2_critic_solver" in bc else {})}
                        for row, bc in zip(rows, res.per_problem)]
 
-    def _evaluate_once(self, program: Program, actors: Actors, n_samples: int,
-                       which: str = "eval") -> tuple[Any, bool]:
+    def _evaluate_once(self, program: Program, actors: Actors, n_samples: int, which: str = "eval") -> EvalResult:
         """``evaluate`` of ``program`` on the eval problems, read from the memo of step-0 evaluations
         (:mod:`mlmt_bench.io.eval_memo`) where this run starts from weights, problems and settings an
-        earlier run evaluated greedily; returns the result and whether it was read. A read one is
-        recorded in the manifest's ``eval_memo`` (``{which: key}``): the logged metrics are the same
-        either way."""
+        earlier run evaluated greedily. A read one is recorded in the manifest's ``eval_memo``
+        (``{which: key}``): the logged metrics are the same either way."""
         e = self.spec.eval
 
-        def run(n: int) -> Any:
+        def run(n: int) -> EvalResult:
             return evaluate(program, actors, self.eval_problems, self.eval_sampling,
                             feedback_metrics=e.feedback_metrics, n_samples=n, protocols=e.protocols,
                             micro_batch_tokens=self.spec.train.micro_batch_tokens)
@@ -345,7 +343,7 @@ class Trainer:
         if read:
             memo = self.run_dir.manifest().get("eval_memo") or {}
             self.run_dir.update_manifest(eval_memo={**memo, which: key})
-        return res, read
+        return res
 
     def _memo_key(self, program: Program, actors: Actors) -> str | None:
         """The memo key of a step-0 greedy evaluation (None: none applies; :func:`eval_memo.memo_key`)."""
