@@ -4,9 +4,9 @@ Every arm and every seed of an experiment on one warm start (METHOD v4) begins f
 checkpoint: a fresh LoRA adapter adds exactly zero (its B matrices are zero), and evaluation is
 greedy. So the step-0 evaluation of the same program on the same problems, with the same weights,
 templates, token limits and code, gives the same result in every run; on the SmolLM2 testbed it
-costs about 16 minutes a run. :func:`evaluate_once` keeps an evaluation by all of that and keeps its
+costs about 16 minutes a run. :func:`evaluate_once` keys an evaluation by all of that and keeps its
 result in ``<cache>/eval-memo/<key>.json``; a run that finds its key reads the result instead of
-generating it, and its eval record says so (``eval_memo``).
+generating it (the trainer then names the key in the run's manifest, ``eval_memo``).
 
 What the key holds (:func:`memo_key`): each actor's weights as :func:`weights_identity` reads them
 (the sha256 of every parameter outside LoRA adapters, and refused while any adapter's B is not
@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 _FORMAT = 1
+#: the most bytes a memo entry is read with (a 500-problem evaluation with every episode is a few MB)
+MAX_ENTRY_BYTES = 64 << 20
 #: an evaluation's result: a dataclass with ``samples`` (a list) and JSON fields (mlmt_bench.evaluate.EvalResult)
 R = TypeVar("R")
 
@@ -101,8 +103,10 @@ def memo_key(parts: dict[str, Any]) -> str:
 
     import torch
 
+    from mlmt_bench.machine.reproducible import cpu_model
+
     payload = {"format": _FORMAT, "code": code_fingerprint(), "torch": torch.__version__,
-               "cpu": platform.processor() or platform.machine(), **parts}
+               "cpu": [cpu_model(), platform.machine()], **parts}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=repr).encode()).hexdigest()
 
 
@@ -116,12 +120,15 @@ def evaluate_once(key: str | None, n_samples: int, n_problems: int, run: Callabl
     directory = Path(directory) if directory is not None else default_dir()
     if key is None or directory is None:
         return run(n_samples), False
+    from mlmt_bench.errors import UserError
+    from mlmt_bench.io.bounded_input import read_json
+
     path = directory / f"{key}.json"
     try:
-        data = json.loads(path.read_text())
+        data = read_json(path, MAX_ENTRY_BYTES)  # a regular file, bounded: never a link or a device
         data["samples"] = data["samples"][:n_samples]
         return result(**data), True
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, UserError):
         pass
     res: Any = run(n_problems)
     directory.mkdir(parents=True, exist_ok=True)
