@@ -427,6 +427,35 @@ with --sweep, a sweep's history, importances and best spec)."""
     _emit(summary, human)
 
 
+@app.command()
+@_user_errors
+def size(
+    runs: list[Path] = typer.Argument(..., metavar="DIR...", help="The pilot: run, experiment or published report "
+                                      "directories."),
+    arm: str = typer.Option(..., "--arm", help="The row whose difference is sized (e.g. mlmt)."),
+    baseline: str = typer.Option("grpo", "--baseline", help="The row it is compared with (e.g. 'grpo + base "
+                                 "critic')."),
+    target: float = typer.Option(3.0, "--target", help="The MDE to reach, in points of acc@t2."),
+    problems: list[int] | None = typer.Option(None, "--problems", help="Problem counts to project to (repeatable; "
+                                              "default: the pilot's)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Also write sizing.md and sizing.json here."),
+) -> None:
+    """Size a headline from a pilot: the seed, problem and cell variance of ARM − BASELINE in final \
+acc@t2, the MDE projected to other numbers of seeds and problems, and the fewest seeds that reach --target."""
+    from mlmt_bench.report.sizing import render_markdown, size_from_dirs
+    from mlmt_bench.tracking import atomic_write_text, check_output_dir
+
+    if out is not None:
+        check_output_dir(out, "--out")
+    rec = size_from_dirs(list(runs), arm, baseline, target, problems)
+    text = render_markdown(rec)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / "sizing.md", text)
+        atomic_write_text(out / "sizing.json", json.dumps(rec, indent=2, sort_keys=True) + "\n")
+    _emit(rec, lambda: typer.echo(text, nl=False))
+
+
 @app.command("export")
 @_user_errors
 def export(

@@ -220,7 +220,8 @@ def _all_protocols() -> list[EvalProtocol]:
 
 class EvalSpec(_Spec):
     every: int = Field(10, ge=0, description="steps between evaluations; 0 = only before and after")
-    limit: int | None = Field(None, ge=1)
+    limit: int | None = Field(None, ge=1, description="evaluate the first N problems of the split; wins over "
+                              "benchmark.eval_limit (e.g. --set eval.limit=4 to shorten a run)")
     temperature: float = Field(0.0, ge=0.0)
     protocols: list[EvalProtocol] = Field(default_factory=_all_protocols)
     feedback_metrics: bool = Field(True, description="also run the paired null-feedback pass")

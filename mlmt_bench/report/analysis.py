@@ -44,7 +44,7 @@ def seed_rows(results: list[RunRecord], turn: str = "t2", at: str = "final") -> 
     return [(r.seed, o) for r in results if (o := r.outcomes(turn, at=at))]
 
 
-def _align(named: dict[str, Rows]) -> tuple[list[Any], list[str], dict[str, np.ndarray]]:
+def align_rows(named: dict[str, Rows]) -> tuple[list[Any], list[str], dict[str, np.ndarray]]:
     """:func:`~mlmt_bench.metrics.twoway.align_outcomes` of ``{name: rows}``; a ValueError too for
     a run without a seed or two runs of one name with the same seed (they cannot be rows)."""
     maps: dict[str, dict[Any, dict[str, float]]] = {}
@@ -72,7 +72,7 @@ def arm_interval(rows: Rows, name: str = "the arm", n_boot: int = N_BOOT) -> dic
     if not rows:
         return None
     try:
-        seeds, _, arrays = _align({name: rows})
+        seeds, _, arrays = align_rows({name: rows})
         arr, kind, why = arrays[name], _kind(len(seeds)), None
     except ValueError as exc:
         means = per_problem_means([o for _, o in rows])
@@ -105,7 +105,7 @@ def paired(a_rows: Rows, b_rows: Rows, a_name: str = "a", b_name: str = "b") -> 
     problems both evaluated of the seed-averaged differences (``n_seeds`` None; ``per_seed_diff``
     over the seeds both have); ``{"n_problems": 0, "why"}`` when they share no problem."""
     try:
-        seeds, pids, arrays = _align({b_name: b_rows, a_name: a_rows})
+        seeds, pids, arrays = align_rows({b_name: b_rows, a_name: a_rows})
     except ValueError as exc:
         return _fallback(a_rows, b_rows, str(exc))
     rec = twoway.twoway_paired(arrays[a_name], arrays[b_name], N_BOOT, ALPHA, POWER, BOOT_SEED)
@@ -168,7 +168,7 @@ def versus_baseline(loaded: dict[str, list[RunRecord]], baseline: str) -> dict[s
             out[arm] = {"n_problems": 0, "why": f"{arm if not rows else baseline} has no per-problem outcomes"}
             continue
         try:
-            seeds, _, arrays = _align({baseline: base, arm: rows})
+            seeds, _, arrays = align_rows({baseline: base, arm: rows})
         except ValueError as exc:
             out[arm] = _fallback(rows, base, str(exc))
             continue

@@ -1,0 +1,106 @@
+"""Sizing a headline from a pilot (mlmt_bench/metrics/sizing.py, `mlmt-bench size`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from mlmt_bench.cli import app
+from mlmt_bench.metrics import sizing
+from mlmt_bench.metrics.twoway import mde, pigeonhole_variance
+from support import make_run
+
+
+def test_components_of_a_hand_computed_array():
+    # [[1, 0], [0, 0]]: seed means (.5, 0), problem means (.5, 0), grand mean .25.
+    # MS_seed = 2 * var_ddof1(.5, 0) = 2 * .125 = .25 = MS_problem; the doubly centred cells are
+    # ±.25, so SS_e = 4 * .0625 = .25 over (2-1)(2-1) = 1 degree of freedom: MS_e = .25.
+    # seed = (.25 - .25) / 2 = 0, problem = 0, residual = .25.
+    comp = sizing.variance_components([[1, 0], [0, 0]])
+    assert (comp["seed"], comp["problem"], comp["residual"]) == (0.0, 0.0, 0.25)
+    assert comp["mean"] == 0.25 and (comp["n_seeds"], comp["n_problems"]) == (2, 2)
+    # a pure seed effect: rows (2, 2, 2) and (0, 0, 0): MS_seed = 3 * 2 = 6, MS_e = 0: seed = 6 / 3 = 2
+    comp = sizing.variance_components([[2, 2, 2], [0, 0, 0]])
+    assert comp["seed"] == 2.0 and comp["problem"] == 0.0 and comp["residual"] == 0.0
+
+
+def test_a_negative_estimate_is_reported_and_clipped():
+    # a pure cell pattern (checkerboard): row and column means are equal, MS_seed = MS_problem = 0,
+    # so the seed and problem estimates are -MS_e / N and -MS_e / S
+    comp = sizing.variance_components([[1, 0], [0, 1]])
+    assert comp["raw"]["seed"] < 0 and comp["raw"]["problem"] < 0
+    assert comp["seed"] == 0.0 and comp["problem"] == 0.0 and comp["residual"] == 1.0
+
+
+def test_the_expected_bootstrap_variance_of_a_hand_design():
+    comp = {"seed": 4.0, "problem": 2.0, "residual": 10.0}
+    # S = 2, N = 5: (1/4)(4 + 10/5) + (4/25)(2 + 10/2) + (1*4/100)*10 = 1.5 + 1.12 + 0.4 = 3.02
+    assert sizing.expected_bootstrap_variance(comp, 2, 5) == pytest.approx(3.02)
+    # the model's own: 4/2 + 2/5 + 10/10 = 3.4
+    assert sizing.model_variance(comp, 2, 5) == pytest.approx(3.4)
+    assert sizing.projected_mde(comp, 2, 5) == pytest.approx(mde(np.sqrt(3.02)))
+
+
+def test_estimates_and_projection_agree_with_simulated_experiments():
+    """Under the crossed model the estimates are unbiased, and the projected bootstrap variance is
+    the mean of the pigeonhole variance of experiments of that design."""
+    rng = np.random.default_rng(0)
+    sa, sb, se = 1.5, 2.0, 3.0
+    n_seeds, n_problems, reps = 4, 60, 3000
+    est, boot = [], []
+    for _ in range(reps):
+        y = (rng.normal(0, sa, (n_seeds, 1)) + rng.normal(0, sb, (1, n_problems))
+             + rng.normal(0, se, (n_seeds, n_problems)))
+        c = sizing.variance_components(y)
+        est.append([c["raw"]["seed"], c["raw"]["problem"], c["raw"]["residual"]])
+        boot.append(pigeonhole_variance(y))
+    mean = np.mean(est, axis=0)
+    assert mean == pytest.approx([sa**2, sb**2, se**2], rel=0.08)
+    truth = {"seed": sa**2, "problem": sb**2, "residual": se**2}
+    assert np.mean(boot) == pytest.approx(sizing.expected_bootstrap_variance(truth, n_seeds, n_problems), rel=0.04)
+
+
+def test_seeds_needed_is_the_fewest_reaching_the_target_or_none():
+    comp = {"seed": 9.0, "problem": 0.0, "residual": 0.0}
+    s = sizing.seeds_needed(comp, 100, 3.0)
+    assert s is not None and sizing.projected_mde(comp, s, 100) <= 3.0 < sizing.projected_mde(comp, s - 1, 100)
+    # a problem term whose MDE alone exceeds the target: no number of seeds reaches it
+    assert sizing.seeds_needed({"seed": 0.0, "problem": 400.0, "residual": 0.0}, 10, 3.0) is None
+    with pytest.raises(ValueError, match="at least 2 seeds"):
+        sizing.variance_components([[1, 0, 1]])
+    with pytest.raises(ValueError, match="target"):
+        sizing.seeds_needed(comp, 10, 0)
+
+
+def test_size_reads_a_pilot_and_writes_its_table(tmp_path: Path):
+    rng = np.random.default_rng(1)
+    n = 40
+    arms: dict[str, list[str]] = {"grpo": [], "mlmt": []}
+    for s in range(3):
+        for arm, p in (("grpo", 0.3), ("mlmt", 0.4 + 0.05 * s)):
+            t = [int(x) for x in rng.random(n) < p]
+            d = make_run(tmp_path / "exp", f"pilot-{arm}-s{s}-2025010{s}T000000Z", seed=s, arm=arm,
+                         curve=[(0, 0, 0.0, .1, .1), (5, 100, 1e9, .3, float(np.mean(t)))], t1=t, t2=t)
+            arms[arm].append(d.name)
+    (tmp_path / "exp" / "experiment.json").write_text(json.dumps({"name": "pilot", "seeds": [0, 1, 2], "arms": arms}))
+    out = tmp_path / "sizing"
+    res = CliRunner().invoke(app, ["--json", "size", str(tmp_path / "exp"), "--arm", "mlmt", "--target", "3",
+                                   "--problems", "40", "--problems", "500", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    rec = json.loads(res.stdout)
+    assert rec["pilot"]["n_seeds"] == 3 and rec["pilot"]["n_problems"] == n
+    assert set(rec["seeds_needed"]) == {"40", "500"}
+    # more problems never need more seeds
+    s40, s500 = rec["seeds_needed"]["40"], rec["seeds_needed"]["500"]
+    assert s500 is not None and (s40 is None or s500 <= s40)
+    # the projection at the pilot's own design is of the order of the pilot's measured MDE
+    own = next(r for r in rec["projection"] if r["n_seeds"] == 3 and r["n_problems"] == n)
+    assert 0.5 < own["mde"] / rec["pilot"]["mde"] < 2
+    assert (out / "sizing.md").read_text().startswith("# Sizing: mlmt − grpo")
+    assert json.loads((out / "sizing.json").read_text())["arm"] == "mlmt"
+    bad = CliRunner().invoke(app, ["size", str(tmp_path / "exp"), "--arm", "nope"])
+    assert bad.exit_code != 0 and "no row 'nope'" in bad.output
