@@ -339,6 +339,15 @@ def test_a_report_names_the_checkpoint_every_seed_shared(tmp_path):
     assert "One checkpoint for every seed" in (tmp_path / "one" / "index.html").read_text()
     assert build_comparison(runs(("k0", "k1")), tmp_path / "per-seed")["shared_bases"] == []
     assert "One checkpoint" not in (tmp_path / "per-seed" / "comparison.md").read_text()
+    # a pretrained model's warm start shared by every seed is one checkpoint too (the SmolLM2 testbed)
+    warm = runs(("w", "w"))
+    for d in warm["grpo"] + warm["mlmt"]:
+        manifest = json.loads((d / "manifest.json").read_text())
+        del manifest["base"]
+        manifest["warm_start"] = {"key": "3c10", "from": {"alias": "smollm2-135m-instruct"}}
+        (d / "manifest.json").write_text(json.dumps(manifest))
+    assert build_comparison(warm, tmp_path / "warm")["shared_bases"] == [
+        "warm start `3c10` (of smollm2-135m-instruct): the start of every seed's runs of grpo, mlmt (2 seeds)"]
 
 
 def test_every_run_of_an_experiment_must_load_one_warm_start_checkpoint():

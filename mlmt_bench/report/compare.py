@@ -415,24 +415,39 @@ def baseline_first(loaded: dict[str, list[RunRecord]], baseline: str | None) -> 
     return {a: loaded[a] for a in names[first:end] + names[:first] + names[end:]}
 
 
+def _start_checkpoint(manifest: dict[str, Any]) -> tuple[str, str] | None:
+    """(key, how a report names it) of the checkpoint a run started from when it is one that several
+    seeds can share: a shared base (``base.key``), else a pretrained model's warm start
+    (``warm_start.key``); None when the run records neither."""
+    base = manifest.get("base") or {}
+    if isinstance(base, dict) and base.get("key"):
+        return f"base:{base['key']}", f"base `{base['key']}` ({base.get('preset')}, seed {base.get('seed')})"
+    warm = manifest.get("warm_start") or {}
+    if isinstance(warm, dict) and warm.get("key"):
+        source = warm.get("from")
+        alias = source.get("alias") if isinstance(source, dict) else None
+        return f"warm_start:{warm['key']}", f"warm start `{warm['key']}` (of {alias})"
+    return None
+
+
 def shared_bases(loaded: dict[str, list[RunRecord]]) -> list[str]:
-    """METHOD v4, "One checkpoint for every seed": each shared base that runs of several seeds
-    started from (an experiment with ``base.seed`` fixed), one line each naming it and its arms; a
-    report puts them at its top, since its intervals are then conditional on that checkpoint.
-    Empty when every seed had its own base (or no run records one)."""
+    """METHOD v4, "One checkpoint for every seed": each shared base or pretrained warm start that
+    runs of several seeds started from (an experiment with ``base.seed`` fixed, or a ``warm_start``
+    of a pretrained model), one line each naming it and its arms; a report puts them at its top,
+    since its intervals are then conditional on that checkpoint. Empty when every seed had its own
+    base (or no run records one)."""
     seeds: dict[str, set[int]] = {}
     arms: dict[str, list[str]] = {}
     shown: dict[str, str] = {}
     for arm, results in own_arms(loaded).items():
         for r in results:
-            base = r.manifest.get("base") or {}
-            if not base.get("key") or r.seed is None:
+            start = _start_checkpoint(r.manifest)
+            if start is None or r.seed is None:
                 continue
-            key = str(base["key"])
+            key, shown[key] = start
             seeds.setdefault(key, set()).add(r.seed)
             if arm not in arms.setdefault(key, []):
                 arms[key].append(arm)
-            shown[key] = f"base `{key}` ({base.get('preset')}, seed {base.get('seed')})"
     return [f"{shown[k]}: the start of every seed's runs of {', '.join(arms[k])} ({len(seeds[k])} seeds)"
             for k in seeds if len(seeds[k]) > 1]
 
