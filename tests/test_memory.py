@@ -151,3 +151,16 @@ def test_phase_peaks_nest_and_reset():
     assert tracker.take() == {}  # taken once
     # the lifetime peak survives the resets (0.1: rounding)
     assert tracker.peak_mb() >= peaks["mem/peak_mb/logprobs"] - 0.1
+
+
+def test_kl_is_logged_only_where_a_reference_is_computed(tiny64):
+    """beta = 0 everywhere: no π_ref, so no "kl" (a logged 0 reads as a policy that has not moved);
+    beta > 0 on some item: its KL to π_ref, which is positive once the policy has stepped away."""
+    model, tok = tiny64
+    cfg = LossConfig(0.2, 0.2, "token_mean", 1, 1, 1.0)
+    no_ref = [TrainItem(it.prompt_ids, it.ids, it.advantage, beta=0.0) for it in _items()]
+    policy = _policy(model, tok)
+    opt = torch.optim.AdamW(policy.trainable_parameters(), lr=1e-2)
+    assert "kl" not in update_policy(policy, opt, None, no_ref, cfg)
+    with_ref = update_policy(policy, opt, None, _items(), cfg)  # the policy has moved one step from π_ref
+    assert with_ref["kl"] > 0.0

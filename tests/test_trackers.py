@@ -35,6 +35,7 @@ def _spec(ckpt: Path, out: Path, report_to, options=None, **over) -> dict:
     d = minimal_spec(output_dir=str(out), **over)
     d["policies"]["solver"]["path"] = str(ckpt)
     d["benchmark"]["verifier"] = "parity-test"
+    d["algorithm"]["params"]["beta"] = 0.04  # a KL to π_ref, so that TRL's train/kl is logged (as TRL: only when β > 0)
     d["train"].update(steps=3, checkpoint_every=1)
     d["eval"] = {"every": 2, "limit": 4}
     d["backend"] = {"max_new_tokens": 8}

@@ -81,8 +81,10 @@ def update_policy(policy: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
     teachers' logits are computed once, before the first pass, over the same micro-batches
     (memory phase ``logprobs``).
 
-    Besides the loss statistics it returns the token counts the cost accounting needs (summed
-    over processes and epochs): ``trained_tokens`` (completions), ``sequence_tokens`` (prompt +
+    The loss statistics: ``loss``, ``clip_frac``, ``entropy`` (nats), ``grad_norm``, ``aux_loss`` when
+    an item is auxiliary, and ``kl`` (token-mean k3 KL to π_ref, nats) only when an item has beta > 0:
+    with no reference there is no KL to report. Besides them it returns the token counts the cost
+    accounting needs (summed over processes and epochs): ``trained_tokens`` (completions), ``sequence_tokens`` (prompt +
     completion of every sequence trained on) and ``forward_tokens`` (tokens read by the extra
     forward passes: π_old's and π_ref's log-probs, the teachers' contexts).
     """
@@ -94,7 +96,9 @@ def update_policy(policy: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
     norm = dist.sum(constant_norm) if cfg.loss_agg == "constant_norm" and plan.rl_items else None
     if cfg.loss_agg == "constant_norm" and plan.total_items and (norm is None or norm <= 0):
         raise ValueError("constant_norm aggregation needs the step's constant (max_new_tokens × sequences sampled)")
-    stats: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "entropy": 0.0}
+    stats: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "entropy": 0.0}
+    if plan.needs_ref:  # no reference, no KL: a logged 0 would read as "the policy has not moved"
+        stats["kl"] = 0.0
     if plan.aux_items:
         stats["aux_loss"] = 0.0
     with memory.phase("update"):
@@ -214,7 +218,8 @@ def _policy_micro_step(model: Any, mb: list[TrainItem], pad_id: int, old_logp: t
     (loss * weight).backward()
     stats["loss"] += float(loss.detach()) * weight / cfg.epochs
     stats["clip_frac"] += s["clip_frac"] * n_tok / plan.total_tokens / cfg.epochs
-    stats["kl"] += s["kl"] * n_tok / plan.total_tokens / cfg.epochs
+    if plan.needs_ref:
+        stats["kl"] += s["kl"] * n_tok / plan.total_tokens / cfg.epochs
     stats["entropy"] += float(entropy[mask].sum()) / plan.total_tokens / cfg.epochs
 
 

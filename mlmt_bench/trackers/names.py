@@ -14,7 +14,8 @@ one place that turns a record into what trackers log (:func:`logged`):
   ``train/frac_reward_zero_std``; the solver's ``kl/solver``, ``entropy/solver`` and
   ``clip_frac/solver`` (the share of trained tokens whose clipped branch is active: TRL's region
   clip) are also ``train/kl``, ``train/entropy``, ``train/clip_ratio/region_mean`` (TRL trains one
-  policy, the solver; the critic's keep only their own names). ``len/<kind>`` (the mean length of
+  policy, the solver; the critic's keep only their own names). Like TRL's, the KL is there only when
+  β > 0: with no reference there is none. ``len/<kind>`` (the mean length of
   a turn kind's completions, in tokens) is also ``train/completions/mean_length/<kind>``, and
   ``train/completions/mean_length`` when one kind was generated (single-turn: TRL's meaning; with
   several kinds TRL's mean over all completions cannot be had from per-kind means).
