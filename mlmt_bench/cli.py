@@ -237,6 +237,14 @@ def run(
                                               "report --raw) holds, and run only the rest."),
 ) -> None:
     """Train and evaluate a run spec (or every arm × seed of an experiment spec)."""
+    from mlmt_bench.io.signals import sigterm_as_interrupt
+
+    with sigterm_as_interrupt():  # `kill`, `docker stop`: the run is marked interrupted, as by Ctrl-C
+        _run(spec, overrides, resume, workers, ray, ray_gpus, restore)
+
+
+def _run(spec: Path | None, overrides: list[str] | None, resume: Path | None, workers: int, ray: str | None,
+         ray_gpus: float, restore: list[Path] | None) -> None:
     from mlmt_bench import runner, spec as specs
 
     loaded = specs.load_any(spec, overrides or []) if spec is not None else None

@@ -239,6 +239,28 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tiny_ckpt, tmp_path):
     assert json.loads((run / "manifest.json").read_text())["status"] == "completed"
 
 
+def test_sigterm_ends_a_run_as_ctrl_c_does(tiny_ckpt, tmp_path):
+    """`kill` / `docker stop` (SIGTERM) mid-run: exit 130 and the manifest says interrupted (Python's
+    default would end the process at once, leaving "running" and the trackers open), and it resumes."""
+    proc = _launch(tmp_path, ["run", str(_spec_file(tmp_path, tiny_ckpt, tmp_path / "termed"))])
+    deadline, run = time.time() + 300, None
+    while time.time() < deadline and proc.poll() is None:  # stop once step 1 is logged
+        runs = list((tmp_path / "termed").glob("resume-*"))
+        if runs and '"train"' in ((runs[0] / "metrics.jsonl").read_text() if (runs[0] / "metrics.jsonl").exists()
+                                  else ""):
+            run = runs[0]
+            break
+        time.sleep(0.05)
+    assert run is not None, proc.stderr.read()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 130
+    assert "interrupted" in proc.stderr.read()
+    assert json.loads((run / "manifest.json").read_text())["status"] == "interrupted"
+    resumed = _launch(tmp_path, ["run", "--resume", str(run)])
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
+    assert json.loads((run / "manifest.json").read_text())["status"] == "completed"
+
+
 def test_lora_policy_trains_only_the_adapter_and_checkpoints_as_peft(tiny_ckpt, tmp_path):
     d = minimal_spec()
     d.update(output_dir=str(tmp_path / "runs"))

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from mlmt_bench.errors import UserError
-from mlmt_bench.sweep.workers import WorkerArgs, interrupt
+from mlmt_bench.io.signals import interrupt
+from mlmt_bench.sweep.workers import WorkerArgs
 
 
 def run_worker(args: WorkerArgs, worker: int, emit: Callable[[dict[str, Any]], None],

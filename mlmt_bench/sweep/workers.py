@@ -29,13 +29,13 @@ import selectors
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any, cast
 
 from mlmt_bench.errors import UserError
+from mlmt_bench.io.signals import sigterm_as_interrupt
 
 STOP_WAIT_S = 60  # how long stopped workers get to record their trials before they are killed
 
@@ -57,11 +57,6 @@ GRACE_FACTOR = 3  # a trial is declared dead (failed, retried once) after this m
 MAX_CONSECUTIVE_FAILURES = 3
 
 
-def interrupt(signum: int, frame: Any) -> None:
-    """A signal handler that stops the process like Ctrl-C (SIGTERM to a worker or the parent)."""
-    raise KeyboardInterrupt
-
-
 # ----------------------------------------------------------------------------------------------
 # The parent
 
@@ -80,19 +75,6 @@ class _Worker:
         for line in lines:
             with contextlib.suppress(ValueError):
                 yield json.loads(line)
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM to the parent stops the workers like Ctrl-C does (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 def _how_it_ended(rc: int) -> str:
@@ -135,7 +117,7 @@ def supervise(args: WorkerArgs, n: int, display: Any, log_dir: Path) -> str | No
     finished = False  # a worker saw the study done
     outcome: dict[str, Any] = {}  # "error" or "stopped" of the worker that ends the sweep
     try:
-        with _sigterm_as_interrupt():
+        with sigterm_as_interrupt():  # SIGTERM to the parent stops the workers like Ctrl-C
             for _ in range(n):
                 start()
             while sel.get_map() and not outcome:
