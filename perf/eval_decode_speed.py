@@ -1,0 +1,118 @@
+"""An evaluation's wall time: the hf backend's plain ``generate`` vs its ``decode: static`` path, on a real spec.
+
+A benchmark, not a test. Evaluation dominates a run of the SmolLM2 testbed (the pilot's grpo seed 0 spent
+3,628 of its 4,449 s evaluating), so this measures the evaluation a run does, not a synthetic decode: the spec's
+solver answers its evaluation problems greedily, then, for ``grpo + base critic``, the frozen starting point
+writes feedback and the solver refines (``Program(attempts=1, feedback="critic")`` with ``eval.base_critic``'s
+critic), exactly as :meth:`mlmt_bench.trainer.Trainer._evaluate_with_base_critic` does, the memo off. Both decode
+paths run interleaved (generate, static, generate, ...) on the same trainer, after one warm-up call each on a
+few problems. It prints wall and process CPU seconds per path (median over ``--repeats``), the ratio static /
+generate, whether every problem's outcomes (t1, t2) are the same under both, and writes a JSON file.
+
+Usage (from the repository root; ``make smollm2`` first)::
+
+    .venv/bin/python perf/eval_decode_speed.py --spec registry/runs/smollm2-pilot-base.yaml --problems 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def _trainer(spec_path: str, problems: int, out: Path) -> Any:
+    from mlmt_bench import runner
+    from mlmt_bench.machine.dist import NullRunDir
+    from mlmt_bench.spec import load_run_spec
+
+    spec = load_run_spec(spec_path, [f"eval.limit={problems}", "eval.base_critic=true", "eval.memo=false",
+                                     "eval.samples=0", f"output_dir={out}"])
+    runner.configure_torch(spec)
+    comp = runner.build(spec, progress=False, gate=False)
+    if comp.base_critic is None:
+        raise SystemExit(f"{spec_path}: its algorithm has a critic of its own; this measures grpo + base critic")
+    return runner.make_trainer(spec, comp, NullRunDir(out))
+
+
+def _backend(decode: str) -> Any:
+    from mlmt_bench.rollout.hf_backend import HFBackend
+
+    return HFBackend(decode=decode)
+
+
+def _evaluate(trainer: Any, decode: str, problems: Any) -> tuple[float, float, list[tuple[Any, Any]], int]:
+    """(wall s, CPU s, [(t1, t2, t2_null)] per problem, generated tokens) of one grpo + base critic evaluation."""
+    from mlmt_bench.evaluate import evaluate
+    from mlmt_bench.rollout.episodes import Program
+
+    actors = dataclasses.replace(trainer.actors, critic=trainer.base_critic, backend=_backend(decode))
+    e = trainer.spec.eval
+    wall, cpu = time.perf_counter(), time.process_time()
+    res = evaluate(Program(attempts=1, feedback="critic"), actors, problems, trainer.eval_sampling,
+                   feedback_metrics=e.feedback_metrics, n_samples=0, protocols=e.protocols,
+                   micro_batch_tokens=trainer.spec.train.micro_batch_tokens)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return wall, cpu, [(r["t1"], r["t2"], r["t2_null"]) for r in res.per_problem], int(sum(res.gen_tokens.values()))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--spec", default=str(ROOT / "registry" / "runs" / "smollm2-pilot-base.yaml"))
+    p.add_argument("--problems", type=int, default=32, help="evaluation problems (the spec's first ones)")
+    p.add_argument("--repeats", type=int, default=2, help="measured calls per path (after one warm-up call each)")
+    p.add_argument("--out", default=str(ROOT / "perf" / "results" / "eval_decode_speed.json"))
+    args = p.parse_args()
+
+    import torch
+
+    from mlmt_bench.runner import cast_frozen_for_autocast, cpu_autocast
+
+    scratch = Path(os.environ.get("TMPDIR", "/tmp")) / f"eval-decode-speed-{os.getpid()}"
+    trainer = _trainer(args.spec, args.problems, scratch)
+    modes = ("generate", "static")
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    outcomes: dict[str, list[tuple[Any, Any]]] = {}
+    with cpu_autocast(trainer.spec), torch.no_grad():
+        cast_frozen_for_autocast(trainer.spec, [*trainer.policies.values(), trainer.base_critic])
+        for m in modes:  # warm-up: first calls allocate and, on the static path, size the cache
+            _evaluate(trainer, m, trainer.eval_problems[:4])
+        for r in range(args.repeats):
+            for m in modes:
+                load = os.getloadavg()[0]
+                wall, cpu, rows, tokens = _evaluate(trainer, m, trainer.eval_problems)
+                outcomes.setdefault(m, rows)
+                runs[m].append({"wall_s": wall, "cpu_s": cpu, "gen_tokens": tokens, "load_before": load})
+                print(f"repeat {r} {m:8s}: {wall:7.1f} s wall, {cpu:7.1f} s CPU, {tokens} tokens "
+                      f"({tokens / wall:.1f} tok/s), load {load:.1f}", flush=True)
+    med = {m: {k: statistics.median(x[k] for x in runs[m]) for k in ("wall_s", "cpu_s", "gen_tokens")}
+           for m in modes}
+    result = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                    "torch": torch.__version__, "threads": torch.get_num_threads()},
+        "problems": len(trainer.eval_problems), "runs": runs, "median": med,
+        "static_over_generate": {"wall": med["static"]["wall_s"] / med["generate"]["wall_s"],
+                                 "cpu": med["static"]["cpu_s"] / med["generate"]["cpu_s"]},
+        "same_outcomes": outcomes["static"] == outcomes["generate"],
+        "outcomes_differ_on": sum(a != b for a, b in zip(outcomes["static"], outcomes["generate"])),
+    }
+    print(json.dumps({k: result[k] for k in ("median", "static_over_generate", "same_outcomes",
+                                             "outcomes_differ_on")}, indent=1))
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
