@@ -7,7 +7,7 @@ writes feedback and the solver refines (``Program(attempts=1, feedback="critic")
 critic), exactly as :meth:`mlmt_bench.trainer.Trainer._evaluate_with_base_critic` does, the memo off. Both decode
 paths run interleaved (generate, static, generate, ...) on the same trainer, after one warm-up call each on a
 few problems. It prints wall and process CPU seconds per path (median over ``--repeats``), the ratio static /
-generate, whether every problem's outcomes (t1, t2) are the same under both, and writes a JSON file.
+generate, whether every problem's outcomes (t1, t2, t2_null) are the same under both, and writes a JSON file.
 
 Usage (from the repository root; ``make smollm2`` first)::
 
@@ -52,7 +52,7 @@ def _backend(decode: str) -> Any:
     return HFBackend(decode=decode)
 
 
-def _evaluate(trainer: Any, decode: str, problems: Any) -> tuple[float, float, list[tuple[Any, Any]], int]:
+def _evaluate(trainer: Any, decode: str, problems: Any) -> tuple[float, float, list[tuple[Any, ...]], int]:
     """(wall s, CPU s, [(t1, t2, t2_null)] per problem, generated tokens) of one grpo + base critic evaluation."""
     from mlmt_bench.evaluate import evaluate
     from mlmt_bench.rollout.episodes import Program
@@ -83,7 +83,7 @@ def main() -> None:
     trainer = _trainer(args.spec, args.problems, scratch)
     modes = ("generate", "static")
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
-    outcomes: dict[str, list[tuple[Any, Any]]] = {}
+    outcomes: dict[str, list[tuple[Any, ...]]] = {}
     with cpu_autocast(trainer.spec), torch.no_grad():
         cast_frozen_for_autocast(trainer.spec, [*trainer.policies.values(), trainer.base_critic])
         for m in modes:  # warm-up: first calls allocate and, on the static path, size the cache

@@ -7,8 +7,10 @@ copy that grows with rows × context. This generates ``N`` new tokens
 after ``B`` random prompts of ``T`` tokens with each path (every row forced to the full length by
 ``min_new_tokens``; greedy), in the order given, and prints the wall seconds of each call (prefill included).
 
-Usage (from the repository root; ``make smollm2`` and a built warm start, or any HF directory as ``--model``)::
+Usage (from the repository root; ``make smollm2`` and the shipped warm start installed, or any HF directory as a
+fifth argument)::
 
+    .venv/bin/python perf/static_decode_pretrained.py ROWS PROMPT_TOKENS NEW_TOKENS PATHS [MODEL_DIR]
     .venv/bin/python perf/static_decode_pretrained.py 160 256 160 static,generate
 """
 
