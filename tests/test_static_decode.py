@@ -119,7 +119,7 @@ def test_chunks_of_batch_size_match_generate(tok, prompts):
 
 def test_kv_budget_splits_rows_without_changing_greedy_results(tok, prompts):
     model = _llama(tok)
-    backend = HFBackend(decode="static", max_cache_mb=0.3, buckets=True)
+    backend = HFBackend(decode="static", max_cache_mb=0.3, buckets=True, keep_cache=True)
     plain = HFBackend().generate(model, tok, prompts, max_new_tokens=30, temperature=0.0)
     static = backend.generate(model, tok, prompts, max_new_tokens=30, temperature=0.0)
     _compare(plain, static)
@@ -196,10 +196,25 @@ def test_unsupported_architecture_is_refused(tok, prompts):
                                                                             "graphs"),
                                            ({"decode": "static", "sampler": "gumbel"}, "sampler"),
                                            ({"decode": "static", "max_cache_mb": -1}, "max_cache_mb"),
-                                           ({"decode": "static", "sync_every": 0}, "sync_every")])
+                                           ({"decode": "static", "sync_every": 0}, "sync_every"),
+                                           ({"decode": "static", "keep_cache": "yes"}, "keep_cache")])
 def test_bad_options_are_one_line_errors(options, match):
     with pytest.raises(UserError, match=match):
         HFBackend(**options)
+
+
+def test_cpu_decoding_frees_its_kv_caches_after_each_call(tok, prompts):
+    """Without graphs nothing reuses a state, so by default none outlives its call; results are
+    those of generate either way (and of a decoder that keeps them)."""
+    model = _llama(tok)
+    plain = HFBackend().generate(model, tok, prompts, max_new_tokens=20, temperature=0.0)
+    freeing, keeping = HFBackend(decode="static"), HFBackend(decode="static", keep_cache=True)
+    for backend in (freeing, keeping):
+        _compare(plain, backend.generate(model, tok, prompts, max_new_tokens=20, temperature=0.0))
+        _compare(plain, backend.generate(model, tok, prompts[:3], max_new_tokens=20, temperature=0.0)
+                 + backend.generate(model, tok, prompts[3:], max_new_tokens=20, temperature=0.0))
+    assert not freeing.decoder(model).states
+    assert len(keeping.decoder(model).states) == 3  # rows × cache length: the whole list, then its two parts
 
 
 def test_graphs_need_cuda(tok, prompts):
@@ -210,7 +225,7 @@ def test_graphs_need_cuda(tok, prompts):
 def test_weights_updated_in_place_are_used_without_rebuilding(tok, prompts):
     """The decoder object (and its KV states) outlive an optimiser step; the next call uses the new weights."""
     model = _llama(tok)
-    backend = HFBackend(decode="static", buckets=True)
+    backend = HFBackend(decode="static", buckets=True, keep_cache=True)
     before = backend.generate(model, tok, prompts, max_new_tokens=16, temperature=0.0)
     decoder = backend.decoder(model)
     opt = torch.optim.AdamW(model.parameters(), lr=5e-2)

@@ -15,7 +15,8 @@ Options (``backend: {name: hf, options: {...}}``): ``batch_size`` (256: rows per
 ``decode`` (generate | static), and for ``static``: ``graphs`` (auto: on for CUDA models),
 ``buckets`` (auto: as graphs; rows rounded to powers of two and cache lengths to 64, 96, 128, 192,
 ... so graphs are reused), ``max_cache_mb`` (KV-cache budget per model; auto: 4096 on CUDA, none
-on the CPU), ``sync_every`` (decode steps between host checks for finished rows; auto: 8 with
+on the CPU), ``keep_cache`` (auto: as graphs; keep each model's KV caches between calls, else
+free them at the end of every call), ``sync_every`` (decode steps between host checks for finished rows; auto: 8 with
 graphs, else 1), ``sampler`` (auto | multinomial | race; auto: race with graphs, else multinomial,
 which draws exactly what generate draws).
 
@@ -69,7 +70,8 @@ class HFBackend(Backend):
     @classmethod
     def generation_memory(cls, load: GenerationLoad, options: dict[str, Any]) -> list[MemoryItem]:
         """Rows of at most ``batch_size``; ``generate``'s KV cache lives while generating, the static
-        decoder's (cache lengths on the ladder when bucketed, capped by ``max_cache_mb``) is kept."""
+        decoder's (cache lengths on the ladder when bucketed, capped by ``max_cache_mb``) is kept between
+        calls where ``keep_cache`` says so (with graphs), else it lives while generating too."""
         o = with_defaults(cls, options)
         rows = min(int(o["batch_size"]), load.sequences)
         if o["decode"] == "static":
@@ -82,20 +84,24 @@ class HFBackend(Backend):
             kv = rows * cache_len * load.kv_bytes
             if budget is not None:
                 kv = min(kv, budget * 2 ** 20)
-            cache = [("persistent", f"static KV cache ({load.role}, kept between calls)", kv)]
+            graphs = o["graphs"] is True or (o["graphs"] == "auto" and load.gpu)
+            kept = graphs if o["keep_cache"] == "auto" else bool(o["keep_cache"])
+            cache = [("persistent", f"static KV cache ({load.role}, kept between calls)", kv) if kept
+                     else ("generation", f"static KV cache ({load.role}, freed after each call)", kv)]
         else:
             cache = [("generation", f"KV cache of generate ({load.role})", rows * load.length * load.kv_bytes)]
         return [*cache, *forward_memory(load, rows)]
 
     def __init__(self, batch_size: int = 256, decode: str = "generate", graphs: Any = "auto", buckets: Any = "auto",
-                 max_cache_mb: Any = "auto", sync_every: Any = "auto", sampler: str = "auto", **unknown: Any) -> None:
+                 max_cache_mb: Any = "auto", sync_every: Any = "auto", sampler: str = "auto",
+                 keep_cache: Any = "auto", **unknown: Any) -> None:
         reject_unknown_options(HFBackend, "hf", unknown)
         self.check_values(batch_size=batch_size, decode=decode, graphs=graphs, buckets=buckets,
-                          max_cache_mb=max_cache_mb, sync_every=sync_every, sampler=sampler)
+                          max_cache_mb=max_cache_mb, sync_every=sync_every, sampler=sampler, keep_cache=keep_cache)
         self.batch_size = batch_size
         self.decode = decode
         self.static_options = dict(graphs=graphs, buckets=buckets, max_cache_mb=max_cache_mb, sync_every=sync_every,
-                                   sampler=sampler)
+                                   sampler=sampler, keep_cache=keep_cache)
         self.decoders: dict[int, Any] = {}  # id(model) -> StaticDecoder (which holds the model)
 
     # The ignore[override] below: the base takes **options, but options reach check_values only after
@@ -103,13 +109,13 @@ class HFBackend(Backend):
     @staticmethod
     def check_values(*, decode: str = "generate", graphs: Any = "auto", buckets: Any = "auto",  # type: ignore[override]
                      max_cache_mb: Any = "auto", sync_every: Any = "auto", sampler: str = "auto",
-                     batch_size: Any = 256) -> None:
+                     keep_cache: Any = "auto", batch_size: Any = 256) -> None:
         """One-line errors for option values this backend cannot use (``mlmt-bench validate`` calls it)."""
         if not (isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size >= 1):
             raise UserError(f"backend hf: options.batch_size must be an integer ≥ 1, got {batch_size!r}")
         if decode not in DECODE_MODES:
             raise UserError(f"backend hf: options.decode must be one of {', '.join(DECODE_MODES)}, got {decode!r}")
-        for name, value in (("graphs", graphs), ("buckets", buckets)):
+        for name, value in (("graphs", graphs), ("buckets", buckets), ("keep_cache", keep_cache)):
             if value not in ("auto", True, False):
                 raise UserError(f"backend hf: options.{name} must be auto, true or false, got {value!r}")
         if sampler not in ("auto", "multinomial", "race"):
@@ -146,7 +152,7 @@ class HFBackend(Backend):
                 else o["max_cache_mb"],
                 sync_every=(8 if graphs else 1) if o["sync_every"] == "auto" else o["sync_every"],
                 sampler=("race" if graphs else "multinomial") if o["sampler"] == "auto" else o["sampler"],
-                max_rows=self.batch_size)
+                max_rows=self.batch_size, keep_cache=graphs if o["keep_cache"] == "auto" else bool(o["keep_cache"]))
             self.decoders[id(model)] = dec
         return dec
 

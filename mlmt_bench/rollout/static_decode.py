@@ -220,15 +220,19 @@ class StaticDecoder:
     caches of all states of this model; a call whose rows do not fit is split into smaller chunks and
     least recently used states are freed. ``sync_every``: decode steps between checks (on the host)
     of whether every row has finished; on a GPU each check is a synchronisation. ``sampler``:
-    ``multinomial`` (generate's draws) or ``race`` (graph-safe).
+    ``multinomial`` (generate's draws) or ``race`` (graph-safe). ``keep_cache``: keep the states
+    (KV caches and their graphs) between calls for the next call of the same shape; without
+    graphs a state is only a zero-filled buffer, cheap to remake, and shapes rarely repeat
+    unbucketed, so a CPU run that kept them held up to four caches of gigabytes per model.
     """
 
     def __init__(self, model: Any, *, graphs: bool, buckets: bool, max_cache_mb: float | None,
-                 sync_every: int, sampler: str, max_rows: int) -> None:
+                 sync_every: int, sampler: str, max_rows: int, keep_cache: bool = True) -> None:
         self.model = model
         self.arch = _Arch(model)
         self.graphs = graphs
         self.buckets = buckets
+        self.keep_cache = keep_cache
         self.max_cache_bytes = None if max_cache_mb is None else int(max_cache_mb * 2 ** 20)
         self.sync_every = max(1, int(sync_every))
         if sampler not in ("multinomial", "race"):
@@ -284,6 +288,9 @@ class StaticDecoder:
                                                      min_new_tokens))
         finally:
             self.model.train(was_training)
+            if not self.keep_cache:
+                for key in list(self.states):
+                    self._evict(key)
         steps = max(o[0].shape[1] for o in outs)
         ids = torch.cat([F.pad(o[0], (0, steps - o[0].shape[1]), value=pad_id) for o in outs])
         lps = torch.cat([F.pad(o[1], (0, steps - o[1].shape[1])) for o in outs])
