@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import gc
 import json
 import multiprocessing
 import time
@@ -367,7 +368,19 @@ def _run_job(job: _Job, exp_name: str, progress: bool, again: bool = False) -> t
     else:
         result = runner.run(spec, progress=progress, extra_manifest={"arm": job.arm, "experiment": exp_name},
                             tracking_group=json.loads(job.tracking_group) if job.tracking_group else None)
+    _release_run_memory()
     return Path(result["run_dir"]).name, time.perf_counter() - t0
+
+
+def _release_run_memory() -> None:
+    """The next run in this process starts from what the last one left: its models are garbage
+    once it returns (reference cycles included, hence the collection), and the heap pages they
+    held go back to the kernel instead of waiting for allocations that fit them."""
+    from mlmt_bench.machine import memory
+
+    gc.collect()
+    if not memory.TRACKER.cuda:
+        memory.release_freed_heap()
 
 
 def _status(run_dir: Path) -> str | None:
