@@ -75,8 +75,9 @@ def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool
     :mod:`mlmt_bench.machine.cpus`) unless the spec sets ``train.threads``; each missing
     shared base is built once, by one process, before the runs that need it. ``resume`` names
     the directory of an earlier, interrupted run of the same experiment: its finished runs are
-    kept (their specs must equal this spec's, the thread count aside), a run cut short is
-    continued from its last checkpoint, the rest are started. ``restore`` names reports published
+    kept (their specs must equal this spec's, the thread count, micro-batch size and gradient
+    checkpointing aside), a run cut short is continued from its last checkpoint, the rest are
+    started. ``restore`` names reports published
     with ``--raw`` (:func:`mlmt_bench.report.publish.restore_runs`): their finished runs of this
     experiment are copied into the experiment's directory first and kept like its own, so an
     experiment too long for one machine's session goes on from what was committed.
@@ -217,7 +218,13 @@ def _comparable(spec: RunSpec, cpu_dtype: str | None = None) -> dict[str, Any]:
     d = spec.model_dump(mode="json")
     for key in ("name", "output_dir", "tracking"):  # trackers change nothing a run computes
         d.pop(key, None)
+    # how the arithmetic is laid out, not what it computes: the same sums in another order or
+    # recomputed (tests/test_memory.py), as with threads; a later run may need less memory
     d.get("train", {}).pop("threads", None)
+    d.get("train", {}).pop("micro_batch_tokens", None)
+    for role in (d.get("policies") or {}).values():
+        if isinstance(role, dict):
+            role.pop("gradient_checkpointing", None)
     if cpu_dtype is not None:
         d.setdefault("train", {})["cpu_dtype"] = cpu_dtype
     d.get("eval", {}).pop("memo", None)  # a memo gives the result the evaluation would

@@ -182,6 +182,21 @@ def test_resume_refuses_a_changed_spec_or_another_experiment(exp_spec, tmp_path)
         run_experiment(*load_experiment(exp_spec(a=1e-4)), progress=False, resume=tmp_path)
 
 
+def test_memory_knobs_keep_a_finished_run_comparable(exp_spec):
+    """micro_batch_tokens and gradient_checkpointing change how much memory a run needs, not what it
+    computes: a run finished with other values is kept; a changed learning rate is not."""
+    from mlmt_bench.experiment import _comparable
+
+    spec = load_experiment(exp_spec(a=1e-4))[1]["a"]
+    lean = spec.model_copy(deep=True)
+    lean.train.micro_batch_tokens = 512
+    lean.train.threads = 1
+    lean.policies.solver.gradient_checkpointing = True
+    assert _comparable(lean) == _comparable(spec)
+    lean.policies.solver.lr = 3e-4
+    assert _comparable(lean) != _comparable(spec)
+
+
 def test_workers_build_each_shared_base_once_before_the_runs_that_need_it(tmp_path, write_spec, monkeypatch,
                                                                              capfd):
     """Two seeds, two arms sharing each seed's base: two bases, each built by one process (the
