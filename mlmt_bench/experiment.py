@@ -77,8 +77,8 @@ def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool
     the directory of an earlier, interrupted run of the same experiment: its finished runs are
     kept (their specs must equal this spec's, the thread count, micro-batch size and gradient
     checkpointing aside), a run cut short is continued from its last checkpoint, the rest are
-    started. ``restore`` names reports published
-    with ``--raw`` (:func:`mlmt_bench.report.publish.restore_runs`): their finished runs of this
+    started. ``restore`` names reports published with ``--raw``
+    (:func:`mlmt_bench.report.publish.restore_runs`): their finished runs of this
     experiment are copied into the experiment's directory first and kept like its own, so an
     experiment too long for one machine's session goes on from what was committed.
 

@@ -39,13 +39,6 @@ if str(ROOT) not in sys.path:
 SMALL = ["seeds=[0]", "train.token_budget=2500", "eval.limit=16"]
 
 
-def _rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def _child(spec: str, arm: str, overrides: list[str], out_dir: str, result: str) -> None:
     """One arm: the experiment in this process, RSS read around every run."""
     from mlmt_bench import experiment, runner, spec as specs
@@ -58,10 +51,10 @@ def _child(spec: str, arm: str, overrides: list[str], out_dir: str, result: str)
     inner = runner.run
 
     def run(spec: Any, *a: Any, **k: Any) -> Any:
-        entry = {"run": spec.name, "rss_before_mb": round(_rss_mb(), 1)}
+        entry = {"run": spec.name, "rss_before_mb": round(memory.rss_mb(), 1)}
         t0 = time.perf_counter()
         out = inner(spec, *a, **k)
-        entry.update(wall_s=round(time.perf_counter() - t0, 1), rss_after_mb=round(_rss_mb(), 1))
+        entry.update(wall_s=round(time.perf_counter() - t0, 1), rss_after_mb=round(memory.rss_mb(), 1))
         peaks: dict[str, float] = {}
         for line in (Path(out["run_dir"]) / "metrics.jsonl").read_text().splitlines():
             for key, value in json.loads(line).items():
@@ -74,7 +67,7 @@ def _child(spec: str, arm: str, overrides: list[str], out_dir: str, result: str)
     runner.run = run
     exp, arms = specs.load_any(spec, [*SMALL, *overrides, f"output_dir={out_dir}"])
     experiment.run_experiment(exp, arms, progress=False)
-    Path(result).write_text(json.dumps({"arm": arm, "runs": runs, "rss_end_mb": round(_rss_mb(), 1)}))
+    Path(result).write_text(json.dumps({"arm": arm, "runs": runs, "rss_end_mb": round(memory.rss_mb(), 1)}))
 
 
 def main() -> None:

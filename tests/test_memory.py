@@ -153,13 +153,6 @@ def test_phase_peaks_nest_and_reset():
     assert tracker.peak_mb() >= peaks["mem/peak_mb/logprobs"] - 0.1
 
 
-def _rss_mb() -> float:
-    for line in open("/proc/self/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
-
-
 def test_the_end_of_a_cpu_phase_gives_freed_heap_back():
     """Blocks under glibc's mmap threshold stay in the process when freed (a live block above
     them keeps the heap from shrinking); the end of an outermost phase returns their pages."""
@@ -172,8 +165,8 @@ def test_the_end_of_a_cpu_phase_gives_freed_heap_back():
         del blocks
         with tracker.phase("logprobs"):
             pass
-        held = _rss_mb()  # an inner phase's end releases nothing: memory may still be in use
-    released = _rss_mb()
+        held = memory.rss_mb()  # an inner phase's end releases nothing: memory may still be in use
+    released = memory.rss_mb()
     assert held - released > 200, (held, released)
     assert len(pinned) == 100_000
 

@@ -142,6 +142,17 @@ def reset_peak_rss() -> bool:
         return False
 
 
+def rss_mb() -> float:
+    """This process's resident set size now (``VmRSS``), MiB; NaN where /proc cannot be read."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return float("nan")
+
+
 def peak_rss_mb() -> float:
     try:
         for line in Path("/proc/self/status").read_text().splitlines():

@@ -16,9 +16,9 @@ Options (``backend: {name: hf, options: {...}}``): ``batch_size`` (256: rows per
 ``buckets`` (auto: as graphs; rows rounded to powers of two and cache lengths to 64, 96, 128, 192,
 ... so graphs are reused), ``max_cache_mb`` (KV-cache budget per model; auto: 4096 on CUDA, none
 on the CPU), ``keep_cache`` (auto: as graphs; keep each model's KV caches between calls, else
-free them at the end of every call), ``sync_every`` (decode steps between host checks for finished rows; auto: 8 with
-graphs, else 1), ``sampler`` (auto | multinomial | race; auto: race with graphs, else multinomial,
-which draws exactly what generate draws).
+free them at the end of every call), ``sync_every`` (decode steps between host checks for
+finished rows; auto: 8 with graphs, else 1), ``sampler`` (auto | multinomial | race; auto: race
+with graphs, else multinomial, which draws exactly what generate draws).
 
 The vLLM backend stays the recommended engine for large models on GPUs.
 """
@@ -70,23 +70,23 @@ class HFBackend(Backend):
     @classmethod
     def generation_memory(cls, load: GenerationLoad, options: dict[str, Any]) -> list[MemoryItem]:
         """Rows of at most ``batch_size``; ``generate``'s KV cache lives while generating, the static
-        decoder's (cache lengths on the ladder when bucketed, capped by ``max_cache_mb``) is kept between
-        calls where ``keep_cache`` says so (with graphs), else it lives while generating too."""
+        decoder's (cache lengths on the ladder when bucketed, capped by ``max_cache_mb``) is kept
+        between calls where ``keep_cache`` says so (with graphs), else it lives while generating."""
         o = with_defaults(cls, options)
         rows = min(int(o["batch_size"]), load.sequences)
         if o["decode"] == "static":
             from mlmt_bench.rollout.static_decode import _length_ladder
 
-            buckets = load.gpu if o["buckets"] == "auto" else bool(o["buckets"])
+            graphs = _flag(o["graphs"], load.gpu)
+            buckets = _flag(o["buckets"], graphs)
             cache_len = _length_ladder(int(math.ceil(load.length))) if buckets else math.ceil(load.length)
             budget = o["max_cache_mb"]
             budget = (AUTO_MAX_CACHE_MB_CUDA if load.gpu else None) if budget == "auto" else budget
             kv = rows * cache_len * load.kv_bytes
             if budget is not None:
                 kv = min(kv, budget * 2 ** 20)
-            graphs = o["graphs"] is True or (o["graphs"] == "auto" and load.gpu)
-            kept = graphs if o["keep_cache"] == "auto" else bool(o["keep_cache"])
-            cache = [("persistent", f"static KV cache ({load.role}, kept between calls)", kv) if kept
+            cache = [("persistent", f"static KV cache ({load.role}, kept between calls)", kv)
+                     if _flag(o["keep_cache"], graphs)
                      else ("generation", f"static KV cache ({load.role}, freed after each call)", kv)]
         else:
             cache = [("generation", f"KV cache of generate ({load.role})", rows * load.length * load.kv_bytes)]
@@ -142,17 +142,17 @@ class HFBackend(Backend):
 
             on_cuda = next(model.parameters()).device.type == "cuda"
             o = self.static_options
-            graphs = on_cuda if o["graphs"] == "auto" else bool(o["graphs"])
+            graphs = _flag(o["graphs"], on_cuda)
             if graphs and not on_cuda:
                 raise UserError("backend hf: options.graphs: true needs a CUDA model")
-            buckets = graphs if o["buckets"] == "auto" else bool(o["buckets"])
+            buckets = _flag(o["buckets"], graphs)
             dec = StaticDecoder(
                 model, graphs=graphs, buckets=buckets,
                 max_cache_mb=(AUTO_MAX_CACHE_MB_CUDA if on_cuda else None) if o["max_cache_mb"] == "auto"
                 else o["max_cache_mb"],
                 sync_every=(8 if graphs else 1) if o["sync_every"] == "auto" else o["sync_every"],
                 sampler=("race" if graphs else "multinomial") if o["sampler"] == "auto" else o["sampler"],
-                max_rows=self.batch_size, keep_cache=graphs if o["keep_cache"] == "auto" else bool(o["keep_cache"]))
+                max_rows=self.batch_size, keep_cache=_flag(o["keep_cache"], graphs))
             self.decoders[id(model)] = dec
         return dec
 
@@ -238,6 +238,11 @@ class HFBackend(Backend):
             model.train(was_training)
         new = res.sequences[:, width:].cpu()
         return new, chosen.finish(new)
+
+
+def _flag(value: Any, auto: bool) -> bool:
+    """An ``auto | true | false`` option: ``auto`` as given, else the value."""
+    return auto if value == "auto" else bool(value)
 
 
 class ChosenLogprobs:
