@@ -36,13 +36,21 @@ class EvalResult:
     # role -> prompt / generated tokens of the protocol's turns (not the diagnostic g∅ pass): test-time cost
     prompt_tokens: dict[str, int] = field(default_factory=dict)
     gen_tokens: dict[str, int] = field(default_factory=dict)
+    # the episodes themselves, for a second protocol on the same attempts (refine_again); kept in
+    # memory only (the step-0 memo stores the fields above), so None for a result read from it
+    rollout: Rollout | None = field(default=None, repr=False, compare=False, metadata={"memo": False})
 
 
 def evaluate(program: Program, actors: Actors, problems: Sequence[Problem], sampling: Sampling, *,
              feedback_metrics: bool = True, n_samples: int = 8,
              protocols: Sequence[str] = ("refine_all", "oracle_gated"),
-             micro_batch_tokens: int | None = None) -> EvalResult:
-    ro = rollout(program, actors, problems, sampling)
+             micro_batch_tokens: int | None = None, episodes: Rollout | None = None,
+             null_outcomes: Sequence[bool] | None = None) -> EvalResult:
+    """``program`` on ``problems``, scored. ``episodes``: its rollout, already generated (e.g. by
+    :func:`refine_again`); default: generated here. ``null_outcomes``: whether each attempt's
+    refinement after g∅ is correct, when already known for these very attempts (g∅ is never
+    redacted, so a second protocol on them has the same): not generated again."""
+    ro = episodes if episodes is not None else rollout(program, actors, problems, sampling)
     attempts = ro.of_kind("attempt")
     t1 = [bool(ro.turns[i].scored_verdict.correct) for i in attempts]
     m: dict[str, Any] = {"n": len(problems)}
@@ -57,7 +65,7 @@ def evaluate(program: Program, actors: Actors, problems: Sequence[Problem], samp
             m["acc_oracle_gated"] = oracle_gated_accuracy(t1, t2)
     t2_null: Sequence[bool | None] = [None] * len(problems)
     if program.feedback in ("critic", "oracle") and feedback_metrics:
-        t2_null = _feedback_metrics(ro, actors, sampling, m, micro_batch_tokens)
+        t2_null = _feedback_metrics(ro, actors, sampling, m, micro_batch_tokens, null_outcomes)
     elif program.feedback == "null":  # the refinement *is* the one after g∅ (self_correct, null_feedback)
         t2_null = list(t2)
         m["acc@t2_null"] = m["acc@t2"]
@@ -76,7 +84,7 @@ def evaluate(program: Program, actors: Actors, problems: Sequence[Problem], samp
     if len(solver_rows) == len(per_problem):  # the critic's stated answer, scored: the "critic as second solver"
         for row, solved in zip(per_problem, solver_rows):
             row["t2_critic_solver"] = bool(solved)  # no stated answer: not solved
-    return EvalResult(m, per_problem, _samples(ro, n_samples), dict(ro.prompt_tokens), dict(ro.gen_tokens))
+    return EvalResult(m, per_problem, _samples(ro, n_samples), dict(ro.prompt_tokens), dict(ro.gen_tokens), ro)
 
 
 def redaction_metrics(ro: Rollout) -> dict[str, float]:
@@ -156,8 +164,8 @@ def diagnose_critic(ro: Rollout, actors: Actors) -> dict[str, Any]:
     return out
 
 
-def _feedback_metrics(ro: Rollout, actors: Actors, sampling: Sampling,
-                      m: dict[str, Any], micro_batch_tokens: int | None) -> list[bool]:
+def _feedback_metrics(ro: Rollout, actors: Actors, sampling: Sampling, m: dict[str, Any],
+                      micro_batch_tokens: int | None, null_outcomes: Sequence[bool] | None = None) -> list[bool]:
     solver, tpl = actors.solver, actors.templates
     feedbacks, refines = ro.of_kind("feedback"), ro.of_kind("refine")
     null_prompts, with_g = [], []
@@ -165,11 +173,16 @@ def _feedback_metrics(ro: Rollout, actors: Actors, sampling: Sampling,
         a = ro.parent_of(fi)
         prob = ro.problems[a.problem]
         null_prompts.append(refine_prompt(solver.tokenizer, tpl, prob, a.prompt_ids, a.ids, a.text, tpl.null_feedback))
-    gens = actors.backend.generate(solver.model, solver.tokenizer, null_prompts, max_new_tokens=sampling.max_new_tokens,
-                                   temperature=sampling.temperature, top_p=sampling.top_p, stop=sampling.stop)
-    probs = [ro.problems[ro.turns[fi].problem] for fi in feedbacks]
-    verdicts = actors.verifier.score_batch(probs, [g.text for g in gens])
-    t2_null = [bool(v.correct) for v in verdicts]
+    if null_outcomes is not None:
+        if len(null_outcomes) != len(feedbacks):
+            raise ValueError(f"{len(null_outcomes)} outcomes after g∅ for {len(feedbacks)} feedbacks")
+        t2_null = [bool(ok) for ok in null_outcomes]
+    else:
+        gens = actors.backend.generate(solver.model, solver.tokenizer, null_prompts,
+                                       max_new_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
+                                       top_p=sampling.top_p, stop=sampling.stop)
+        probs = [ro.problems[ro.turns[fi].problem] for fi in feedbacks]
+        t2_null = [bool(v.correct) for v in actors.verifier.score_batch(probs, [g.text for g in gens])]
     t2 = [bool(ro.turns[i].scored_verdict.correct) for i in refines]
     m["acc@t2_null"] = sum(t2_null) / len(t2_null)
     m["feedback_effect"] = fbm.feedback_effect(t2, t2_null)

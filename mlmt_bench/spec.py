@@ -248,8 +248,8 @@ class FeedbackSpec(_Spec):
                          "neither problem nor attempt; code, code blocks and inline code; multiple choice, option "
                          "letters and texts), at training and at evaluation; the critic's reward is computed on "
                          "those refinements")
-    eval_unredacted: bool = Field(False, description="with redact: also evaluate the final checkpoint with redaction "
-                                  "off (the report's `<arm> without redaction` row)")
+    eval_unredacted: bool = Field(False, description="with redact: also refine the final evaluation's attempts after "
+                                  "the same feedbacks unredacted (the report's `<arm> without redaction` row)")
 
     @model_validator(mode="after")
     def _unredacted_needs_redact(self) -> FeedbackSpec:

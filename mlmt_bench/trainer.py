@@ -32,7 +32,7 @@ from mlmt_bench.metrics.completions import truncation_warnings
 from mlmt_bench.metrics.cost import forward_flops, rollout_flops, training_flops
 from mlmt_bench.models.forward import last_hidden_states
 from mlmt_bench.rollout.backend import backend_class
-from mlmt_bench.rollout.episodes import Actors, Program, Rollout, Sampling, merge_rollouts, rollout
+from mlmt_bench.rollout.episodes import Actors, Program, Rollout, Sampling, merge_rollouts, refine_again, rollout
 from mlmt_bench.tracking import RunDir
 from mlmt_bench.types import Problem
 
@@ -294,7 +294,7 @@ class Trainer:
             res = self._evaluate_once(self.algorithm.eval_program(), self.actors,
                                       len(self.eval_problems) if final and e.final_samples else e.samples)
             extra, rows = self._evaluate_with_base_critic(res.per_problem)
-            unredacted, rows = self._evaluate_unredacted(rows, final)
+            unredacted, rows = self._evaluate_unredacted(res, rows, final)
             extra = {**extra, **unredacted}
         self.counters.wall_s = time.perf_counter() - started
         test_flops = rollout_flops({role: self._params(role) for role in res.gen_tokens}, res.prompt_tokens,
@@ -364,19 +364,28 @@ class Trainer:
             "backend": spec.backend.model_dump(mode="json"), "autocast": [torch.is_autocast_enabled("cpu"),
                                                                           str(torch.get_autocast_dtype("cpu"))]})
 
-    def _evaluate_unredacted(self, rows: list[dict[str, Any]],
+    def _evaluate_unredacted(self, first: EvalResult, rows: list[dict[str, Any]],
                              final: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """METHOD v4 (``feedback.eval_unredacted``): the final evaluation repeated with redaction
         off, on the same policies and problems (the report's ``<arm> without redaction`` row). Its
-        metrics are logged under ``unredacted/``; each problem row gains ``t2_unredacted``."""
+        metrics are logged under ``unredacted/``; each problem row gains ``t2_unredacted``.
+        The repeat refines ``first``'s own attempts after the same feedbacks, shown as written
+        (:func:`refine_again`; g∅'s outcomes are ``first``'s): only the refinements are generated
+        again, and the two rows differ by what the refiner was shown and nothing else."""
         program = self.algorithm.eval_program()
         if not (final and self.spec.feedback.eval_unredacted and self.actors.redact is not None
                 and program.feedback in ("critic", "oracle")):
             return {}, rows
         e = self.spec.eval
-        res = evaluate(program, dataclasses.replace(self.actors, redact=None), self.eval_problems, self.eval_sampling,
+        actors = dataclasses.replace(self.actors, redact=None)
+        episodes = nulls = None
+        if first.rollout is not None:  # None: read from the step-0 memo, so evaluated afresh
+            episodes = refine_again(program, first.rollout, actors, self.eval_sampling)
+            known = [row["t2_null"] for row in first.per_problem]
+            nulls = None if None in known else known
+        res = evaluate(program, actors, self.eval_problems, self.eval_sampling,
                        feedback_metrics=e.feedback_metrics, n_samples=0, protocols=e.protocols,
-                       micro_batch_tokens=self.spec.train.micro_batch_tokens)
+                       micro_batch_tokens=self.spec.train.micro_batch_tokens, episodes=episodes, null_outcomes=nulls)
         extra = {f"unredacted/{k}": v for k, v in res.metrics.items() if k != "n"}
         extra["unredacted/test_flops_eval"] = rollout_flops({role: self._params(role) for role in res.gen_tokens},
                                                             res.prompt_tokens, res.gen_tokens)

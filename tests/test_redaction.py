@@ -22,7 +22,7 @@ from mlmt_bench.errors import UserError
 from mlmt_bench.evaluate import evaluate
 from mlmt_bench.metrics import feedback as fbm
 from mlmt_bench.rollout.backend import Generation
-from mlmt_bench.rollout.episodes import Actors, Program, Sampling, refine_prompt, rollout
+from mlmt_bench.rollout.episodes import Actors, Program, Sampling, refine_again, refine_prompt, rollout
 from mlmt_bench.types import Problem, Redaction
 from mlmt_bench.verifiers.choice import ChoiceVerifier, extract_choice
 from mlmt_bench.verifiers.code import extract_program
@@ -278,6 +278,59 @@ def test_evaluation_logs_redaction_copy_rate_and_the_critic_as_second_solver(pol
     assert (res.metrics["acc_critic_as_solver"], res.metrics["critic_states_answer_rate"]) == (0.0, 0.0)
 
 
+class RecordingBackend(CopyingBackend):
+    """A :class:`CopyingBackend` that keeps every context it was asked to continue, decoded."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.contexts: list[str] = []
+
+    def generate(self, model, tokenizer, prompts, **kw):
+        self.contexts += [tokenizer.decode(p) for p in prompts]
+        return super().generate(model, tokenizer, prompts, **kw)
+
+
+def test_refine_again_keeps_the_attempts_and_feedbacks_and_refines_after_what_is_shown(policy):
+    program, sampling = Program(2, "critic", 1, 2), Sampling(0.0, 1.0, 40, 80)
+    problems = [ARITH, Problem("p1", "synthetic-arith", "9-6+9+1", "14")]  # the attempt's 14 is right here
+    first = rollout(program, _actors(policy, CopyingBackend(ATTEMPT, FEEDBACK), True), problems, sampling)
+    before = [(t.kind, t.text, list(t.children)) for t in first.turns]
+    backend = RecordingBackend(ATTEMPT, FEEDBACK)
+    again = refine_again(program, first, _actors(policy, backend, False), sampling)
+    # only the refinements were generated: 2 problems x 2 attempts x 1 feedback x 2 refinements
+    assert len(backend.contexts) == 8 and all("feedback:" in c for c in backend.contexts)
+    assert all(FEEDBACK in c and SHOWN not in c for c in backend.contexts)  # shown as written now
+    assert [(t.kind, t.text, list(t.children)) for t in first.turns] == before  # the first rollout untouched
+    # the same as a rollout of the unredacted protocol from scratch, turn for turn and token for token
+    fresh = rollout(program, _actors(policy, CopyingBackend(ATTEMPT, FEEDBACK), False), problems, sampling)
+    assert len(again.turns) == len(fresh.turns) == 4 + 4 + 8
+    for a, b in zip(again.turns, fresh.turns):
+        assert (a.kind, a.parent, a.children, a.prompt_ids, a.ids, a.text, a.reward, a.redaction) == \
+            (b.kind, b.parent, b.children, b.prompt_ids, b.ids, b.text, b.reward, b.redaction)
+    assert (again.gen_tokens, again.prompt_tokens) == (fresh.gen_tokens, fresh.prompt_tokens)
+    assert [again.turns[i].text for i in again.of_kind("refine")] == ["#13"] * 8  # copied from what it saw
+    # and back: redacted again, the refinements are the first rollout's
+    back = refine_again(program, again, _actors(policy, CopyingBackend(ATTEMPT, FEEDBACK), True), sampling)
+    assert [(t.text, t.redaction) for t in back.turns] == [(t.text, t.redaction) for t in first.turns]
+    assert (back.gen_tokens, back.prompt_tokens) == (first.gen_tokens, first.prompt_tokens)
+
+
+def test_known_outcomes_after_null_feedback_are_not_generated_again(policy):
+    program, sampling = Program(1, "critic", 1, 1), Sampling(0.0, 1.0, 40, 80)
+    first = evaluate(program, _actors(policy, CopyingBackend(ATTEMPT, FEEDBACK), True), [ARITH], sampling)
+    backend = RecordingBackend(ATTEMPT, FEEDBACK)
+    actors = _actors(policy, backend, False)
+    episodes = refine_again(program, first.rollout, actors, sampling)
+    assert len(backend.contexts) == 1
+    res = evaluate(program, actors, [ARITH], sampling, episodes=episodes, null_outcomes=[True])
+    assert len(backend.contexts) == 1  # g∅'s refinement not generated: its outcome was given
+    assert (res.metrics["acc@t2"], res.metrics["acc@t2_null"], res.metrics["feedback_effect"]) == (1.0, 1.0, 0.0)
+    assert res.per_problem == [{"problem_id": "p0", "t1": False, "t2": True, "t2_null": True,
+                                "t2_critic_solver": True}]
+    with pytest.raises(ValueError, match="2 outcomes after g∅ for 1 feedbacks"):
+        evaluate(program, actors, [ARITH], sampling, episodes=episodes, null_outcomes=[True, False])
+
+
 def test_metric_functions_by_hand():
     assert fbm.redacted_share([0.1, 0.3]) == pytest.approx(0.2)
     assert fbm.redacted_share([]) is None
@@ -295,9 +348,14 @@ def test_trainer_logs_the_share_and_evaluates_unredacted_on_request(tiny_ckpt, t
     trainer = build_trainer(spec, tmp_path)
     trainer.eval_problems = [ARITH]
     trainer.actors.verifier = SyntheticVerifier()
-    trainer.actors.backend = CopyingBackend(ATTEMPT, FEEDBACK)
+    trainer.actors.backend = backend = RecordingBackend(ATTEMPT, FEEDBACK)
     record = trainer.evaluate(time.perf_counter(), final=True)
     assert record["acc@t2"] == 0.0 and record["unredacted/acc@t2"] == 1.0  # the same policies, redaction off
+    # attempt, feedback, refinement and g∅'s refinement once; without redaction only the refinement again
+    refinements = [c for c in backend.contexts if "feedback:" in c]
+    assert len(backend.contexts) == 5 and [SHOWN in c for c in refinements] == [True, False, False]
+    assert record["unredacted/acc@t2_null"] == record["acc@t2_null"]
+    assert record["unredacted/test_flops_eval"] == pytest.approx(record["test_flops_eval"], rel=0.05)
     assert record["feedback/redacted_share"] > 0 and "unredacted/feedback/redacted_share" not in record
     rows = [json.loads(line) for line in (trainer.run_dir.path / "eval_problems.jsonl").read_text().splitlines()]
     assert [(r["t2"], r["t2_unredacted"], r["t2_critic_solver"]) for r in rows] == [(False, True, True)]

@@ -110,6 +110,12 @@ def memo_key(parts: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=repr).encode()).hexdigest()
 
 
+def _stored(result: Any) -> dict[str, Any]:
+    """A result's fields as stored (JSON), less those marked ``metadata={"memo": False}`` (kept in
+    memory only: a read result has their defaults)."""
+    return {f.name: getattr(result, f.name) for f in dataclasses.fields(result) if f.metadata.get("memo", True)}
+
+
 def evaluate_once(key: str | None, n_samples: int, n_problems: int, run: Callable[[int], R], result: type[R],
                   directory: Path | None = None) -> tuple[R, bool]:
     """``run(n)`` (an evaluation logging ``n`` episodes) unless ``<directory>/<key>.json`` holds its
@@ -133,6 +139,6 @@ def evaluate_once(key: str | None, n_samples: int, n_problems: int, run: Callabl
     res: Any = run(n_problems)
     directory.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(dataclasses.asdict(res)))
+    tmp.write_text(json.dumps(_stored(res)))
     os.replace(tmp, path)
     return dataclasses.replace(res, samples=res.samples[:n_samples]), False

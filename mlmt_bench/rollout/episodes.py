@@ -275,30 +275,75 @@ def rollout(program: Program, actors: Actors, problems: Sequence[Problem], sampl
                 fb_prompts.append([])
                 fb_finish.append("stop")
     feedbacks = []
-    redact = actors.redact if program.feedback in ("critic", "oracle") else None  # g∅ is never redacted
     for ai, p, text, ids, lp, fin in zip(fb_parent, fb_prompts, fb_texts, fb_ids, fb_lp, fb_finish):
         policy = "critic" if program.feedback == "critic" else program.feedback
-        shown = None if redact is None else redact(problems[turns[ai].problem], turns[ai].text, text)
+        shown = _shown(program, actors, problems[turns[ai].problem], turns[ai].text, text)
         turns.append(TurnSample("feedback", policy, turns[ai].problem, ai, p, ids, lp, text, fin, redaction=shown))
         turns[ai].children.append(len(turns) - 1)
         feedbacks.append(len(turns) - 1)
 
     # Turn 3: M refinements per feedback, in the solver's own conversation.
+    generated, read = _refine(turns, feedbacks, problems, program.refinements, actors, sampling)
+    gen_tokens["solver"] += generated
+    prompt_tokens["solver"] += read
+    return Rollout(list(problems), turns, gen_tokens, time.perf_counter() - start, prompt_tokens)
+
+
+def refine_again(program: Program, ro: Rollout, actors: Actors, sampling: Sampling) -> Rollout:
+    """``ro`` (a rollout of ``program``) with its attempts and feedbacks kept as they are, not
+    generated again, each feedback shown to the refiner as ``actors.redact`` shows it (None: as
+    written), and new refinements after them: a second protocol on identical attempts and feedback
+    (``feedback.eval_unredacted``: the same episodes without redaction, paired turn for turn).
+    Token counts are the protocol's: ``ro``'s attempts and feedbacks plus the new refinements."""
+    start = time.perf_counter()
+    first_refine = min(ro.of_kind("refine"), default=len(ro.turns))
+    assert all(t.kind == "refine" for t in ro.turns[first_refine:]), "a rollout's refinements come last"
+    turns = [dataclasses.replace(t, children=[c for c in t.children if c < first_refine])
+             for t in ro.turns[:first_refine]]
+    feedbacks = [i for i, t in enumerate(turns) if t.kind == "feedback"]
+    for fi in feedbacks:
+        f = turns[fi]
+        a = ro.parent_of(fi)
+        turns[fi] = dataclasses.replace(f, redaction=_shown(program, actors, ro.problems[a.problem], a.text, f.text))
+    old = ro.turns[first_refine:]
+    generated, read = _refine(turns, feedbacks, ro.problems, program.refinements, actors, sampling)
+    gen_tokens, prompt_tokens = dict(ro.gen_tokens), dict(ro.prompt_tokens)
+    gen_tokens["solver"] += generated - sum(len(t.ids) for t in old)
+    prompt_tokens["solver"] += read - sum(len(t.prompt_ids) for t in old)
+    return Rollout(list(ro.problems), turns, gen_tokens, time.perf_counter() - start, prompt_tokens)
+
+
+def _shown(program: Program, actors: Actors, problem: Problem, attempt_text: str, text: str) -> Redaction | None:
+    """What the refiner is shown of a feedback: its redaction under ``actors.redact``, or None
+    (shown as written: no rule, or g∅, which is never redacted)."""
+    if actors.redact is None or program.feedback not in ("critic", "oracle"):
+        return None
+    return actors.redact(problem, attempt_text, text)
+
+
+def _refine(turns: list[TurnSample], feedbacks: Sequence[int], problems: Sequence[Problem], per_feedback: int,
+            actors: Actors, sampling: Sampling) -> tuple[int, int]:
+    """Turn 3: ``per_feedback`` refinements of each feedback turn ``turns[fi]`` (``fi`` in
+    ``feedbacks``), conditioned on what the refiner is shown of it, scored and appended to
+    ``turns`` (and to the feedback's children). Returns the tokens the solver generated and the
+    prompt tokens it read."""
+    solver = actors.solver
     r_prompts, r_parent = [], []
     for fi in feedbacks:
         f = turns[fi]
         assert f.parent is not None  # a feedback's attempt
         a = turns[f.parent]
-        prob = problems[a.problem]
-        ids = refine_prompt(solver.tokenizer, tpl, prob, a.prompt_ids, a.ids, a.text, f.refiner_text)
-        r_prompts += [ids] * program.refinements
-        r_parent += [fi] * program.refinements
+        ids = refine_prompt(solver.tokenizer, actors.templates, problems[a.problem], a.prompt_ids, a.ids, a.text,
+                            f.refiner_text)
+        r_prompts += [ids] * per_feedback
+        r_parent += [fi] * per_feedback
     gens = _generate(solver, r_prompts, sampling, sampling.max_new_tokens, actors.backend)
     verdicts = actors.verifier.score_batch([problems[turns[fi].problem] for fi in r_parent], [g.text for g in gens])
+    generated = read = 0
     for fi, prompt, g, v in zip(r_parent, r_prompts, gens, verdicts):
         turns.append(TurnSample("refine", "solver", turns[fi].problem, fi, prompt, g.ids, g.logprobs, g.text,
                                 g.finish_reason, v.reward, v))
         turns[fi].children.append(len(turns) - 1)
-        gen_tokens["solver"] += len(g.ids)
-        prompt_tokens["solver"] += len(prompt)
-    return Rollout(list(problems), turns, gen_tokens, time.perf_counter() - start, prompt_tokens)
+        generated += len(g.ids)
+        read += len(prompt)
+    return generated, read
