@@ -11,6 +11,7 @@ import torch
 
 from mlmt_bench.evaluate import EvalResult
 from mlmt_bench.io import eval_memo
+from mlmt_bench.rollout.episodes import Rollout
 
 
 def _tiny_lora(seed: int, tiny_ckpt):
@@ -41,12 +42,16 @@ def test_evaluate_once_reads_a_stored_result_and_slices_its_episodes(tmp_path):
     def run(n: int) -> EvalResult:
         calls.append(n)
         return EvalResult({"acc@t1": 0.5, "n": 3}, [{"problem_id": f"p{i}", "t1": i == 0} for i in range(3)],
-                          [{"problem_id": f"p{i}"} for i in range(n)], {"solver": 10}, {"solver": 7})
+                          [{"problem_id": f"p{i}"} for i in range(n)], {"solver": 10}, {"solver": 7},
+                          rollout=episodes)
 
+    episodes = Rollout([], [], {"solver": 7}, 1.0)  # kept in memory, never stored
     first, read = eval_memo.evaluate_once("k", 1, 3, run, EvalResult, tmp_path)
     assert (read, calls, [s["problem_id"] for s in first.samples]) == (False, [3], ["p0"])
+    assert first.rollout is episodes and "rollout" not in json.loads((tmp_path / "k.json").read_text())
     again, read = eval_memo.evaluate_once("k", 2, 3, run, EvalResult, tmp_path)
     assert read and calls == [3] and [s["problem_id"] for s in again.samples] == ["p0", "p1"]
+    assert again.rollout is None
     assert (again.metrics, again.per_problem, again.gen_tokens) == (first.metrics, first.per_problem, {"solver": 7})
     (tmp_path / "k.json").write_text("{not json")
     _, read = eval_memo.evaluate_once("k", 0, 3, run, EvalResult, tmp_path)
