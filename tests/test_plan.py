@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from mlmt_bench.cli import app
 from mlmt_bench.models.configs import shape_from_registry_file, shape_of_path, shape_of_preset
 from mlmt_bench.models.policy_spec import LoraSpec
 from mlmt_bench.spec import validate_run
+from support import build_trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 HUB_FILES = sorted((ROOT / "registry" / "models").glob("*-instruct.yaml"))
@@ -492,3 +494,42 @@ def test_a_run_is_timed_from_rows_measured_as_it_will_run():
     assert throughput(table, "cpu", 100, "hf-generate", "bfloat16", lora=True)["row"] == "c (bfloat16 matmuls) (LoRA)"
     # no row of the run's kind: the nearest size of those there are
     assert throughput(table, "cpu", 100, "hf-generate", "float32", lora=True)["row"] == "a"
+
+
+class _CountingFullLength(FullLengthBackend):
+    """:class:`FullLengthBackend`, counting the prompt tokens it reads and the tokens it writes."""
+
+    def __init__(self) -> None:
+        self.prefill = self.generated = 0
+
+    def generate(self, model, tokenizer, prompts, *, max_new_tokens, **kw):
+        out = super().generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, **kw)
+        self.prefill += sum(map(len, prompts))
+        self.generated += sum(len(g.ids) for g in out)
+        return out
+
+
+@pytest.mark.parametrize("algo,params,over", [
+    ("grpo", {"group_size": 2}, {"eval": {"base_critic": True}}),
+    ("mlmt", {"group_size": 2, "value": "none"}, {"feedback": {"redact": True, "eval_unredacted": True}}),
+    ("mlmt", {"group_size": 2, "value": "none"}, {}),
+], ids=["grpo-base_critic", "mlmt-unredacted", "mlmt"])
+def test_plan_counts_what_the_evaluations_generate(tiny_ckpt, tmp_path, monkeypatch, algo, params, over):
+    """The plan's evaluation tokens (step 0 and the final one, with the base critic's pass of every
+    evaluation and the final one's unredacted refinements) equal what the trainer's evaluations
+    ask the backend for, at full length."""
+    from mlmt_bench.plan import load_table, plan_run, resolve_device
+
+    monkeypatch.setenv("MLMT_BENCH_EVAL_MEMO", "0")
+    spec = _two_problem_spec(tiny_ckpt, algo, params, 12, 7, steps=1, output_dir=str(tmp_path / "runs"), **over)
+    table = load_table()
+    plan = plan_run(spec, resolve_device("cpu", table), 1, table)
+    assert plan["run"]["evaluations"] == 2
+    trainer = build_trainer(spec, tmp_path)
+    trainer.actors.backend = backend = _CountingFullLength()
+    trainer.after_train = None
+    trainer.evaluate(time.perf_counter())
+    trainer.evaluate(time.perf_counter(), final=True)
+    tokens = plan["run"]["eval_tokens"]
+    assert (backend.prefill, backend.generated) == (sum(tokens["prefill"].values()),
+                                                    sum(tokens["generated"].values()))

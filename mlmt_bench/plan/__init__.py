@@ -49,6 +49,8 @@ from mlmt_bench.plan.memory import estimate_memory
 from mlmt_bench.plan.text import render
 from mlmt_bench.plan.throughput import GB, Device, backend_key, load_table, resolve_device, time_estimate
 from mlmt_bench.plan.work import (
+    Work,
+    base_critic_work,
     eval_work,
     evaluations,
     planned_policies,
@@ -56,6 +58,7 @@ from mlmt_bench.plan.work import (
     step_turns,
     step_work,
     trained_sequences,
+    unredacted_work,
 )
 
 __all__ = ["plan_run", "plan_spec", "refusal", "render", "load_table", "resolve_device", "Device"]
@@ -108,14 +111,20 @@ def plan_run(spec: RunSpec, device: Device, gpus: int = 1, table: dict[str, Any]
     eval_plan = algorithm.eval_plan()
     eval_turns = step_turns(eval_plan, e, lengths, t_new, t_fb)
     one_eval = eval_work(eval_plan, e, lengths, t_new, t_fb, spec.eval.feedback_metrics)
+    eval_program = eval_plan.program()
+    if spec.eval.base_critic and eval_program.feedback == "none":  # as runner.build gives the trainer one
+        one_eval = one_eval.plus(base_critic_work(e, lengths, t_new, t_fb, spec.eval.feedback_metrics))
+    final_extra = Work()  # what only the last evaluation adds
+    if spec.feedback.eval_unredacted and spec.feedback.redact and eval_program.feedback in ("critic", "oracle"):
+        final_extra = unredacted_work(eval_plan, e, lengths, t_new, t_fb, spec.eval.feedback_metrics)
     train_total = step.scaled(steps)
-    eval_total = one_eval.scaled(n_eval_runs)
+    eval_total = one_eval.scaled(n_eval_runs).plus(final_extra)
 
     memory = estimate_memory(spec, params, policies, turns, trained, eval_turns, device)
     from mlmt_bench.runner import cpu_dtype
 
     time_est = time_estimate(table, device, policies, step, one_eval, steps, n_eval_runs, backend_key(spec),
-                             cpu_dtype(spec)["dtype"])
+                             cpu_dtype(spec)["dtype"], final_extra)
     return {
         "spec": spec.name, "algorithm": spec.algorithm.name,
         "device": {"kind": device.kind, "memory_bytes": device.memory, "description": device.description},

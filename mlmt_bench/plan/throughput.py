@@ -97,9 +97,10 @@ def throughput(table: dict[str, Any], device: str, params: int, backend: str, cp
 
 
 def time_estimate(table, device, policies, step: Work, one_eval: Work, steps: int, n_eval: int, backend: str,
-                  cpu_dtype: str = "float32"):
+                  cpu_dtype: str = "float32", final_extra: Work | None = None):
     """Seconds per step, per evaluation and in all, from the throughput table (:func:`throughput`);
-    ``cpu_dtype`` is what the run's CPU matmuls run in (:func:`mlmt_bench.runner.cpu_dtype`)."""
+    ``cpu_dtype`` is what the run's CPU matmuls run in (:func:`mlmt_bench.runner.cpu_dtype`);
+    ``final_extra``: what the last evaluation adds to ``one_eval`` (``eval_s`` counts it)."""
     found = {r: throughput(table, device.kind, p.shape.params, backend,
                            cpu_dtype if device.kind == "cpu" else "float32", p.spec.lora is not None)
              for r, p in policies.items()}
@@ -123,7 +124,8 @@ def time_estimate(table, device, policies, step: Work, one_eval: Work, steps: in
 
     per_step = seconds(step)
     per_eval = seconds(one_eval)
+    eval_s = per_eval * n_eval + (seconds(final_extra) if final_extra is not None else 0.0)
     return {"available": True, "per_step_s": per_step, "train_s": per_step * steps, "per_eval_s": per_eval,
-            "eval_s": per_eval * n_eval, "total_s": per_step * steps + per_eval * n_eval,
+            "eval_s": eval_s, "total_s": per_step * steps + eval_s,
             "basis": {r: {k: v[k] for k in ("row", "row_params", "scale", "backend", "gen", "train", "source")}
                       for r, v in rates.items()}}

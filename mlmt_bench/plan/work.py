@@ -96,6 +96,14 @@ class Work:
             d = getattr(self, kind)
             d[role] = d.get(role, 0.0) + tokens
 
+    def plus(self, other: Work) -> Work:
+        """The tokens of both, role by role."""
+        out = self.scaled(1)
+        for kind in ("prefill", "generated", "trained", "forward"):
+            for role, v in getattr(other, kind).items():
+                out.add(kind, role, v)
+        return out
+
     def scaled(self, k: float) -> Work:
         return Work(*({r: v * k for r, v in getattr(self, f).items()} for f in ("prefill", "generated", "trained",
                                                                                  "forward")))
@@ -263,6 +271,8 @@ def step_work(turns: list[Turn], trained: list[Turn], params: LossParams | None,
 
 
 def eval_work(plan: StepPlan, e: int, lengths: Lengths, t_new: int, t_fb: int, feedback_metrics: bool) -> Work:
+    """One evaluation of ``plan``'s eval program on ``e`` problems (``evaluate.py``): its turns,
+    and with feedback metrics g∅'s refinements and the sensitivity's two forwards over each."""
     turns = step_turns(plan, e, lengths, t_new, t_fb)
     w = step_work(turns, [], None, 0)
     program = plan.program()
@@ -272,6 +282,36 @@ def eval_work(plan: StepPlan, e: int, lengths: Lengths, t_new: int, t_fb: int, f
         w.add("prefill", "solver", e * null_prompt)
         w.add("generated", "solver", e * t_new)
         w.add("forward", "solver", e * (refine.prompt + null_prompt + 2 * t_new))  # feedback sensitivity
+    return w
+
+
+def unredacted_work(plan: StepPlan, e: int, lengths: Lengths, t_new: int, t_fb: int, feedback_metrics: bool) -> Work:
+    """``feedback.eval_unredacted``'s second pass of the final evaluation (``trainer.py``): the
+    same attempts refined again after the same feedbacks (``refine_again``), and the sensitivity's
+    two forwards over each new refinement; g∅'s outcomes are the first pass's."""
+    w = Work()
+    refine = next((t for t in step_turns(plan, e, lengths, t_new, t_fb) if t.kind == "refine"), None)
+    if refine is None:
+        return w
+    w.add("prefill", "solver", refine.count * refine.prompt)
+    w.add("generated", "solver", refine.count * refine.new)
+    if feedback_metrics:
+        null_prompt = refine.prompt - t_fb + lengths.null_feedback
+        w.add("forward", "solver", refine.count * (refine.prompt + null_prompt + 2 * t_new))
+    return w
+
+
+def base_critic_work(e: int, lengths: Lengths, t_new: int, t_fb: int, feedback_metrics: bool) -> Work:
+    """``eval.base_critic``'s pass of every evaluation of a single-turn arm (``trainer.py``): the
+    refine protocol with the frozen start as critic. The frozen start is the solver's model, so its
+    feedback is counted under the solver's role (same parameters, same throughput)."""
+    from mlmt_bench.algorithms.step_plan import StepPlan
+
+    w = eval_work(StepPlan.of(1, "critic", train={}), e, lengths, t_new, t_fb, feedback_metrics)
+    for kind in ("prefill", "generated", "trained", "forward"):
+        d = getattr(w, kind)
+        if "critic" in d:
+            d["solver"] = d.get("solver", 0.0) + d.pop("critic")
     return w
 
 
