@@ -293,7 +293,7 @@ class Trainer:
         with memory.phase("eval"):
             res = self._evaluate_once(self.algorithm.eval_program(), self.actors,
                                       len(self.eval_problems) if final and e.final_samples else e.samples)
-            extra, rows = self._evaluate_with_base_critic(res.per_problem)
+            extra, rows = self._evaluate_with_base_critic(res)
             unredacted, rows = self._evaluate_unredacted(res, rows, final)
             extra = {**extra, **unredacted}
         self.counters.wall_s = time.perf_counter() - started
@@ -311,14 +311,16 @@ class Trainer:
         self.dist.barrier()
         return record
 
-    def _evaluate_with_base_critic(self, rows: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    def _evaluate_with_base_critic(self, first: EvalResult) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """Equal test-time compute (METHOD v3, ``eval.base_critic``): the single-turn arm's solver in
-        the refine protocol with the frozen base as critic. Its metrics are logged under
-        ``base_critic/``; each problem row gains ``t2_base_critic``."""
+        the refine protocol with the frozen base as critic, on ``first``'s own attempts (not
+        generated again). Its metrics are logged under ``base_critic/``; each problem row gains
+        ``t2_base_critic``."""
+        rows = first.per_problem
         if self.base_critic is None:
             return {}, rows
         actors = dataclasses.replace(self.actors, critic=self.base_critic)
-        res = self._evaluate_once(Program(attempts=1, feedback="critic"), actors, 0, "base_critic")
+        res = self._evaluate_once(Program(attempts=1, feedback="critic"), actors, 0, "base_critic", first.rollout)
         extra = {f"base_critic/{k}": v for k, v in res.metrics.items() if k != "n"}
         extra["base_critic/test_flops_eval"] = rollout_flops(
             {"solver": self._params("solver"), "critic": self.base_critic.n_params}, res.prompt_tokens, res.gen_tokens)
@@ -326,17 +328,22 @@ class Trainer:
                         **({"t2_base_critic_solver": bc["t2_critic_solver"]} if "t2_critic_solver" in bc else {})}
                        for row, bc in zip(rows, res.per_problem)]
 
-    def _evaluate_once(self, program: Program, actors: Actors, n_samples: int, which: str = "eval") -> EvalResult:
+    def _evaluate_once(self, program: Program, actors: Actors, n_samples: int, which: str = "eval",
+                       attempts_of: Rollout | None = None) -> EvalResult:
         """``evaluate`` of ``program`` on the eval problems, read from the memo of step-0 evaluations
         (:mod:`mlmt_bench.io.eval_memo`) where this run starts from weights, problems and settings an
         earlier run evaluated greedily. A read one is recorded in the manifest's ``eval_memo``
-        (``{which: key}``): the logged metrics are the same either way."""
+        (``{which: key}``): the logged metrics are the same either way. ``attempts_of``: an
+        evaluation's rollout whose attempts this one refines (``rollout``'s ``attempts_of``)."""
         e = self.spec.eval
 
         def run(n: int) -> EvalResult:
+            episodes = None
+            if attempts_of is not None:
+                episodes = rollout(program, actors, self.eval_problems, self.eval_sampling, attempts_of=attempts_of)
             return evaluate(program, actors, self.eval_problems, self.eval_sampling,
                             feedback_metrics=e.feedback_metrics, n_samples=n, protocols=e.protocols,
-                            micro_batch_tokens=self.spec.train.micro_batch_tokens)
+                            micro_batch_tokens=self.spec.train.micro_batch_tokens, episodes=episodes)
 
         key = self._memo_key(program, actors)
         res, read = eval_memo.evaluate_once(key, n_samples, len(self.eval_problems), run, EvalResult)

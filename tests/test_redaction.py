@@ -315,6 +315,26 @@ def test_refine_again_keeps_the_attempts_and_feedbacks_and_refines_after_what_is
     assert (back.gen_tokens, back.prompt_tokens) == (first.gen_tokens, first.prompt_tokens)
 
 
+def test_a_rollout_on_another_rollouts_attempts_generates_only_the_turns_after_them(policy):
+    sampling = Sampling(0.0, 1.0, 40, 80)
+    problems = [ARITH, Problem("p1", "synthetic-arith", "9-6+9+1", "14")]
+    single = rollout(Program(2), _actors(policy, CopyingBackend(ATTEMPT, FEEDBACK), True), problems, sampling)
+    backend = RecordingBackend(ATTEMPT, FEEDBACK)
+    ro = rollout(Program(2, "critic"), _actors(policy, backend, True), problems, sampling, attempts_of=single)
+    # 4 feedbacks and 4 refinements, no attempt
+    assert len(backend.contexts) == 8 and sum("feedback:" in c for c in backend.contexts) == 4
+    assert sum("\ncheck" in c and "feedback:" not in c for c in backend.contexts) == 4
+    fresh = rollout(Program(2, "critic"), _actors(policy, CopyingBackend(ATTEMPT, FEEDBACK), True), problems, sampling)
+    assert [(t.kind, t.parent, t.children, t.prompt_ids, t.ids, t.reward) for t in ro.turns] == \
+        [(t.kind, t.parent, t.children, t.prompt_ids, t.ids, t.reward) for t in fresh.turns]
+    assert (ro.gen_tokens, ro.prompt_tokens) == (fresh.gen_tokens, fresh.prompt_tokens)
+    assert single.turns[0].children == []  # the attempts were copied, not adopted
+    with pytest.raises(ValueError, match="attempts_of: 4 attempts of 2 problems, not 1 of each of these 2"):
+        rollout(Program(1, "critic"), _actors(policy, backend, True), problems, sampling, attempts_of=single)
+    with pytest.raises(ValueError, match="not 2 of each of these 1"):
+        rollout(Program(2, "critic"), _actors(policy, backend, True), problems[:1], sampling, attempts_of=single)
+
+
 def test_known_outcomes_after_null_feedback_are_not_generated_again(policy):
     program, sampling = Program(1, "critic", 1, 1), Sampling(0.0, 1.0, 40, 80)
     first = evaluate(program, _actors(policy, CopyingBackend(ATTEMPT, FEEDBACK), True), [ARITH], sampling)

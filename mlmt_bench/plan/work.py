@@ -303,11 +303,14 @@ def unredacted_work(plan: StepPlan, e: int, lengths: Lengths, t_new: int, t_fb: 
 
 def base_critic_work(e: int, lengths: Lengths, t_new: int, t_fb: int, feedback_metrics: bool) -> Work:
     """``eval.base_critic``'s pass of every evaluation of a single-turn arm (``trainer.py``): the
-    refine protocol with the frozen start as critic. The frozen start is the solver's model, so its
-    feedback is counted under the solver's role (same parameters, same throughput)."""
+    refine protocol with the frozen start as critic, on the evaluation's own attempts (not
+    generated again). The frozen start is the solver's model, so its feedback is counted under the
+    solver's role (same parameters, same throughput)."""
     from mlmt_bench.algorithms.step_plan import StepPlan
 
     w = eval_work(StepPlan.of(1, "critic", train={}), e, lengths, t_new, t_fb, feedback_metrics)
+    w.add("prefill", "solver", -e * lengths.attempt)  # the attempts: the evaluation's own
+    w.add("generated", "solver", -e * t_new)
     for kind in ("prefill", "generated", "trained", "forward"):
         d = getattr(w, kind)
         if "critic" in d:

@@ -214,8 +214,11 @@ def refine_prompt(tokenizer: Any, templates: PromptTemplates, problem: Problem, 
     return attempt_prompt_ids + close_turn(tokenizer, attempt_ids) + continuation_ids(tokenizer, history, new)
 
 
-def rollout(program: Program, actors: Actors, problems: Sequence[Problem], sampling: Sampling) -> Rollout:
-    """Run ``program`` on ``problems``; every turn is scored by the verifier (feedback turns: not scored)."""
+def rollout(program: Program, actors: Actors, problems: Sequence[Problem], sampling: Sampling, *,
+            attempts_of: Rollout | None = None) -> Rollout:
+    """Run ``program`` on ``problems``; every turn is scored by the verifier (feedback turns: not
+    scored). ``attempts_of``: a rollout of the same problems and attempt count whose attempts are
+    this one's, as they are (not generated again: a second protocol on identical attempts)."""
     start = time.perf_counter()
     solver, critic, tpl = actors.solver, actors.critic, actors.templates
     turns: list[TurnSample] = []
@@ -223,19 +226,22 @@ def rollout(program: Program, actors: Actors, problems: Sequence[Problem], sampl
     prompt_tokens = {"solver": 0, "critic": 0}
 
     # Turn 1: G attempts per problem.
-    a_prompts, a_owner = [], []
-    for pi, prob in enumerate(problems):
-        ids = attempt_prompt(solver.tokenizer, tpl, prob)
-        for _ in range(program.attempts):
-            a_prompts.append(ids)
-            a_owner.append(pi)
-    gens = _generate(solver, a_prompts, sampling, sampling.max_new_tokens, actors.backend)
-    verdicts = actors.verifier.score_batch([problems[pi] for pi in a_owner], [g.text for g in gens])
-    for pi, prompt, g, v in zip(a_owner, a_prompts, gens, verdicts):
-        turns.append(TurnSample("attempt", "solver", pi, None, prompt, g.ids, g.logprobs, g.text,
-                                g.finish_reason, v.reward, v))
-        gen_tokens["solver"] += len(g.ids)
-        prompt_tokens["solver"] += len(prompt)
+    if attempts_of is not None:
+        turns = _same_attempts(attempts_of, problems, program.attempts)
+    else:
+        a_prompts, a_owner = [], []
+        for pi, prob in enumerate(problems):
+            ids = attempt_prompt(solver.tokenizer, tpl, prob)
+            for _ in range(program.attempts):
+                a_prompts.append(ids)
+                a_owner.append(pi)
+        gens = _generate(solver, a_prompts, sampling, sampling.max_new_tokens, actors.backend)
+        verdicts = actors.verifier.score_batch([problems[pi] for pi in a_owner], [g.text for g in gens])
+        for pi, prompt, g, v in zip(a_owner, a_prompts, gens, verdicts):
+            turns.append(TurnSample("attempt", "solver", pi, None, prompt, g.ids, g.logprobs, g.text,
+                                    g.finish_reason, v.reward, v))
+    gen_tokens["solver"] += sum(len(t.ids) for t in turns)
+    prompt_tokens["solver"] += sum(len(t.prompt_ids) for t in turns)
     if program.feedback == "none":
         return Rollout(list(problems), turns, gen_tokens, time.perf_counter() - start, prompt_tokens)
     attempts = list(range(len(turns)))
@@ -287,6 +293,18 @@ def rollout(program: Program, actors: Actors, problems: Sequence[Problem], sampl
     gen_tokens["solver"] += generated
     prompt_tokens["solver"] += read
     return Rollout(list(problems), turns, gen_tokens, time.perf_counter() - start, prompt_tokens)
+
+
+def _same_attempts(ro: Rollout, problems: Sequence[Problem], per_problem: int) -> list[TurnSample]:
+    """``ro``'s attempt turns, copied without their children, for a rollout of ``problems`` with
+    ``per_problem`` attempts each; a rollout of other problems or counts is refused."""
+    attempts = [dataclasses.replace(ro.turns[i], children=[]) for i in ro.of_kind("attempt")]
+    if [p.id for p in ro.problems] != [p.id for p in problems] or len(attempts) != per_problem * len(problems):
+        raise ValueError(f"attempts_of: {len(attempts)} attempts of {len(ro.problems)} problems, not "
+                         f"{per_problem} of each of these {len(problems)}")
+    if [t.problem for t in attempts] != [i for i in range(len(problems)) for _ in range(per_problem)]:
+        raise ValueError("attempts_of: its attempts are not laid out problem by problem")
+    return attempts
 
 
 def refine_again(program: Program, ro: Rollout, actors: Actors, sampling: Sampling) -> Rollout:
