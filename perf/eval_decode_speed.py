@@ -1,17 +1,20 @@
-"""An evaluation's wall time: the hf backend's plain ``generate`` vs its ``decode: static`` path, on a real spec.
+"""An evaluation's wall time: the hf backend's plain ``generate`` vs its ``decode: static`` path (and that path
+with ``compact: true``), on a real spec.
 
 A benchmark, not a test. Evaluation dominates a run of the SmolLM2 testbed (the pilot's grpo seed 0 spent
 3,628 of its 4,449 s evaluating), so this measures the evaluation a run does, not a synthetic decode: the spec's
 solver answers its evaluation problems greedily, then, for ``grpo + base critic``, the frozen starting point
 writes feedback and the solver refines (``Program(attempts=1, feedback="critic")`` with ``eval.base_critic``'s
-critic), exactly as :meth:`mlmt_bench.trainer.Trainer._evaluate_with_base_critic` does, the memo off. Both decode
-paths run interleaved (generate, static, generate, ...) on the same trainer, after one warm-up call each on a
-few problems. It prints wall and process CPU seconds per path (median over ``--repeats``), the ratio static /
-generate, whether every problem's outcomes (t1, t2, t2_null) are the same under both, and writes a JSON file.
+critic), exactly as :meth:`mlmt_bench.trainer.Trainer._evaluate_with_base_critic` does, the memo off. The decode
+paths (``--paths``: ``generate``, ``static``, ``static+compact``) run interleaved (generate, static, generate,
+...) on the same trainer, after one warm-up call each on a few problems. It prints wall and process CPU seconds
+per path (median over ``--repeats``), each path's ratio to the first, whether every problem's outcomes (t1, t2,
+t2_null) are the first path's, the rows the static decode steps ran on (``row_steps``), and writes a JSON file.
 
 Usage (from the repository root; ``make smollm2`` first)::
 
     .venv/bin/python perf/eval_decode_speed.py --spec registry/runs/smollm2-pilot-base.yaml --problems 32
+    .venv/bin/python perf/eval_decode_speed.py --paths static,static+compact --out perf/results/eval_compact.json
 """
 
 from __future__ import annotations
@@ -46,25 +49,33 @@ def _trainer(spec_path: str, problems: int, out: Path) -> Any:
     return runner.make_trainer(spec, comp, NullRunDir(out))
 
 
-def _backend(decode: str) -> Any:
+PATHS = {"generate": {"decode": "generate"}, "static": {"decode": "static"},
+         "static+compact": {"decode": "static", "compact": True}}
+
+
+def _backend(path: str) -> Any:
     from mlmt_bench.rollout.hf_backend import HFBackend
 
-    return HFBackend(decode=decode)
+    return HFBackend(**PATHS[path])
 
 
-def _evaluate(trainer: Any, decode: str, problems: Any) -> tuple[float, float, list[tuple[Any, ...]], int]:
-    """(wall s, CPU s, [(t1, t2, t2_null)] per problem, generated tokens) of one grpo + base critic evaluation."""
+def _evaluate(trainer: Any, path: str, problems: Any) -> tuple[float, float, list[tuple[Any, ...]], int, int]:
+    """(wall s, CPU s, [(t1, t2, t2_null)] per problem, generated tokens, row steps) of one grpo + base critic
+    evaluation."""
     from mlmt_bench.evaluate import evaluate
     from mlmt_bench.rollout.episodes import Program
 
-    actors = dataclasses.replace(trainer.actors, critic=trainer.base_critic, backend=_backend(decode))
+    backend = _backend(path)
+    actors = dataclasses.replace(trainer.actors, critic=trainer.base_critic, backend=backend)
     e = trainer.spec.eval
     wall, cpu = time.perf_counter(), time.process_time()
     res = evaluate(Program(attempts=1, feedback="critic"), actors, problems, trainer.eval_sampling,
                    feedback_metrics=e.feedback_metrics, n_samples=0, protocols=e.protocols,
                    micro_batch_tokens=trainer.spec.train.micro_batch_tokens)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    return wall, cpu, [(r["t1"], r["t2"], r["t2_null"]) for r in res.per_problem], int(sum(res.gen_tokens.values()))
+    row_steps = sum(d.stats.row_steps for d in backend.decoders.values())
+    return (wall, cpu, [(r["t1"], r["t2"], r["t2_null"]) for r in res.per_problem], int(sum(res.gen_tokens.values())),
+            row_steps)
 
 
 def main() -> None:
@@ -72,8 +83,17 @@ def main() -> None:
     p.add_argument("--spec", default=str(ROOT / "registry" / "runs" / "smollm2-pilot-base.yaml"))
     p.add_argument("--problems", type=int, default=32, help="evaluation problems (the spec's first ones)")
     p.add_argument("--repeats", type=int, default=2, help="measured calls per path (after one warm-up call each)")
+    p.add_argument("--paths", default="generate,static", help=f"comma-separated, of {', '.join(PATHS)}")
     p.add_argument("--out", default=str(ROOT / "perf" / "results" / "eval_decode_speed.json"))
     args = p.parse_args()
+    modes = tuple(args.paths.split(","))
+    if len(modes) < 2 or any(m not in PATHS for m in modes):
+        raise SystemExit(f"--paths: two or more of {', '.join(PATHS)}, got {args.paths!r}")
+    from mlmt_bench.machine import cpus
+
+    busy = cpus.passive_wait_when_busy()  # as the CLI does, before torch loads: spinning waits collapse under load
+    if busy:
+        print(f"OMP_WAIT_POLICY=PASSIVE ({busy})", flush=True)
 
     import torch
 
@@ -81,7 +101,6 @@ def main() -> None:
 
     scratch = Path(os.environ.get("TMPDIR", "/tmp")) / f"eval-decode-speed-{os.getpid()}"
     trainer = _trainer(args.spec, args.problems, scratch)
-    modes = ("generate", "static")
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     outcomes: dict[str, list[tuple[Any, ...]]] = {}
     with cpu_autocast(trainer.spec), torch.no_grad():
@@ -91,25 +110,27 @@ def main() -> None:
         for r in range(args.repeats):
             for m in modes:
                 load = os.getloadavg()[0]
-                wall, cpu, rows, tokens = _evaluate(trainer, m, trainer.eval_problems)
+                wall, cpu, rows, tokens, row_steps = _evaluate(trainer, m, trainer.eval_problems)
                 outcomes.setdefault(m, rows)
-                runs[m].append({"wall_s": wall, "cpu_s": cpu, "gen_tokens": tokens, "load_before": load})
-                print(f"repeat {r} {m:8s}: {wall:7.1f} s wall, {cpu:7.1f} s CPU, {tokens} tokens "
-                      f"({tokens / wall:.1f} tok/s), load {load:.1f}", flush=True)
-    med = {m: {k: statistics.median(x[k] for x in runs[m]) for k in ("wall_s", "cpu_s", "gen_tokens")}
+                runs[m].append({"wall_s": wall, "cpu_s": cpu, "gen_tokens": tokens, "row_steps": row_steps,
+                                "load_before": load})
+                print(f"repeat {r} {m:14s}: {wall:7.1f} s wall, {cpu:7.1f} s CPU, {tokens} tokens "
+                      f"({tokens / wall:.1f} tok/s), {row_steps} row steps, load {load:.1f}", flush=True)
+    med = {m: {k: statistics.median(x[k] for x in runs[m]) for k in ("wall_s", "cpu_s", "gen_tokens", "row_steps")}
            for m in modes}
+    first = modes[0]
     result = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                     "torch": torch.__version__, "threads": torch.get_num_threads()},
-        "problems": len(trainer.eval_problems), "runs": runs, "median": med,
-        "static_over_generate": {"wall": med["static"]["wall_s"] / med["generate"]["wall_s"],
-                                 "cpu": med["static"]["cpu_s"] / med["generate"]["cpu_s"]},
-        "same_outcomes": outcomes["static"] == outcomes["generate"],
-        "outcomes_differ_on": sum(a != b for a, b in zip(outcomes["static"], outcomes["generate"])),
+        "problems": len(trainer.eval_problems), "paths": list(modes), "runs": runs, "median": med,
+        f"over_{first}": {m: {"wall": med[m]["wall_s"] / med[first]["wall_s"],
+                              "cpu": med[m]["cpu_s"] / med[first]["cpu_s"]} for m in modes[1:]},
+        f"same_outcomes_as_{first}": {m: outcomes[m] == outcomes[first] for m in modes[1:]},
+        "outcomes_differ_on": {m: sum(a != b for a, b in zip(outcomes[m], outcomes[first])) for m in modes[1:]},
     }
-    print(json.dumps({k: result[k] for k in ("median", "static_over_generate", "same_outcomes",
+    print(json.dumps({k: result[k] for k in ("median", f"over_{first}", f"same_outcomes_as_{first}",
                                              "outcomes_differ_on")}, indent=1))
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
 

@@ -197,7 +197,8 @@ def test_unsupported_architecture_is_refused(tok, prompts):
                                            ({"decode": "static", "sampler": "gumbel"}, "sampler"),
                                            ({"decode": "static", "max_cache_mb": -1}, "max_cache_mb"),
                                            ({"decode": "static", "sync_every": 0}, "sync_every"),
-                                           ({"decode": "static", "keep_cache": "yes"}, "keep_cache")])
+                                           ({"decode": "static", "keep_cache": "yes"}, "keep_cache"),
+                                           ({"decode": "static", "compact": "auto"}, "compact")])
 def test_bad_options_are_one_line_errors(options, match):
     with pytest.raises(UserError, match=match):
         HFBackend(**options)
@@ -215,6 +216,48 @@ def test_cpu_decoding_frees_its_kv_caches_after_each_call(tok, prompts):
                  + backend.generate(model, tok, prompts[3:], max_new_tokens=20, temperature=0.0))
     assert not freeing.decoder(model).states
     assert len(keeping.decoder(model).states) == 3  # rows × cache length: the whole list, then its two parts
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "llama-lora"])
+@pytest.mark.parametrize("buckets", [False, True])
+def test_compacted_rows_give_generates_greedy_results_in_fewer_row_steps(tok, prompts, arch, buckets):
+    """On this model and thread count the smaller products round as the full batch's do, so the
+    ids are generate's (the option's caveat is about other shapes and machines); the rows a step
+    runs on shrink as rows end, also after stop strings and under min_new_tokens and a penalty."""
+    model = MODELS[arch](tok)
+    plain = HFBackend().generate(model, tok, prompts, max_new_tokens=30, temperature=0.0)
+    lengths = sorted(len(g.ids) for g in plain)
+    assert lengths[0] < lengths[-1] == 30, "rows should end at different steps"
+    full, compact = HFBackend(decode="static", buckets=buckets), HFBackend(decode="static", buckets=buckets,
+                                                                          compact=True)
+    _compare(plain, full.generate(model, tok, prompts, max_new_tokens=30, temperature=0.0))
+    _compare(plain, compact.generate(model, tok, prompts, max_new_tokens=30, temperature=0.0))
+    every, fewer = full.decoder(model).stats, compact.decoder(model).stats
+    assert every.row_steps == (16 if buckets else len(prompts)) * (every.steps - 1) and every.compactions == 0
+    assert compact.decoder(model).stats.compactions >= 1 and fewer.row_steps < every.row_steps
+    assert fewer.row_steps >= sum(lengths) - len(prompts)  # never fewer than the rows still generating
+    # against the full static path here: generate also stops on a stop string begun in the prompt
+    model.generation_config.min_new_tokens = 3
+    model.generation_config.repetition_penalty = 1.3
+    penalised = full.generate(model, tok, prompts, max_new_tokens=30, temperature=0.0)
+    stop = [max((g.text for g in penalised), key=len)[4:6]]  # ends the longest row, maybe others
+    ended = full.generate(model, tok, prompts, max_new_tokens=30, temperature=0.0, stop=stop)
+    assert any(g.finish_reason == "stop" and g.ids[-1] != tok.eos_token_id for g in ended)
+    _compare(ended, compact.generate(model, tok, prompts, max_new_tokens=30, temperature=0.0, stop=stop))
+
+
+def test_compacted_sampling_keeps_each_rows_tokens_and_log_probs(tok, prompts):
+    """Sampled with compaction, each row's log-probs are those its own ids have under the model."""
+    model = _llama(tok)
+    backend = HFBackend(decode="static", compact=True)
+    gens = backend.generate(model, tok, prompts, max_new_tokens=30, temperature=1.0, seed=7)
+    assert backend.decoder(model).stats.compactions >= 1
+    assert {g.finish_reason for g in gens} == {"stop", "length"}
+    for p, g in zip(prompts, gens):
+        with torch.no_grad():
+            logits = model(torch.tensor([p + g.ids])).logits[0, len(p) - 1:-1].float()
+        want = torch.log_softmax(logits, -1).gather(1, torch.tensor(g.ids)[:, None]).squeeze(1)
+        assert torch.allclose(torch.tensor(g.logprobs), want, atol=1e-4)
 
 
 def test_graphs_need_cuda(tok, prompts):

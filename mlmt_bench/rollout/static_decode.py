@@ -46,6 +46,7 @@ documents.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import OrderedDict
@@ -72,6 +73,9 @@ _UNSUPPORTED_GENERATION_CONFIG = {
     "min_p": (None,), "sequence_bias": (None,), "encoder_repetition_penalty": (None, 1.0),
     "exponential_decay_length_penalty": (None,), "renormalize_logits": (None, False),
 }
+
+#: ``compact``: rows are dropped once at most this share of a step's rows is still generating
+COMPACT_AT = 0.75
 
 #: cache lengths (and active lengths) are rounded up to this ladder: ≤ 50 % waste, few distinct graphs
 def _length_ladder(n: int, minimum: int = 64) -> int:
@@ -139,6 +143,8 @@ class DecodeStats:
     graphs_captured: int = 0
     recaptures: int = 0
     capture_s: float = 0.0
+    row_steps: int = 0  # rows a decode step ran on, summed over steps (less with ``compact``)
+    compactions: int = 0
     graph_failures: list[str] = field(default_factory=list)
 
 
@@ -191,6 +197,22 @@ class _Arch:
         return x + layer.mlp(layer.post_attention_layernorm(x))
 
 
+def _compacted(st: _State, keep: torch.Tensor) -> _State:
+    """``st`` on rows ``keep`` alone (``[m]`` indices, ascending): each per-row buffer's rows
+    ``keep`` are moved to its first ``m`` rows (in place: ``st``'s buffers are refilled by the next
+    call) and the state returned views those; the per-call scalars are shared."""
+    m = len(keep)
+
+    def front(t: torch.Tensor) -> torch.Tensor:
+        t[:m] = t.index_select(0, keep)  # index_select copies first, so the rows may overlap
+        return t[:m]
+
+    return dataclasses.replace(
+        st, rows=m, k=[front(t) for t in st.k], v=[front(t) for t in st.v], ids=front(st.ids), pos=front(st.pos),
+        key_mask=front(st.key_mask), done=front(st.done), out_ids=front(st.out_ids), out_lp=front(st.out_lp),
+        seen=None if st.seen is None else front(st.seen))
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -224,15 +246,22 @@ class StaticDecoder:
     (KV caches and their graphs) between calls for the next call of the same shape; without
     graphs a state is only a zero-filled buffer, cheap to remake, and shapes rarely repeat
     unbucketed, so a CPU run that kept them held up to four caches of gigabytes per model.
+    ``compact``: at a check, once at most :data:`COMPACT_AT` of the rows a step runs on are still
+    generating, move those to the front and step on them alone (without graphs only: a graph's
+    shapes are fixed). Rows end at different lengths, and every step costs in proportion to its
+    rows; the smaller matrix products may round differently from the full batch's (the ids then
+    part from generate's where two logits are that close), and seeded sampling draws for fewer
+    rows than generate does, so a seed no longer gives generate's draws.
     """
 
     def __init__(self, model: Any, *, graphs: bool, buckets: bool, max_cache_mb: float | None,
-                 sync_every: int, sampler: str, max_rows: int, keep_cache: bool = True) -> None:
+                 sync_every: int, sampler: str, max_rows: int, keep_cache: bool = True, compact: bool = False) -> None:
         self.model = model
         self.arch = _Arch(model)
         self.graphs = graphs
         self.buckets = buckets
         self.keep_cache = keep_cache
+        self.compact = compact and not graphs
         self.max_cache_bytes = None if max_cache_mb is None else int(max_cache_mb * 2 ** 20)
         self.sync_every = max(1, int(sync_every))
         if sampler not in ("multinomial", "race"):
@@ -421,19 +450,35 @@ class StaticDecoder:
 
         t0 = time.perf_counter()
         self._prefill(st, ids, mask, mode, eos_id, pad_id, n)
+        # ``work``: the rows the steps run on, ``st`` itself or (compact) its unfinished rows moved to
+        # the front; ``origin[j]``: the chunk row of work's row j; ``out_*``: the rows compacted away
+        work, live, origin = st, n, torch.arange(n, device=dev)
+        out_ids = torch.full((n, max_new), pad_id, dtype=torch.long, device=dev)
+        out_lp = torch.zeros((n, max_new), dtype=torch.float32, device=dev)
         steps, checked = 1, 0
         while steps < max_new:
-            self._run_step(st, self._active(width + steps - 1, length), mode, eos_id, pad_id, n)
+            self._run_step(work, self._active(width + steps - 1, length), mode, eos_id, pad_id, live)
+            self.stats.row_steps += work.rows
             steps += 1
             if steps % self.sync_every == 0:
                 if stops is not None:
-                    self._end_stopped_rows(st, n, steps, checked, stops)
+                    self._end_stopped_rows(work, live, steps, checked, stops)
                     checked = steps
-                if bool(st.done[:n].all()):
+                going = ~work.done[:live]
+                if not bool(going.any()):
                     break
+                if self.compact and int(going.sum()) <= COMPACT_AT * work.rows:
+                    ended = (~going).nonzero().squeeze(1)
+                    out_ids[origin[ended], :steps] = work.out_ids[ended, :steps]
+                    out_lp[origin[ended], :steps] = work.out_lp[ended, :steps]
+                    keep = going.nonzero().squeeze(1)
+                    work, live, origin = _compacted(work, keep), len(keep), origin[keep]
+                    self.stats.compactions += 1
+        out_ids[origin, :steps] = work.out_ids[:live, :steps]
+        out_lp[origin, :steps] = work.out_lp[:live, :steps]
         # copies: the state's buffers are reused by the next chunk (.cpu() of a CPU tensor is no copy)
-        out_ids = st.out_ids[:n, :steps].to("cpu", copy=True)
-        out_lp = st.out_lp[:n, :steps].to("cpu", copy=True)
+        out_ids = out_ids[:, :steps].to("cpu", copy=True)
+        out_lp = out_lp[:, :steps].to("cpu", copy=True)
         ids, lps, tokens = _trim(out_ids, out_lp, eos_id, pad_id, stops)
         self.stats.steps += steps
         self.stats.tokens += tokens
