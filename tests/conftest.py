@@ -7,6 +7,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mlmt_bench.machine import cpus
+
+# as the CLI does, before torch loads: on a machine already busy, OpenMP's spinning barrier waits
+# make threaded tests crawl (beside a training run, a 4-row decode step took ~10 s); floats unchanged
+cpus.passive_wait_when_busy()
+
 
 @pytest.fixture(autouse=True)
 def _own_eval_memo(tmp_path, monkeypatch):
