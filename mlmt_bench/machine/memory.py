@@ -142,25 +142,26 @@ def reset_peak_rss() -> bool:
         return False
 
 
-def rss_mb() -> float:
-    """This process's resident set size now (``VmRSS``), MiB; NaN where /proc cannot be read."""
+def _status_mb(field: str) -> float | None:
+    """``field`` of ``/proc/self/status`` (``VmRSS``, ``VmHWM``: kB there), MiB; None where unread."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024  # kB
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) / 1024
     except OSError:
         pass
-    return float("nan")
+    return None
+
+
+def rss_mb() -> float:
+    """This process's resident set size now (``VmRSS``), MiB; NaN where /proc cannot be read."""
+    now = _status_mb("VmRSS")
+    return float("nan") if now is None else now
 
 
 def peak_rss_mb() -> float:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024  # kB
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = _status_mb("VmHWM")
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 if peak is None else peak
 
 
 TRACKER = PhasePeaks()
