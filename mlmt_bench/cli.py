@@ -596,10 +596,7 @@ def probe_feedback(
     from mlmt_bench.io.progress import print_table
     from mlmt_bench.probe import table_rows, write_probe
 
-    if out is not None:
-        from mlmt_bench.tracking import check_output_dir
-
-        check_output_dir(out, "--out")
+    _check_record_dir(out)
     if spec.is_dir():
         if overrides:
             raise UserError("--set applies to a SPEC; a run directory is probed with its own spec")
@@ -626,12 +623,32 @@ def probe_feedback(
     _emit({k: v for k, v in result.items() if k != "per_problem"}, human)
 
 
+def _check_record_dir(out: Path | None) -> None:
+    """A probe's ``--out``, checked before the probe spends minutes: a one-line error if unusable."""
+    if out is not None:
+        from mlmt_bench.tracking import check_output_dir
+
+        check_output_dir(out, "--out")
+
+
+def _write_record(result: dict[str, Any], out: Path | None, name: str) -> list[Path]:
+    """A probe's whole record as ``out/name`` (JSON, written atomically); the paths written."""
+    if out is None:
+        return []
+    from mlmt_bench.tracking import atomic_write_text
+
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / name, json.dumps(result, indent=2, default=str) + "\n")
+    return [out / name]
+
+
 @probe_app.command("critic")
 @_user_errors
 def probe_critic(
     spec: Path = typer.Argument(..., help="Run spec (YAML) whose starting solver and critic are checked."),
     split: str = typer.Option("validation", "--split", help="Split of the spec's benchmark: validation or test."),
     limit: int = typer.Option(200, "--limit", "-n", min=1, metavar="N", help="The first N problems."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Also write gate.json (the whole record) here."),
     overrides: list[str] | None = SetOption,
 ) -> None:
     """The critic gate (METHOD v4) on a spec's starting policies: the solver's own attempts judged by
@@ -640,10 +657,14 @@ def probe_critic(
     from mlmt_bench import runner, spec as specs
     from mlmt_bench.warmstart.shared_base import gate_line
 
+    _check_record_dir(out)
     loaded = specs.load_any(spec, overrides or [])
     if isinstance(loaded, tuple):
         raise UserError(f"{spec}: an experiment spec; the gate takes a run spec (one of its arms)")
     result = runner.critic_gate_from_spec(loaded, split=split, limit=limit, progress=not state.quiet)
+    result["command"] = " ".join(["mlmt-bench probe critic", str(spec), "--split", split, "--limit", str(limit),
+                                  *(f"--set {o}" for o in overrides or [])])
+    files = _write_record(result, out, "gate.json")
 
     def human() -> None:
         typer.echo(f"critic gate: {result['spec']} (seed {result['seed']}), {result['critic']} critic on the "
@@ -651,6 +672,8 @@ def probe_critic(
         for label in ("greedy", "sampled"):
             typer.echo("  " + gate_line(label, result[label]))
         typer.echo("  passes" if not result["failures"] else "  FAILS: " + "; ".join(result["failures"]))
+        for f in files:
+            _echo(f"wrote {f}")
 
     _emit(result, human)
 
@@ -661,6 +684,7 @@ def probe_value(
     spec: Path = typer.Argument(..., help="Run spec (YAML) whose starting solver and critic roll out."),
     rows: int = typer.Option(4096, "--rows", min=2, help="Rollouts to fit on (METHOD v4: at least 4,000)."),
     steps: int = typer.Option(1000, "--steps", min=1, help="Adam steps of each fit."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Also write value.json (the whole record) here."),
     overrides: list[str] | None = SetOption,
 ) -> None:
     """The value probe (METHOD v4, "Value gate"): the learned value fitted on rollouts of the
@@ -670,10 +694,14 @@ def probe_value(
     from mlmt_bench import runner, spec as specs
     from mlmt_bench.warmstart.value_probe import MIN_ROWS
 
+    _check_record_dir(out)
     loaded = specs.load_any(spec, overrides or [])
     if isinstance(loaded, tuple):
         raise UserError(f"{spec}: an experiment spec; the probe takes a run spec (one of its arms)")
     result = runner.value_probe_from_spec(loaded, rows=rows, steps=steps, progress=not state.quiet)
+    result["command"] = " ".join(["mlmt-bench probe value", str(spec), "--rows", str(rows), "--steps", str(steps),
+                                  *(f"--set {o}" for o in overrides or [])])
+    files = _write_record(result, out, "value.json")
 
     def human() -> None:
         def ev(v: Any) -> str:
@@ -686,6 +714,8 @@ def probe_value(
         for name, r in result["features"].items():
             typer.echo(f"  {name} ({r['width']} features): held-out explained variance {ev(r['explained_variance'])} "
                        f"on {r['n_test']} rows (fitted on {r['n_train']}: {ev(r['train_ev'])})")
+        for f in files:
+            _echo(f"wrote {f}")
 
     _emit(result, human)
 

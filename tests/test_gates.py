@@ -323,9 +323,12 @@ def test_probe_critic_runs_the_gate_on_a_specs_own_solver_and_critic(tmp_path, m
     from mlmt_bench.cli import app
 
     monkeypatch.setenv("MLMT_BENCH_CACHE", str(tmp_path / "cache"))
-    res = CliRunner().invoke(app, ["--json", "probe", "critic", "registry/runs/synthetic-base.yaml", "--limit", "24"])
+    res = CliRunner().invoke(app, ["--json", "probe", "critic", "registry/runs/synthetic-base.yaml", "--limit", "24",
+                                   "--out", str(tmp_path / "gate")])
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
+    assert json.loads((tmp_path / "gate" / "gate.json").read_text()) == out  # the record, as printed
+    assert out["command"] == "mlmt-bench probe critic registry/runs/synthetic-base.yaml --split validation --limit 24"
     assert out["split"] == "validation" and out["n"] == 24 and out["critic"] == "base"
     for label in ("greedy", "sampled"):
         d = out[label]
@@ -334,3 +337,6 @@ def test_probe_critic_runs_the_gate_on_a_specs_own_solver_and_critic(tmp_path, m
     assert out["sampled"]["critic_temperature"] == 0.5 and out["greedy"]["critic_temperature"] == 0.0
     assert out["failures"] == critic_gate(out) and out["failures"]  # this base fails the gate
     one_line_error(["probe", "critic", "registry/runs/synthetic-base.yaml", "--split", "nope"], "nope")
+    (tmp_path / "a-file").write_text("x")
+    one_line_error(["probe", "critic", "registry/runs/synthetic-base.yaml", "--out", str(tmp_path / "a-file")],
+                   "not a directory")
