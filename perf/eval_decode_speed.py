@@ -6,10 +6,11 @@ A benchmark, not a test. Evaluation dominates a run of the SmolLM2 testbed (the 
 solver answers its evaluation problems greedily, then, for ``grpo + base critic``, the frozen starting point
 writes feedback and the solver refines (``Program(attempts=1, feedback="critic")`` with ``eval.base_critic``'s
 critic), exactly as :meth:`mlmt_bench.trainer.Trainer._evaluate_with_base_critic` does, the memo off. The decode
-paths (``--paths``: ``generate``, ``static``, ``static+compact``) run interleaved (generate, static, generate,
-...) on the same trainer, after one warm-up call each on a few problems. It prints wall and process CPU seconds
-per path (median over ``--repeats``), each path's ratio to the first, whether every problem's outcomes (t1, t2,
-t2_null) are the first path's, the rows the static decode steps ran on (``row_steps``), and writes a JSON file.
+paths (``--paths``: ``generate``, ``static``, ``static+compact``, ``static+merge``: ``merge_lora``) run
+interleaved (generate, static, generate, ...) on the same trainer, after one warm-up call each on a few problems.
+It prints wall and process CPU seconds per path (median over ``--repeats``), each path's ratio to the first,
+whether every problem's outcomes (t1, t2, t2_null) are the first path's, the rows the static decode steps ran on
+(``row_steps``), and writes a JSON file.
 
 Usage (from the repository root; ``make smollm2`` first)::
 
@@ -50,7 +51,8 @@ def _trainer(spec_path: str, problems: int, out: Path) -> Any:
 
 
 PATHS = {"generate": {"decode": "generate"}, "static": {"decode": "static"},
-         "static+compact": {"decode": "static", "compact": True}}
+         "static+compact": {"decode": "static", "compact": True},
+         "static+merge": {"decode": "static", "merge_lora": True}}
 
 
 def _backend(path: str) -> Any:

@@ -198,7 +198,10 @@ def test_unsupported_architecture_is_refused(tok, prompts):
                                            ({"decode": "static", "max_cache_mb": -1}, "max_cache_mb"),
                                            ({"decode": "static", "sync_every": 0}, "sync_every"),
                                            ({"decode": "static", "keep_cache": "yes"}, "keep_cache"),
-                                           ({"decode": "static", "compact": "auto"}, "compact")])
+                                           ({"decode": "static", "compact": "auto"}, "compact"),
+                                           ({"decode": "static", "merge_lora": "auto"}, "merge_lora"),
+                                           ({"merge_lora": True}, "merge_lora.*needs decode: static"),
+                                           ({"compact": True}, "compact.*needs decode: static")])
 def test_bad_options_are_one_line_errors(options, match):
     with pytest.raises(UserError, match=match):
         HFBackend(**options)
@@ -258,6 +261,83 @@ def test_compacted_sampling_keeps_each_rows_tokens_and_log_probs(tok, prompts):
             logits = model(torch.tensor([p + g.ids])).logits[0, len(p) - 1:-1].float()
         want = torch.log_softmax(logits, -1).gather(1, torch.tensor(g.ids)[:, None]).squeeze(1)
         assert torch.allclose(torch.tensor(g.logprobs), want, atol=1e-4)
+
+
+def _all_linear_lora(model, seed: int = 3, **kw):
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    return get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False,
+                                            task_type="CAUSAL_LM", **kw))
+
+
+def _count_adapter_calls(model) -> list[int]:
+    """A counter of forward calls of every LoRA A matrix (peft's unmerged path runs each)."""
+    calls = [0]
+    for name, module in model.named_modules():
+        if name.endswith("lora_A.default"):
+            module.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    return calls
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_merged_lora_gives_generates_greedy_results_without_running_the_adapters(tok, prompts, arch):
+    """``merge_lora``: every adapted linear layer (all-linear, q/k/v biases on qwen2) runs as one
+    product with W + s·B·A: the adapters' own modules are never called, the ids are generate's
+    (on these models the two roundings agree) and the log-probs agree to float32 rounding; the
+    model is not modified."""
+    model = _all_linear_lora(MODELS[arch](tok))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    calls = _count_adapter_calls(model)
+    plain = HFBackend().generate(model, tok, prompts, max_new_tokens=30, temperature=0.0)
+    assert calls[0] > 0
+    calls[0] = 0
+    merged = HFBackend(decode="static", merge_lora=True)
+    _compare(plain, merged.generate(model, tok, prompts, max_new_tokens=30, temperature=0.0), tol=1e-4)
+    assert calls[0] == 0, "the merged path should not run the adapters' modules"
+    assert len(merged.decoder(model).arch.merged.weights) == 7 * len(merged.decoder(model).arch.layers)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_merged_weights_follow_an_optimiser_step_and_the_active_adapter(tok, prompts):
+    """The merged weights are made again at every call: after an optimiser step on the adapters
+    (in place) and after switching to another adapter, the decoder gives generate's ids for the
+    model as it is then, with the same decoder object."""
+    model = _all_linear_lora(_llama(tok))
+    backend = HFBackend(decode="static", merge_lora=True)
+    first = backend.generate(model, tok, prompts, max_new_tokens=16, temperature=0.0)
+    decoder = backend.decoder(model)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=5e-2)
+    ids = torch.tensor([prompts[1] + prompts[4]])
+    model(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+    after = backend.generate(model, tok, prompts, max_new_tokens=16, temperature=0.0)
+    assert backend.decoder(model) is decoder
+    assert [g.ids for g in after] != [g.ids for g in first], "the update should change greedy outputs"
+    _compare(HFBackend().generate(model, tok, prompts, max_new_tokens=16, temperature=0.0), after, tol=1e-4)
+    from peft import LoraConfig
+
+    torch.manual_seed(9)
+    model.add_adapter("other", LoraConfig(r=2, lora_alpha=8, target_modules="all-linear", init_lora_weights=False))
+    model.set_adapter("other")
+    other = backend.generate(model, tok, prompts, max_new_tokens=16, temperature=0.0)
+    assert [g.ids for g in other] != [g.ids for g in after]
+    _compare(HFBackend().generate(model, tok, prompts, max_new_tokens=16, temperature=0.0), other, tol=1e-4)
+    with model.disable_adapter():  # adapters off: the base weights as they are
+        _compare(HFBackend().generate(model, tok, prompts, max_new_tokens=16, temperature=0.0),
+                 backend.generate(model, tok, prompts, max_new_tokens=16, temperature=0.0), tol=1e-4)
+
+
+def test_merged_lora_refuses_dora_and_16_bit_products(tok, prompts):
+    model = _all_linear_lora(_llama(tok), use_dora=True)
+    with pytest.raises(UserError, match="merge_lora cannot merge DoRA"):
+        HFBackend(decode="static", merge_lora=True).generate(model, tok, prompts, max_new_tokens=4)
+    model = _all_linear_lora(_llama(tok))
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(UserError, match="float32 products.*bfloat16"):
+        HFBackend(decode="static", merge_lora=True).generate(model, tok, prompts, max_new_tokens=4)
+    model.get_base_model().model.layers[0].mlp.up_proj.base_layer.to(torch.bfloat16)  # a frozen weight cast once
+    with pytest.raises(UserError, match="float32 products.*bfloat16"):
+        HFBackend(decode="static", merge_lora=True).generate(model, tok, prompts, max_new_tokens=4)
 
 
 def test_graphs_need_cuda(tok, prompts):

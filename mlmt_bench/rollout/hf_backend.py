@@ -21,7 +21,11 @@ finished rows; auto: 8 with graphs, else 1), ``sampler`` (auto | multinomial | r
 with graphs, else multinomial, which draws exactly what generate draws), ``compact`` (false; true:
 without graphs, step only on the rows still generating once a quarter of the batch has finished:
 fewer rows per step, but the smaller products may round differently, so ids can part from
-generate's where two logits are that close, and a seed no longer gives generate's draws).
+generate's where two logits are that close, and a seed no longer gives generate's draws),
+``merge_lora`` (false; true: each LoRA linear layer runs as one product with its weight merged,
+``W + s·B·A`` of its active adapters, made again at every call; nothing is merged in place. Five
+operations per layer become one, but ``x·(W + ΔW)`` rounds differently from ``x·W + s·(x·A)·B``,
+so ids can part from generate's where two logits are that close).
 
 The vLLM backend stays the recommended engine for large models on GPUs.
 """
@@ -97,15 +101,15 @@ class HFBackend(Backend):
 
     def __init__(self, batch_size: int = 256, decode: str = "generate", graphs: Any = "auto", buckets: Any = "auto",
                  max_cache_mb: Any = "auto", sync_every: Any = "auto", sampler: str = "auto",
-                 keep_cache: Any = "auto", compact: Any = False, **unknown: Any) -> None:
+                 keep_cache: Any = "auto", compact: Any = False, merge_lora: Any = False, **unknown: Any) -> None:
         reject_unknown_options(HFBackend, "hf", unknown)
         self.check_values(batch_size=batch_size, decode=decode, graphs=graphs, buckets=buckets,
                           max_cache_mb=max_cache_mb, sync_every=sync_every, sampler=sampler, keep_cache=keep_cache,
-                          compact=compact)
+                          compact=compact, merge_lora=merge_lora)
         self.batch_size = batch_size
         self.decode = decode
         self.static_options = dict(graphs=graphs, buckets=buckets, max_cache_mb=max_cache_mb, sync_every=sync_every,
-                                   sampler=sampler, keep_cache=keep_cache, compact=compact)
+                                   sampler=sampler, keep_cache=keep_cache, compact=compact, merge_lora=merge_lora)
         self.decoders: dict[int, Any] = {}  # id(model) -> StaticDecoder (which holds the model)
 
     # The ignore[override] below: the base takes **options, but options reach check_values only after
@@ -113,7 +117,8 @@ class HFBackend(Backend):
     @staticmethod
     def check_values(*, decode: str = "generate", graphs: Any = "auto", buckets: Any = "auto",  # type: ignore[override]
                      max_cache_mb: Any = "auto", sync_every: Any = "auto", sampler: str = "auto",
-                     keep_cache: Any = "auto", compact: Any = False, batch_size: Any = 256) -> None:
+                     keep_cache: Any = "auto", compact: Any = False, merge_lora: Any = False,
+                     batch_size: Any = 256) -> None:
         """One-line errors for option values this backend cannot use (``mlmt-bench validate`` calls it)."""
         if not (isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size >= 1):
             raise UserError(f"backend hf: options.batch_size must be an integer ≥ 1, got {batch_size!r}")
@@ -130,8 +135,12 @@ class HFBackend(Backend):
                             f"got {max_cache_mb!r}")
         if sync_every != "auto" and not (isinstance(sync_every, int) and sync_every >= 1):
             raise UserError(f"backend hf: options.sync_every must be auto or an integer ≥ 1, got {sync_every!r}")
-        if compact not in (True, False):
-            raise UserError(f"backend hf: options.compact must be true or false, got {compact!r}")
+        for name, value in (("compact", compact), ("merge_lora", merge_lora)):
+            if value not in (True, False):
+                raise UserError(f"backend hf: options.{name} must be true or false, got {value!r}")
+            if value and decode != "static":
+                raise UserError(f"backend hf: options.{name} changes the static decoder; it needs decode: static "
+                                f"(got decode: {decode})")
 
     def sync_weights(self, model: Any) -> None:
         """Nothing to copy: generation uses the training model object itself. The static decoder's
@@ -158,7 +167,8 @@ class HFBackend(Backend):
                 else o["max_cache_mb"],
                 sync_every=(8 if graphs else 1) if o["sync_every"] == "auto" else o["sync_every"],
                 sampler=("race" if graphs else "multinomial") if o["sampler"] == "auto" else o["sampler"],
-                max_rows=self.batch_size, keep_cache=_flag(o["keep_cache"], graphs), compact=o["compact"])
+                max_rows=self.batch_size, keep_cache=_flag(o["keep_cache"], graphs), compact=o["compact"],
+                merge_lora=o["merge_lora"])
             self.decoders[id(model)] = dec
         return dec
 

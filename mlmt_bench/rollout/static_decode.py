@@ -151,7 +151,7 @@ class DecodeStats:
 class _Arch:
     """The modules of a Llama-family decoder that the step calls, and its attention geometry."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, merge_lora: bool = False) -> None:
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         cfg = base.config
         model_type = getattr(cfg, "model_type", None)
@@ -176,14 +176,25 @@ class _Arch:
         self.qk_norm = hasattr(self.layers[0].self_attn, "q_norm")
         self.scaling = getattr(self.layers[0].self_attn, "scaling", self.head_dim ** -0.5)
         self.vocab = self.lm_head.out_features if hasattr(self.lm_head, "out_features") else cfg.vocab_size
+        self.merged = MergedLinears(self.layers) if merge_lora else None
+
+    def linear(self, module: Any, h: torch.Tensor) -> torch.Tensor:
+        """``module(h)``, with its merged weight where LoRA layers are merged."""
+        return module(h) if self.merged is None else self.merged.linear(module, h)
+
+    def mlp(self, mlp: Any, h: torch.Tensor) -> torch.Tensor:
+        """The gated MLP of a Llama-family layer: ``down(act(gate(h)) * up(h))``."""
+        if self.merged is None:
+            return mlp(h)
+        return self.linear(mlp.down_proj, mlp.act_fn(self.linear(mlp.gate_proj, h)) * self.linear(mlp.up_proj, h))
 
     def qkv(self, layer: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Rotated queries ``[B, H, S, D]`` and keys, values ``[B, KV, S, D]`` of ``h [B, S, hidden]``."""
         attn = layer.self_attn
         b, s, _ = h.shape
-        q = attn.q_proj(h).view(b, s, self.heads, self.head_dim)
-        k = attn.k_proj(h).view(b, s, self.kv_heads, self.head_dim)
-        v = attn.v_proj(h).view(b, s, self.kv_heads, self.head_dim)
+        q = self.linear(attn.q_proj, h).view(b, s, self.heads, self.head_dim)
+        k = self.linear(attn.k_proj, h).view(b, s, self.kv_heads, self.head_dim)
+        v = self.linear(attn.v_proj, h).view(b, s, self.kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -193,8 +204,83 @@ class _Arch:
     def finish_layer(self, layer: Any, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         """Residual stream after the attention output ``o [B, H, S, D]`` and the MLP."""
         b, _, s, _ = o.shape
-        x = x + layer.self_attn.o_proj(o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
-        return x + layer.mlp(layer.post_attention_layernorm(x))
+        x = x + self.linear(layer.self_attn.o_proj, o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
+        return x + self.mlp(layer.mlp, layer.post_attention_layernorm(x))
+
+
+#: the linear layers of a Llama-family decoder layer that LoRA adapts (``all-linear``), by path
+_LAYER_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                  "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
+class MergedLinears:
+    """``merge_lora``: the LoRA linear layers of a decoder's layers, each run as one matrix product
+    ``F.linear(h, W + ΔW, b)`` with ``ΔW = s·B·A`` of its active adapters
+    (:func:`mlmt_bench.models.lora_weights.merged_weight`), instead of peft's five operations
+    (the base product, the adapter's two, its scaling and the sum).
+
+    :meth:`refresh` makes every merged weight again from the current base and adapter weights, so
+    an optimiser step, a switched adapter (a shared base's roles) or weights loaded from a
+    checkpoint can never leave a stale one; the decoder calls it at the start of every call (about
+    one forward token's worth of arithmetic: ``out × r × in`` per layer). It writes into the same
+    tensors each time, so a captured CUDA graph reads the new values. Memory: one copy of every
+    adapted weight (SmolLM2-135M: ~106M parameters). The model is never modified. Layers that are
+    not LoRA layers, and layers whose adapters are off or already merged, run as they are. DoRA's
+    merged weight is not ``W + BA``: refused, one line. So are products in a 16-bit dtype (weights
+    in bfloat16 or float16, or autocast to one): rounded to 8 or 11 significant bits, ``W + ΔW``
+    loses the small updates an adapter makes, which ``x·W + s·(x·A)·B`` keeps.
+    """
+
+    def __init__(self, layers: Any) -> None:
+        from mlmt_bench.models.lora_weights import lora_layers, uses_dora
+
+        self.modules: list[Any] = []
+        for layer in layers:
+            found = lora_layers(layer)
+            self.modules += [found[path] for path in _LAYER_LINEARS if path in found]
+        if any(uses_dora(m) for m in self.modules):
+            raise UserError("backend hf: options.merge_lora cannot merge DoRA adapters; set merge_lora: false")
+        mlp = layers[0].mlp if len(layers) else None
+        if mlp is not None and not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+            raise UserError(f"backend hf: options.merge_lora: {type(mlp).__name__} is not a gated MLP "
+                            "(gate_proj, up_proj, down_proj, act_fn); set merge_lora: false")
+        self.weights: dict[int, torch.Tensor] = {}
+
+    @torch.no_grad()
+    def refresh(self) -> bool:
+        """Every adapted layer's merged weight, from its weights as they are now; whether a weight
+        tensor was added or dropped (a captured graph then reads the wrong ones)."""
+        from mlmt_bench.models.lora_weights import applies_adapters, merged_weight
+
+        low = {m.base_layer.weight.dtype for m in self.modules} - {torch.float32, torch.float64}
+        device = self.modules[0].base_layer.weight.device.type if self.modules else "cpu"
+        if torch.is_autocast_enabled(device):
+            low.add(torch.get_autocast_dtype(device))
+        if low:
+            raise UserError(f"backend hf: options.merge_lora needs float32 products, these run in "
+                            f"{', '.join(sorted(str(d).removeprefix('torch.') for d in low))}: W + ΔW rounded to "
+                            "16 bits loses an adapter's small updates; set merge_lora: false (or train.cpu_dtype: "
+                            "float32)")
+        changed = False
+        for m in self.modules:
+            if not applies_adapters(m):
+                changed |= self.weights.pop(id(m), None) is not None  # runs as the module does
+                continue
+            w = merged_weight(m, m.base_layer.weight)
+            old = self.weights.get(id(m))
+            if old is not None and old.shape == w.shape and old.dtype == w.dtype and old.device == w.device:
+                old.copy_(w)
+            else:
+                self.weights[id(m)] = w
+                changed = True
+        return changed
+
+    def linear(self, module: Any, h: torch.Tensor) -> torch.Tensor:
+        """``module(h)`` computed with its merged weight (as the module, where it has none)."""
+        w = self.weights.get(id(module))
+        if w is None:
+            return module(h)
+        return F.linear(h, w, module.base_layer.bias)
 
 
 def _compacted(st: _State, keep: torch.Tensor) -> _State:
@@ -251,13 +337,16 @@ class StaticDecoder:
     shapes are fixed). Rows end at different lengths, and every step costs in proportion to its
     rows; the smaller matrix products may round differently from the full batch's (the ids then
     part from generate's where two logits are that close), and seeded sampling draws for fewer
-    rows than generate does, so a seed no longer gives generate's draws.
+    rows than generate does, so a seed no longer gives generate's draws. ``merge_lora``: run each
+    LoRA linear layer of the decoder's layers as one product with its merged weight
+    (:class:`MergedLinears`).
     """
 
     def __init__(self, model: Any, *, graphs: bool, buckets: bool, max_cache_mb: float | None,
-                 sync_every: int, sampler: str, max_rows: int, keep_cache: bool = True, compact: bool = False) -> None:
+                 sync_every: int, sampler: str, max_rows: int, keep_cache: bool = True, compact: bool = False,
+                 merge_lora: bool = False) -> None:
         self.model = model
-        self.arch = _Arch(model)
+        self.arch = _Arch(model, merge_lora=merge_lora)
         self.graphs = graphs
         self.buckets = buckets
         self.keep_cache = keep_cache
@@ -305,6 +394,8 @@ class StaticDecoder:
             raise UserError(f"backend hf: decode 'static': cache length {length} exceeds the model's sliding window "
                             f"{self.arch.sliding_window}; use decode: generate")
         self.check_params()
+        if self.arch.merged is not None and self.arch.merged.refresh():
+            self.invalidate()
         rows_cap = self._rows_cap(length)
         was_training = self.model.training
         self.model.eval()

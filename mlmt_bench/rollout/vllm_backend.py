@@ -59,6 +59,7 @@ from typing import Any, Literal
 
 from mlmt_bench.errors import UserError
 from mlmt_bench.models.adapters import AdapterView
+from mlmt_bench.models.lora_weights import is_peft, lora_layers, merged_weight, uses_dora
 from mlmt_bench.rollout.backend import (
     Backend,
     BackendTraits,
@@ -360,10 +361,6 @@ def _lora_engine_kwargs(view: AdapterView) -> dict[str, Any]:
     return {"enable_lora": True, "max_loras": len(ranks), "max_lora_rank": rank}
 
 
-def _is_peft(model: Any) -> bool:
-    return callable(getattr(model, "get_base_model", None)) and hasattr(model, "peft_config")
-
-
 def iter_merged_weights(model: Any) -> Iterator[tuple[str, Any]]:
     """(name, tensor) pairs of ``model``'s weights under the base model's parameter names.
 
@@ -371,13 +368,13 @@ def iter_merged_weights(model: Any) -> Iterator[tuple[str, Any]]:
     model itself is not modified: nothing is merged in place) and no ``lora_*`` tensors; other
     models yield their state dict. Tensors stay where they are (device and dtype).
     """
-    if not _is_peft(model):
+    if not is_peft(model):
         for name, tensor in model.state_dict().items():
             yield name, tensor.detach()
         return
     base = model.get_base_model()
-    lora = _lora_layers(base)
-    if any(_uses_dora(m) for m in lora.values()):
+    lora = lora_layers(base)
+    if any(uses_dora(m) for m in lora.values()):
         # DoRA's merged weight is not W + BA: merge a copy instead (costs one model copy)
         yield from _merged_copy_weights(model)
         return
@@ -392,44 +389,11 @@ def iter_merged_weights(model: Any) -> Iterator[tuple[str, Any]]:
             name = f"{owner}.{leaf}"
             layer = lora.get(owner)
             if layer is not None and leaf == "weight":
-                tensor = _merged_weight(layer, tensor)
+                tensor = merged_weight(layer, tensor)
         if ".modules_to_save." in name:  # a fully trained copy of a module (peft modules_to_save)
             head, _, rest = name.partition(".modules_to_save.")
             name = f"{head}.{rest.split('.', 1)[1]}"
         yield name, tensor.detach()
-
-
-def _lora_layers(base: Any) -> dict[str, Any]:
-    try:
-        from peft.tuners.lora import LoraLayer
-    except ImportError:  # pragma: no cover - peft is a dependency
-        return {}
-    return {name: m for name, m in base.named_modules() if isinstance(m, LoraLayer)}
-
-
-def _uses_dora(layer: Any) -> bool:
-    use = getattr(layer, "use_dora", {}) or {}
-    return any(bool(use.get(a)) for a in _active(layer))
-
-
-def _active(layer: Any) -> list[str]:
-    names = getattr(layer, "active_adapters", None)
-    if names is None:
-        names = [getattr(layer, "active_adapter", "default")]
-    if isinstance(names, str):
-        names = [names]
-    return list(names)
-
-
-def _merged_weight(layer: Any, weight: Any) -> Any:
-    if getattr(layer, "merged", False) or getattr(layer, "disable_adapters", False):
-        return weight  # already merged into the base weight, or adapters switched off
-    out = weight.detach()
-    adapters = set(getattr(layer, "lora_A", {}) or {}) | set(getattr(layer, "lora_embedding_A", {}) or {})
-    for name in _active(layer):
-        if name in adapters:
-            out = out + layer.get_delta_weight(name).to(device=out.device, dtype=out.dtype)
-    return out.to(weight.dtype)
 
 
 def _merged_copy_weights(model: Any) -> Iterator[tuple[str, Any]]:
@@ -447,7 +411,7 @@ def save_merged(model: Any, tokenizer: Any, directory: Path) -> Path:
     import torch
 
     with torch.no_grad():
-        if _is_peft(model):
+        if is_peft(model):
             base = model.get_base_model()
             state = {k: v.to("cpu").clone() for k, v in iter_merged_weights(model)}
             # the base model's own save: its config, generation config and tied-weight handling
