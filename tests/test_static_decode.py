@@ -584,6 +584,53 @@ def test_mlmt_training_is_identical_with_the_static_path(tiny_ckpt, tmp_path):
     assert records["generate"][1]["loss/solver"] != records["generate"][0]["loss/solver"]
 
 
+def test_mlmt_training_on_a_shared_base_is_the_same_with_merged_lora(tiny_ckpt, tmp_path):
+    """Two mlmt steps with solver and critic as two adapters of one base (share_base), sampled at
+    T 1 on the static path, with and without merge_lora: the same rollouts, rewards and losses
+    (the merged products differ in rounding only, below what moves a draw here), so each role's
+    decoder merges its own adapter, after every update."""
+    from conftest import minimal_spec
+    from mlmt_bench import runner
+    from mlmt_bench.spec import validate_run
+    from mlmt_bench.tracking import RunDir
+    from support import ParityVerifier
+
+    lora = {"r": 4, "alpha": 8, "target_modules": "all-linear"}
+    records = {}
+    for merge in (False, True):
+        d = minimal_spec()
+        d["output_dir"] = str(tmp_path / str(merge))
+        d["policies"] = {"share_base": True,
+                         "solver": {"model": "tiny", "path": str(tiny_ckpt), "lr": 1e-2, "lora": lora},
+                         "critic": {"model": "tiny", "path": str(tiny_ckpt), "lr": 1e-2, "lora": lora}}
+        d["algorithm"] = {"name": "mlmt", "params": {"group_size": 4}}
+        d["backend"] = {"max_new_tokens": 12, "options": {"decode": "static", "merge_lora": merge}}
+        d["eval"] = {"every": 0, "feedback_metrics": False, "limit": 4}
+        spec = validate_run(d, "test")
+        runner.configure_torch(spec)
+        torch.set_num_threads(1)
+        comp = runner.build(spec, progress=False)
+        comp.verifier = ParityVerifier()
+        run_dir = RunDir.create(spec.output_dir, spec.name, "", spec.seed)
+        trainer = runner.make_trainer(spec, comp, run_dir)
+        trainer.train(None)
+        records[merge] = [r for r in run_dir.metrics() if r["kind"] == "train"]
+        backend = trainer.actors.backend
+        merged = [dec.arch.merged for dec in backend.decoders.values()]
+        assert all((m is not None) == merge for m in merged) and len(merged) == 2
+        for role in ("solver", "critic"):  # each role's decoder generates with its adapter as trained
+            policy = trainer.policies[role]
+            prompts = [encode(policy.tokenizer, t) for t in TEXTS[:3]]
+            _compare(HFBackend().generate(policy.model, policy.tokenizer, prompts, max_new_tokens=8),
+                     backend.generate(policy.model, policy.tokenizer, prompts, max_new_tokens=8), tol=1e-4)
+    keys = ("gen_tokens", "reward_mean", "loss/solver", "loss/critic", "len/attempt", "len/feedback", "len/refine")
+    assert len(records[True]) == 2
+    for a, b in zip(records[False], records[True]):
+        for k in keys:
+            assert a[k] == pytest.approx(b[k], abs=1e-5), k
+    assert records[True][1]["loss/critic"] != records[True][0]["loss/critic"]
+
+
 def test_static_decode_runs_under_cpu_bfloat16_autocast(tok, prompts):
     """A run with ``train.cpu_dtype: bfloat16`` generates under autocast: k and v come out of the
     layers in bfloat16 while the static cache holds the weights' float32 (``index_copy_`` refused
