@@ -548,33 +548,40 @@ def test_top_p_keeps_the_nucleus_and_its_renormalised_weights(tok, sampler):
 # in the trainer
 
 
-def test_mlmt_training_is_identical_with_the_static_path(tiny_ckpt, tmp_path):
-    """Two mlmt steps (solver and critic, attempts, feedback and refinements) with decode: static
-    give the same rollouts, rewards and losses as with plain generate: the CPU sampler draws what
-    generate draws, and in-place weight updates reach the next step's generation."""
+def _two_mlmt_steps(out, policies: dict, options: dict):
+    """Two mlmt steps (group 4, 12 new tokens, a parity verifier) of ``policies`` with the hf
+    backend's ``options``, one thread: the trainer and its train records."""
     from conftest import minimal_spec
     from mlmt_bench import runner
     from mlmt_bench.spec import validate_run
     from mlmt_bench.tracking import RunDir
     from support import ParityVerifier
 
-    records = {}
-    for decode in ("generate", "static"):
-        d = minimal_spec()
-        d["output_dir"] = str(tmp_path / decode)
-        d["policies"] = {"solver": {"model": "tiny", "path": str(tiny_ckpt), "lr": 1e-2},
-                         "critic": {"model": "tiny", "path": str(tiny_ckpt), "lr": 1e-2}}
-        d["algorithm"] = {"name": "mlmt", "params": {"group_size": 4}}
-        d["backend"] = {"max_new_tokens": 12, "options": {"decode": decode}}
-        d["eval"] = {"every": 0, "feedback_metrics": False, "limit": 4}
-        spec = validate_run(d, "test")
-        runner.configure_torch(spec)
-        torch.set_num_threads(1)
-        comp = runner.build(spec, progress=False)
-        comp.verifier = ParityVerifier()
-        run_dir = RunDir.create(spec.output_dir, spec.name, "", spec.seed)
-        runner.make_trainer(spec, comp, run_dir).train(None)
-        records[decode] = [r for r in run_dir.metrics() if r["kind"] == "train"]
+    d = minimal_spec()
+    d["output_dir"] = str(out)
+    d["policies"] = policies
+    d["algorithm"] = {"name": "mlmt", "params": {"group_size": 4}}
+    d["backend"] = {"max_new_tokens": 12, "options": options}
+    d["eval"] = {"every": 0, "feedback_metrics": False, "limit": 4}
+    spec = validate_run(d, "test")
+    runner.configure_torch(spec)
+    torch.set_num_threads(1)
+    comp = runner.build(spec, progress=False)
+    comp.verifier = ParityVerifier()
+    run_dir = RunDir.create(spec.output_dir, spec.name, "", spec.seed)
+    trainer = runner.make_trainer(spec, comp, run_dir)
+    trainer.train(None)
+    return trainer, [r for r in run_dir.metrics() if r["kind"] == "train"]
+
+
+def test_mlmt_training_is_identical_with_the_static_path(tiny_ckpt, tmp_path):
+    """Two mlmt steps (solver and critic, attempts, feedback and refinements) with decode: static
+    give the same rollouts, rewards and losses as with plain generate: the CPU sampler draws what
+    generate draws, and in-place weight updates reach the next step's generation."""
+    policies = {"solver": {"model": "tiny", "path": str(tiny_ckpt), "lr": 1e-2},
+                "critic": {"model": "tiny", "path": str(tiny_ckpt), "lr": 1e-2}}
+    records = {decode: _two_mlmt_steps(tmp_path / decode, policies, {"decode": decode})[1]
+               for decode in ("generate", "static")}
     keys = ("gen_tokens", "reward_mean", "loss/solver", "loss/critic", "len/attempt", "len/feedback", "len/refine")
     assert len(records["static"]) == 2
     for a, b in zip(records["generate"], records["static"]):
@@ -589,32 +596,14 @@ def test_mlmt_training_on_a_shared_base_is_the_same_with_merged_lora(tiny_ckpt, 
     T 1 on the static path, with and without merge_lora: the same rollouts, rewards and losses
     (the merged products differ in rounding only, below what moves a draw here), so each role's
     decoder merges its own adapter, after every update."""
-    from conftest import minimal_spec
-    from mlmt_bench import runner
-    from mlmt_bench.spec import validate_run
-    from mlmt_bench.tracking import RunDir
-    from support import ParityVerifier
-
     lora = {"r": 4, "alpha": 8, "target_modules": "all-linear"}
+    policies = {"share_base": True,
+                "solver": {"model": "tiny", "path": str(tiny_ckpt), "lr": 1e-2, "lora": lora},
+                "critic": {"model": "tiny", "path": str(tiny_ckpt), "lr": 1e-2, "lora": lora}}
     records = {}
     for merge in (False, True):
-        d = minimal_spec()
-        d["output_dir"] = str(tmp_path / str(merge))
-        d["policies"] = {"share_base": True,
-                         "solver": {"model": "tiny", "path": str(tiny_ckpt), "lr": 1e-2, "lora": lora},
-                         "critic": {"model": "tiny", "path": str(tiny_ckpt), "lr": 1e-2, "lora": lora}}
-        d["algorithm"] = {"name": "mlmt", "params": {"group_size": 4}}
-        d["backend"] = {"max_new_tokens": 12, "options": {"decode": "static", "merge_lora": merge}}
-        d["eval"] = {"every": 0, "feedback_metrics": False, "limit": 4}
-        spec = validate_run(d, "test")
-        runner.configure_torch(spec)
-        torch.set_num_threads(1)
-        comp = runner.build(spec, progress=False)
-        comp.verifier = ParityVerifier()
-        run_dir = RunDir.create(spec.output_dir, spec.name, "", spec.seed)
-        trainer = runner.make_trainer(spec, comp, run_dir)
-        trainer.train(None)
-        records[merge] = [r for r in run_dir.metrics() if r["kind"] == "train"]
+        trainer, records[merge] = _two_mlmt_steps(tmp_path / str(merge), policies,
+                                                  {"decode": "static", "merge_lora": merge})
         backend = trainer.actors.backend
         merged = [dec.arch.merged for dec in backend.decoders.values()]
         assert all((m is not None) == merge for m in merged) and len(merged) == 2
