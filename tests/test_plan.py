@@ -58,6 +58,25 @@ def test_lora_count_matches_peft(tiny_ckpt):
         peft = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, target_modules=lora.target_modules,
                                                 task_type="CAUSAL_LM"))
         assert shape.lora_params(lora) == peft.get_nb_trainable_parameters()[0]
+        wrapped = [m.base_layer.weight.numel() for m in peft.modules() if hasattr(m, "lora_A")]
+        assert shape.adapted_params(lora) == sum(wrapped) and wrapped  # what merge_lora copies
+
+
+def test_merge_lora_is_planned_as_a_copy_of_the_adapted_weights():
+    from types import SimpleNamespace
+
+    from mlmt_bench.rollout.backend import GenerationLoad, backend_class
+
+    shape = SimpleNamespace(layers=2, kv_dim=8, hidden=16, intermediate=32, vocab=100)
+    hf = backend_class("hf")
+
+    def items(adapted: int, **options):
+        load = GenerationLoad("critic", shape, 4, sequences=8, length=50.0, prompt=20.0, device_memory=None,
+                              gpu=False, adapted=adapted)
+        return {what: (kind, b) for kind, what, b in hf.generation_memory(load, {"decode": "static", **options})}
+
+    assert items(1000, merge_lora=True)["merged LoRA weights (critic, merge_lora)"] == ("persistent", 4000)
+    assert not any("merged" in k for k in items(1000)) and not any("merged" in k for k in items(0, merge_lora=True))
 
 
 def test_qwen_0_5b_with_verls_adapter_has_the_size_verls_log_printed():

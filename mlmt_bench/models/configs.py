@@ -55,15 +55,21 @@ class ModelShape:
     def lora_params(self, lora: Any) -> int:
         """Parameters of a LoRA adapter (``LoraSpec``): r·(in + out) per wrapped linear layer.
         ``all-linear`` wraps every linear layer but the output head (peft's rule)."""
+        return sum(lora.r * (fan_in + fan_out) for fan_in, fan_out in self._wrapped(lora))
+
+    def adapted_params(self, lora: Any) -> int:
+        """Parameters of the base weights a LoRA adapter (``LoraSpec``) wraps: in·out per wrapped
+        linear layer (what a merged copy of them holds, ``backend.options.merge_lora``)."""
+        return sum(fan_in * fan_out for fan_in, fan_out in self._wrapped(lora))
+
+    def _wrapped(self, lora: Any) -> list[tuple[int, int]]:
+        """(in, out) of each linear layer ``lora`` wraps; none without an adapter."""
         if lora is None:
-            return 0
+            return []
         targets = lora.target_modules
-        total = 0
-        for name, fan_in, fan_out in self.linears:
-            leaf = name.rsplit(".", 1)[-1]
-            if targets == "all-linear" or leaf in targets or any(name.endswith("." + t) for t in targets):
-                total += lora.r * (fan_in + fan_out)
-        return total
+        return [(fan_in, fan_out) for name, fan_in, fan_out in self.linears
+                if targets == "all-linear" or name.rsplit(".", 1)[-1] in targets
+                or any(name.endswith("." + t) for t in targets)]
 
 
 def hf_registry() -> dict[str, Path]:

@@ -126,7 +126,7 @@ def generation_load(p: PlannedPolicy, turns: list[Turn], device: Device) -> Gene
 
     return GenerationLoad(p.role, p.shape, p.bytes, sequences=max(t.count for t in turns),
                           length=max(t.prompt + t.new for t in turns), prompt=max(t.prompt for t in turns),
-                          device_memory=device.memory, gpu=device.gpu)
+                          device_memory=device.memory, gpu=device.gpu, adapted=p.shape.adapted_params(p.spec.lora))
 
 
 def generation_items(spec: RunSpec, policies: dict[str, PlannedPolicy], turns: list[Turn],

@@ -63,6 +63,7 @@ class GenerationLoad:
     prompt:       the longest prompt, tokens.
     device_memory: bytes of one device (None: not known, e.g. a CPU).
     gpu:          whether the device is a GPU.
+    adapted:      parameters of the base weights its LoRA adapter wraps (0: no adapter).
     """
 
     role: str
@@ -73,6 +74,7 @@ class GenerationLoad:
     prompt: float
     device_memory: float | None
     gpu: bool
+    adapted: int = 0
 
     @property
     def kv_bytes(self) -> int:

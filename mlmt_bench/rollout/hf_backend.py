@@ -78,7 +78,8 @@ class HFBackend(Backend):
     def generation_memory(cls, load: GenerationLoad, options: dict[str, Any]) -> list[MemoryItem]:
         """Rows of at most ``batch_size``; ``generate``'s KV cache lives while generating, the static
         decoder's (cache lengths on the ladder when bucketed, capped by ``max_cache_mb``) is kept
-        between calls where ``keep_cache`` says so (with graphs), else it lives while generating."""
+        between calls where ``keep_cache`` says so (with graphs), else it lives while generating;
+        with ``merge_lora`` the decoder keeps a merged copy of the weights an adapter wraps."""
         o = with_defaults(cls, options)
         rows = min(int(o["batch_size"]), load.sequences)
         if o["decode"] == "static":
@@ -95,6 +96,9 @@ class HFBackend(Backend):
             cache = [("persistent", f"static KV cache ({load.role}, kept between calls)", kv)
                      if _flag(o["keep_cache"], graphs)
                      else ("generation", f"static KV cache ({load.role}, freed after each call)", kv)]
+            if o["merge_lora"] and load.adapted:
+                cache.append(("persistent", f"merged LoRA weights ({load.role}, merge_lora)",
+                              load.adapted * load.dtype_bytes))
         else:
             cache = [("generation", f"KV cache of generate ({load.role})", rows * load.length * load.kv_bytes)]
         return [*cache, *forward_memory(load, rows)]
