@@ -328,6 +328,23 @@ def test_merged_weights_follow_an_optimiser_step_and_the_active_adapter(tok, pro
                  backend.generate(model, tok, prompts, max_new_tokens=16, temperature=0.0), tol=1e-4)
 
 
+def test_merge_into_writes_w_plus_delta_into_the_given_tensor(tok):
+    """The decoder's fused merge equals peft's W + get_delta_weight, in the tensor it was given."""
+    from mlmt_bench.models.lora_weights import lora_layers, merge_into, merged_weight
+
+    model = _all_linear_lora(_llama(tok))
+    layers = list(lora_layers(model.get_base_model()).values())
+    assert layers
+    for layer in layers:
+        want = merged_weight(layer, layer.base_layer.weight)
+        buf = torch.empty_like(want)
+        got = merge_into(layer, buf)
+        assert got is buf and torch.allclose(got, want, atol=1e-6)
+        assert not torch.equal(got, layer.base_layer.weight)  # init_lora_weights=False: B is not zero
+        fresh = merge_into(layer, torch.empty(3))  # a tensor of another shape is not written
+        assert fresh.shape == want.shape and torch.allclose(fresh, want, atol=1e-6)
+
+
 def test_merged_lora_refuses_dora_and_16_bit_products(tok, prompts):
     model = _all_linear_lora(_llama(tok), use_dora=True)
     with pytest.raises(UserError, match="merge_lora cannot merge DoRA"):

@@ -221,9 +221,9 @@ class MergedLinears:
 
     :meth:`refresh` makes every merged weight again from the current base and adapter weights, so
     an optimiser step, a switched adapter (a shared base's roles) or weights loaded from a
-    checkpoint can never leave a stale one; the decoder calls it at the start of every call (about
-    one forward token's worth of arithmetic: ``out × r × in`` per layer). It writes into the same
-    tensors each time, so a captured CUDA graph reads the new values. Memory: one copy of every
+    checkpoint can never leave a stale one; the decoder calls it at the start of every call (one
+    fused ``addmm`` per layer, :func:`~mlmt_bench.models.lora_weights.merge_into`). It writes into
+    the same tensors each time, so a captured CUDA graph reads the new values. Memory: one copy of every
     adapted weight (SmolLM2-135M: ~106M parameters). The model is never modified. Layers that are
     not LoRA layers, and layers whose adapters are off or already merged, run as they are. DoRA's
     merged weight is not ``W + BA``: refused, one line. So are products in a 16-bit dtype (weights
@@ -250,7 +250,7 @@ class MergedLinears:
     def refresh(self) -> bool:
         """Every adapted layer's merged weight, from its weights as they are now; whether a weight
         tensor was added or dropped (a captured graph then reads the wrong ones)."""
-        from mlmt_bench.models.lora_weights import applies_adapters, merged_weight
+        from mlmt_bench.models.lora_weights import applies_adapters, merge_into
 
         low = {m.base_layer.weight.dtype for m in self.modules} - {torch.float32, torch.float64}
         device = self.modules[0].base_layer.weight.device.type if self.modules else "cpu"
@@ -266,13 +266,9 @@ class MergedLinears:
             if not applies_adapters(m):
                 changed |= self.weights.pop(id(m), None) is not None  # runs as the module does
                 continue
-            w = merged_weight(m, m.base_layer.weight)
             old = self.weights.get(id(m))
-            if old is not None and old.shape == w.shape and old.dtype == w.dtype and old.device == w.device:
-                old.copy_(w)
-            else:
-                self.weights[id(m)] = w
-                changed = True
+            self.weights[id(m)] = merge_into(m, old)
+            changed |= self.weights[id(m)] is not old
         return changed
 
     def linear(self, module: Any, h: torch.Tensor) -> torch.Tensor:
