@@ -29,6 +29,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 for p in (ROOT, ROOT / "perf"):
@@ -73,11 +74,12 @@ def train_tokens_per_s(preset: str, args: argparse.Namespace) -> float:
     return tokens / statistics.median(times)
 
 
-def pretrained_rates(path: str, args: argparse.Namespace) -> dict[str, float]:
-    """Generated and trained tokens per second (process CPU time on a CPU) of a pretrained model
-    loaded the way a run loads it (``model: hf``; ``--lora R``: an all-linear adapter, the base
-    frozen), under the run's CPU matmul dtype (``--cpu-dtype bfloat16``: bfloat16 autocast with the
-    frozen weights cast once, as ``runner._train`` does); ``params`` is the model's parameter count."""
+def pretrained_rates(path: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Generated (by the hf backend's ``generate`` and ``static`` paths) and trained tokens per second
+    (process CPU time on a CPU) of a pretrained model loaded the way a run loads it (``model: hf``;
+    ``--lora R``: an all-linear adapter, the base frozen), under the run's CPU matmul dtype
+    (``--cpu-dtype bfloat16``: bfloat16 autocast with the frozen weights cast once, as
+    ``runner._train`` does); ``params`` is the model's parameter count."""
     import contextlib
 
     import torch
@@ -100,17 +102,18 @@ def pretrained_rates(path: str, args: argparse.Namespace) -> dict[str, float]:
         cast_frozen_linears(model, torch.bfloat16)
     prompts = attempt_prompts(tok, args.prompts)
     model.generation_config.min_new_tokens = args.max_new_tokens
-    backend = HFBackend(batch_size=args.prompts)
-    gen_cpu: list[float] = []
-    tokens = 0
+    gen_rates: dict[str, float] = {}
     with autocast:
-        for r in range(args.repeats + 1):  # the first call warms up
-            c0 = time.process_time()
-            gens = backend.generate(model, tok, prompts, seed=args.seed + r, max_new_tokens=args.max_new_tokens,
-                                    temperature=args.temperature, top_p=1.0)
-            if r > 0:
-                gen_cpu.append(time.process_time() - c0)
-            tokens = sum(len(g.ids) for g in gens)
+        for key, decode in (("hf-generate", "generate"), ("hf-static", "static")):
+            backend = HFBackend(batch_size=args.prompts, decode=decode)
+            gen_cpu: list[float] = []
+            for r in range(args.repeats + 1):  # the first call warms up
+                c0 = time.process_time()
+                gens = backend.generate(model, tok, prompts, seed=args.seed + r, max_new_tokens=args.max_new_tokens,
+                                        temperature=args.temperature, top_p=1.0)
+                if r > 0:
+                    gen_cpu.append(time.process_time() - c0)
+            gen_rates[key] = sum(len(g.ids) for g in gens) / statistics.median(gen_cpu)
         items = [TrainItem(p, g.ids, 1.0 if i % 2 else -1.0) for i, (p, g) in enumerate(zip(prompts, gens))]
         trained = sum(len(it.prompt_ids) + len(it.ids) for it in items)
         opt = torch.optim.AdamW(policy.trainable_parameters(), lr=1e-5)
@@ -122,8 +125,7 @@ def pretrained_rates(path: str, args: argparse.Namespace) -> dict[str, float]:
             update_policy(policy, opt, None, items, cfg)
             if r > 0:
                 train_cpu.append(time.process_time() - c0)
-    return {"params": policy.n_params, "gen": tokens / statistics.median(gen_cpu),
-            "train": trained / statistics.median(train_cpu)}
+    return {"params": policy.n_params, "gen": gen_rates, "train": trained / statistics.median(train_cpu)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         r = pretrained_rates(args.model, args)
         print(f"  - device: {args.device_kind}\n    model: {args.model}\n    params: {r['params']}\n"
               f"    dtype: {args.dtype}\n    cpu_dtype: {args.cpu_dtype}\n    lora: {bool(args.lora)}\n"
-              f"    gen: {{hf-generate: {r['gen']:.0f}}}\n    train: {r['train']:.0f}\n"
+              f"    gen: {{hf-generate: {r['gen']['hf-generate']:.0f}, hf-static: {r['gen']['hf-static']:.0f}}}\n"
+              f"    train: {r['train']:.0f}\n"
               f"    source: \"{cmd} ({stamp}; {args.prompts} sequences x {args.max_new_tokens} new tokens, "
               f"{args.threads} thread(s), process CPU time, load average {os.getloadavg()[0]:.1f})\"", flush=True)
         return 0
