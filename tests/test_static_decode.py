@@ -355,6 +355,10 @@ def test_merged_lora_refuses_dora_and_16_bit_products(tok, prompts):
     model.get_base_model().model.layers[0].mlp.up_proj.base_layer.to(torch.bfloat16)  # a frozen weight cast once
     with pytest.raises(UserError, match="float32 products.*bfloat16"):
         HFBackend(decode="static", merge_lora=True).generate(model, tok, prompts, max_new_tokens=4)
+    plain = _llama(tok)  # no adapter to merge (a frozen critic): runs under autocast as without the option
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = HFBackend(decode="static").generate(plain, tok, prompts, max_new_tokens=4)
+        _compare(want, HFBackend(decode="static", merge_lora=True).generate(plain, tok, prompts, max_new_tokens=4))
 
 
 def test_graphs_need_cuda(tok, prompts):

@@ -252,8 +252,10 @@ class MergedLinears:
         tensor was added or dropped (a captured graph then reads the wrong ones)."""
         from mlmt_bench.models.lora_weights import applies_adapters, merge_into
 
+        if not self.modules:  # no adapter (a frozen critic): nothing to merge, the model runs as it is
+            return False
         low = {m.base_layer.weight.dtype for m in self.modules} - {torch.float32, torch.float64}
-        device = self.modules[0].base_layer.weight.device.type if self.modules else "cpu"
+        device = self.modules[0].base_layer.weight.device.type
         if torch.is_autocast_enabled(device):
             low.add(torch.get_autocast_dtype(device))
         if low:
