@@ -11,17 +11,17 @@ difference. ``backend.options.compact`` decodes on fewer rows as rows end, so th
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-
-WARM_START = Path.home() / ".cache" / "mlmt-bench" / "warm-start" / "3c10cf883fe0ec32" / "model"
 
 
 def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from static_decode_pretrained import warm_start_dir
+
+    warm_start = warm_start_dir()
     torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 1)
-    model = AutoModelForCausalLM.from_pretrained(str(WARM_START), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(warm_start), dtype=torch.float32).eval()
     g = torch.Generator().manual_seed(0)
     for rows, context in [(160, 1), (37, 1), (160, 64)]:
         ids = torch.randint(100, 1000, (rows, context), generator=g)

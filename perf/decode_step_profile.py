@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
-WARM_START = Path.home() / ".cache" / "mlmt-bench" / "warm-start" / "3c10cf883fe0ec32" / "model"
 ROWS, CONTEXT = 160, 400
 
 
@@ -23,8 +21,11 @@ def main() -> None:
     from torch.profiler import ProfilerActivity, profile
     from transformers import AutoModelForCausalLM
 
+    from static_decode_pretrained import warm_start_dir
+
+    warm_start = warm_start_dir()
     torch.set_num_threads(2)
-    model = AutoModelForCausalLM.from_pretrained(str(WARM_START), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(warm_start), dtype=torch.float32).eval()
     print(model.config._attn_implementation, model.config.num_hidden_layers, model.config.hidden_size)
     if len(sys.argv) > 1 and sys.argv[1] == "lora":
         from peft import LoraConfig, get_peft_model

@@ -51,18 +51,15 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _p in (ROOT, ROOT / "perf"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
+from eval_decode_speed import PATHS as DECODE_PATHS  # noqa: E402  (perf/ is not a package)
 
 # ----------------------------------------------------------------------------------------------
 # shared helpers
 
-
-
-#: --decode: the hf backend options of mlmt-bench's side
-DECODE_OPTIONS = {"generate": {"decode": "generate"}, "static": {"decode": "static"},
-                  "static+merge": {"decode": "static", "merge_lora": True}}
 
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
@@ -158,7 +155,7 @@ def run_mlmt(args: argparse.Namespace) -> dict[str, Any]:
         "policies": {"solver": {"model": "hf" if args.model else "tiny", "path": args.model_dir, "lr": args.lr,
                                 "dtype": args.dtype, **_lora_spec(args)}},
         "backend": {"name": "hf", "temperature": 1.0, "top_p": 1.0, "max_new_tokens": args.max_new_tokens,
-                    "options": DECODE_OPTIONS[args.decode]},
+                    "options": DECODE_PATHS[args.decode]},
         "algorithm": {"name": "grpo", "params": {"group_size": args.group_size, "beta": 0.0, "epochs": 1,
                                                  "clip_low": 0.2, "clip_high": 0.2, "loss_agg": "token_mean",
                                                  "scale": "std"}},
@@ -558,9 +555,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="both sides' model dtype (a GPU is used when there is one)")
-    p.add_argument("--decode", default="generate", choices=list(DECODE_OPTIONS),
-                   help="mlmt-bench's hf backend generation path (TRL always uses generate); static+merge: "
-                        "the static path with merge_lora (float32 only)")
+    p.add_argument("--decode", default="generate", choices=list(DECODE_PATHS),
+                   help="mlmt-bench's hf backend generation path (TRL always uses generate); static+compact, "
+                        "static+merge: the static path with compact, with merge_lora (float32 only)")
     p.add_argument("--no-deterministic", dest="deterministic", action="store_false",
                    help="mlmt side: train.deterministic false (TRL does not ask for deterministic kernels)")
     p.add_argument("--reward", choices=["verifier", "dense", "both"], default="both",

@@ -24,7 +24,15 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-WARM_START = Path.home() / ".cache" / "mlmt-bench" / "warm-start" / "3c10cf883fe0ec32" / "model"
+#: the SmolLM2 testbed's warm start, which ships with the package (every pilot and headline run starts from it)
+TESTBED_WARM_START = "3c10cf883fe0ec32"
+
+
+def warm_start_dir() -> Path:
+    """The testbed's warm start as its cache holds it (``$MLMT_BENCH_CACHE`` honoured), an HF directory."""
+    from mlmt_bench.warmstart.pretrained_base import default_cache_dir
+
+    return default_cache_dir() / TESTBED_WARM_START / "model"
 
 
 def main() -> None:
@@ -35,7 +43,7 @@ def main() -> None:
 
     rows, prompt_tokens, new_tokens = (int(a) for a in sys.argv[1:4])
     paths = sys.argv[4].split(",")
-    model_dir = sys.argv[5] if len(sys.argv) > 5 else str(WARM_START)
+    model_dir = sys.argv[5] if len(sys.argv) > 5 else str(warm_start_dir())
     torch.set_num_threads(2)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(model_dir)

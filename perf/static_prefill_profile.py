@@ -4,7 +4,9 @@ A benchmark, not a test (its output is quoted in perf/README.md, "Compacted rows
 (3c10cf883fe0ec32) in float32 with an all-linear r16 adapter (unmerged, as runs have it), ``ROWS`` random prompts
 of ``PROMPT`` tokens, greedy, every row forced to ``NEW`` tokens, one thread. It prints the process CPU time of a
 call that generates one token (the prefill) and of one that generates ``NEW``, the difference per decode step, and
-the torch profiler's table (self CPU time) over one more ``NEW``-token call.
+the torch profiler's table (self CPU time) over one more ``NEW``-token call; then the CPU time of merging every
+adapted layer's ``W + s·B·A`` (``backend.options.merge_lora``, once per call) by peft's ``get_delta_weight`` and by
+the fused ``addmm`` the decoder uses.
 
     .venv/bin/python perf/static_prefill_profile.py 64 400 24
 """
@@ -19,8 +21,6 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-WARM_START = Path.home() / ".cache" / "mlmt-bench" / "warm-start" / "3c10cf883fe0ec32" / "model"
-
 
 def main() -> None:
     import torch
@@ -28,13 +28,16 @@ def main() -> None:
     from torch.profiler import ProfilerActivity, profile
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from mlmt_bench.models.lora_weights import lora_layers, merge_into, merged_weight
     from mlmt_bench.rollout.hf_backend import HFBackend
+    from static_decode_pretrained import warm_start_dir
 
+    warm_start = warm_start_dir()
     rows, prompt_tokens, new_tokens = (int(a) for a in sys.argv[1:4])
     torch.set_num_threads(1)
-    model = AutoModelForCausalLM.from_pretrained(str(WARM_START), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(warm_start), dtype=torch.float32).eval()
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", lora_dropout=0.0))
-    tok = AutoTokenizer.from_pretrained(str(WARM_START))
+    tok = AutoTokenizer.from_pretrained(str(warm_start))
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(100, 1000, (prompt_tokens,), generator=g).tolist() for _ in range(rows)]
     backend = HFBackend(batch_size=256, decode="static")
@@ -53,6 +56,21 @@ def main() -> None:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         cpu_seconds(new_tokens)
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+    # merge_lora's cost per call: every adapted layer's W + s·B·A, through peft's get_delta_weight (then added and
+    # copied into the kept tensor) and through the fused addmm the decoder uses
+    layers = list(lora_layers(model.get_base_model()).values())
+    kept = [torch.empty_like(m.base_layer.weight) for m in layers]
+    for label, merge in (("peft get_delta_weight + add + copy",
+                          lambda m, t: t.copy_(merged_weight(m, m.base_layer.weight))),
+                         ("fused addmm (merge_into)", merge_into)):
+        times = []
+        for _ in range(4):
+            c = time.process_time()
+            with torch.no_grad():
+                for m, t in zip(layers, kept):
+                    merge(m, t)
+            times.append(time.process_time() - c)
+        print(f"merge of {len(layers)} adapted layers, {label}: " + ", ".join(f"{t:.3f}" for t in times) + " s CPU")
 
 
 if __name__ == "__main__":

@@ -78,8 +78,8 @@ def merge_into(layer: Any, out: torch.Tensor | None = None) -> torch.Tensor:
         return weight
     names = [n for n in active_adapters(layer) if n in (getattr(layer, "lora_A", {}) or {})]
     pairs = [(layer.lora_B[n].weight, layer.lora_A[n].weight, float(layer.scaling[n])) for n in names]
-    fits = out is not None and out.shape == weight.shape and out.dtype == weight.dtype and out.device == weight.device
-    target = out if fits and out is not None else torch.empty_like(weight)
+    fits = out is not None and (out.shape, out.dtype, out.device) == (weight.shape, weight.dtype, weight.device)
+    target = out if out is not None and fits else torch.empty_like(weight)
     plain = not getattr(layer, "fan_in_fan_out", False) and all(
         b.dim() == a.dim() == 2 and b.dtype == a.dtype == weight.dtype and b.shape[0] == weight.shape[0]
         and a.shape[1] == weight.shape[1] for b, a, _ in pairs)
