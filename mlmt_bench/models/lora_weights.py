@@ -11,9 +11,10 @@ little differently each time.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a weight is merged: asking a backend's traits stays torch-free
+    import torch
 
 
 def is_peft(model: Any) -> bool:
@@ -71,8 +72,11 @@ def merge_into(layer: Any, out: torch.Tensor | None = None) -> torch.Tensor:
     weight's shape, dtype and device (else into a new tensor, returned). A plain LoRA layer
     (``[out, in]`` weights, no ``fan_in_fan_out``, adapters in the weight's dtype) takes one fused
     ``addmm`` per adapter, ``W + s·(B @ A)`` in a single pass, where ``merged_weight`` writes the
-    product, scales it, adds it and copies the sum (SmolLM2-135M with an all-linear adapter: ~0.5 s
-    of one CPU core for all layers). The base weight itself when the layer applies no adapter."""
+    product, scales it, adds it and copies the sum (SmolLM2-135M with an all-linear adapter: 0.11–0.12
+    s against 0.16–0.17 s of one CPU core for all layers, ``perf/static_prefill_profile.py``). The base
+    weight itself when the layer applies no adapter."""
+    import torch
+
     weight = layer.base_layer.weight
     if not applies_adapters(layer):
         return weight
