@@ -6,7 +6,9 @@ A benchmark, not a test. Evaluation dominates a run of the SmolLM2 testbed (the 
 solver answers its evaluation problems greedily, then, for ``grpo + base critic``, the frozen starting point
 writes feedback and the solver refines (``Program(attempts=1, feedback="critic")`` with ``eval.base_critic``'s
 critic), exactly as :meth:`mlmt_bench.trainer.Trainer._evaluate_with_base_critic` does, the memo off. The decode
-paths (``--paths``: ``generate``, ``static``, ``static+compact``, ``static+merge``: ``merge_lora``) run
+paths (``--paths``: ``generate``, ``static``, ``static+compact``, ``static+merge``: ``merge_lora``,
+``static+one-prefill``: the static path's prefill as one left-padded forward over all rows, as before it ran
+in groups of similar length) run
 interleaved (generate, static, generate, ...) on the same trainer, after one warm-up call each on a few problems.
 It prints wall and process CPU seconds per path (median over ``--repeats``), each path's ratio to the first,
 whether every problem's outcomes (t1, t2, t2_null) are the first path's, the rows the static decode steps ran on
@@ -21,6 +23,7 @@ Usage (from the repository root; ``make smollm2`` first)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -30,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -52,7 +56,12 @@ def _trainer(spec_path: str, problems: int, out: Path) -> Any:
 
 PATHS = {"generate": {"decode": "generate"}, "static": {"decode": "static"},
          "static+compact": {"decode": "static", "compact": True},
-         "static+merge": {"decode": "static", "merge_lora": True}}
+         "static+merge": {"decode": "static", "merge_lora": True},
+         "static+one-prefill": {"decode": "static"}}
+
+#: paths that run the static decoder's prefill as before grouping (one left-padded forward over every row of a
+#: call): a token budget no call reaches
+PREFILL_TOKENS = {"static+one-prefill": 2 ** 62}
 
 
 def _backend(path: str) -> Any:
@@ -65,15 +74,19 @@ def _evaluate(trainer: Any, path: str, problems: Any) -> tuple[float, float, lis
     """(wall s, CPU s, [(t1, t2, t2_null)] per problem, generated tokens, row steps) of one grpo + base critic
     evaluation."""
     from mlmt_bench.evaluate import evaluate
+    from mlmt_bench.rollout import static_decode
     from mlmt_bench.rollout.episodes import Program
 
     backend = _backend(path)
     actors = dataclasses.replace(trainer.actors, critic=trainer.base_critic, backend=backend)
     e = trainer.spec.eval
+    prefill = (mock.patch.object(static_decode, "PREFILL_TOKENS", PREFILL_TOKENS[path]) if path in PREFILL_TOKENS
+               else contextlib.nullcontext())
     wall, cpu = time.perf_counter(), time.process_time()
-    res = evaluate(Program(attempts=1, feedback="critic"), actors, problems, trainer.eval_sampling,
-                   feedback_metrics=e.feedback_metrics, n_samples=0, protocols=e.protocols,
-                   micro_batch_tokens=trainer.spec.train.micro_batch_tokens)
+    with prefill:
+        res = evaluate(Program(attempts=1, feedback="critic"), actors, problems, trainer.eval_sampling,
+                       feedback_metrics=e.feedback_metrics, n_samples=0, protocols=e.protocols,
+                       micro_batch_tokens=trainer.spec.train.micro_batch_tokens)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     row_steps = sum(d.stats.row_steps for d in backend.decoders.values())
     return (wall, cpu, [(r["t1"], r["t2"], r["t2_null"]) for r in res.per_problem], int(sum(res.gen_tokens.values())),

@@ -11,6 +11,7 @@ from mlmt_bench.errors import UserError
 from mlmt_bench.models.tiny import build_tiny_model
 from mlmt_bench.models.tokenizer import build_char_tokenizer, encode
 from mlmt_bench.rollout.hf_backend import HFBackend
+from mlmt_bench.rollout.static_decode import prefill_groups
 
 TEXTS = ["1+2=", "hello there, how", "x", "9-6+9+1 = ?", "abc" * 7, "what is 3*4", "zz", "Q: 12+7;", "the end", "0"]
 
@@ -126,6 +127,36 @@ def test_kv_budget_splits_rows_without_changing_greedy_results(tok, prompts):
     dec = backend.decoder(model)
     assert max(rows for rows, _ in dec.states) < len(prompts), "the budget should have split the rows"
     assert sum(s.nbytes for s in dec.states.values()) <= 0.3 * 2 ** 20
+
+
+def test_prefill_groups_take_rows_longest_first_within_a_token_budget():
+    assert prefill_groups([3, 9, 4, 8], 20) == [[1, 3], [2, 0]]
+    assert prefill_groups([5, 5, 5], 4) == [[0], [1], [2]]  # a prompt longer than the budget runs alone
+    assert prefill_groups([2, 2, 2, 2], 100) == [[0, 1, 2, 3]]
+    assert prefill_groups([], 10) == []
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "llama-lora"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_prompts_prefilled_in_groups_of_their_own_length_match_generate(monkeypatch, tok, prompts, arch,
+                                                                        temperature):
+    """A small prefill budget splits the call's rows into groups cut to their own longest prompt;
+    generate's ids (greedy and seeded draws) and log-probs are unchanged."""
+    import mlmt_bench.rollout.static_decode as sd
+
+    widths: list[int] = []
+    real = sd.prefill_groups
+
+    def spy(lengths, max_tokens):
+        groups = real(lengths, max_tokens)
+        widths.extend(lengths[g[0]] for g in groups)
+        return groups
+
+    monkeypatch.setattr(sd, "PREFILL_TOKENS", 40)
+    monkeypatch.setattr(sd, "prefill_groups", spy)
+    plain, static = _both(MODELS[arch](tok), tok, prompts, max_new_tokens=20, temperature=temperature, seed=7)
+    _compare(plain, static)
+    assert len(widths) >= 4 and min(widths) < max(widths), "the budget should have made groups of several widths"
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

@@ -8,7 +8,8 @@ launch per operation; on a GPU that, not arithmetic, sets its speed (issue 14: 9
 
 - the KV cache is preallocated per *state*, a (rows, cache length) bucket:
   ``[rows, kv_heads, length, head_dim]`` per layer, reused from call to call;
-- the prompts are prefilled eagerly (one forward over the left-padded batch);
+- the prompts are prefilled eagerly, rows of similar length together, each group cut to its own
+  longest prompt (one left-padded batch would run every row over the longest prompt of the call);
 - every further token is one call of a fixed-shape *step*: embed → layers (attention over the
   cache up to an ``active`` length) → LM head → repetition penalty, EOS suppression before
   ``min_new_tokens``, temperature, top-p → sample → write the token, its log-prob and the next
@@ -77,6 +78,10 @@ _UNSUPPORTED_GENERATION_CONFIG = {
 #: ``compact``: rows are dropped once at most this share of a step's rows is still generating
 COMPACT_AT = 0.75
 
+#: prompt tokens (rows × the group's longest prompt) one prefill forward runs on at most, unless one
+#: prompt alone is longer: rows are grouped by length (:func:`prefill_groups`)
+PREFILL_TOKENS = 4096
+
 #: cache lengths (and active lengths) are rounded up to this ladder: ≤ 50 % waste, few distinct graphs
 def _length_ladder(n: int, minimum: int = 64) -> int:
     """Smallest value ≥ n in 64, 96, 128, 192, 256, 384, 512, ... (powers of two and 1.5× them)."""
@@ -87,6 +92,20 @@ def _length_ladder(n: int, minimum: int = 64) -> int:
         if n <= size * 3 // 2:
             return size * 3 // 2
         size *= 2
+
+
+def prefill_groups(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Row indices grouped for prefill: rows by length, longest first (ties in row order), each
+    group as many rows as fit ``rows × its longest length ≤ max_tokens`` (at least one). E.g.
+    lengths ``[3, 9, 4, 8]`` with 20 tokens → ``[[1, 3], [2, 0]]`` (9 + 9 ≤ 20; then 4 + 4)."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and (len(groups[-1]) + 1) * max(1, lengths[groups[-1][0]]) <= max_tokens:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
 
 
 def _pow2(n: int) -> int:
@@ -599,23 +618,39 @@ class StaticDecoder:
     # the computation
 
     def _prefill(self, st: _State, ids: torch.Tensor, mask: torch.Tensor, mode: Mode, eos_id, pad_id, n: int) -> None:
-        """Forward over the prompts (eager), first token, and the state for the first decode step."""
+        """Forward over the prompts (eager), first token, and the state for the first decode step.
+
+        ``ids``/``mask`` ``[B, W]`` are left padded to the longest prompt; the forward runs on
+        :func:`prefill_groups` of rows of similar length, each cut to its own longest prompt, so a
+        short prompt beside a long one costs its own tokens, not ``W``. Every row's keys and values
+        land in cache slots ``W - len .. W - 1`` as one left-padded forward would write them; the
+        slots before them are zeroed (never attended: ``key_mask`` is false there)."""
         a = self.arch
         rows, width = ids.shape
         pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        causal = torch.ones((width, width), dtype=torch.bool, device=ids.device).tril()
-        attend = (causal[None] & mask[:, None, :]) | torch.eye(width, dtype=torch.bool, device=ids.device)[None]
-        x = a.embed(ids)
-        cos, sin = a.rotary(x, pos)
-        for i, layer in enumerate(a.layers):
-            q, k, v = a.qkv(layer, layer.input_layernorm(x), cos, sin)
-            st.k[i][:, :, :width].copy_(k)
-            st.v[i][:, :, :width].copy_(v)
-            if a.groups > 1:  # head h uses key-value head h // groups (transformers' repeat_kv)
-                k, v = k.repeat_interleave(a.groups, dim=1), v.repeat_interleave(a.groups, dim=1)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=attend[:, None], scale=a.scaling)
-            x = a.finish_layer(layer, x, o)
-        logits = a.lm_head(a.norm(x[:, -1:]))[:, -1].float()
+        lengths = mask.sum(-1).clamp(min=1)
+        logits = torch.empty((rows, a.vocab), dtype=torch.float32, device=ids.device)
+        for group in prefill_groups(lengths.tolist(), PREFILL_TOKENS):
+            part = max(int(lengths[group[0]]), 1)
+            idx = torch.tensor(group, dtype=torch.long, device=ids.device)
+            g_ids, g_mask, g_pos = ids[idx, width - part:], mask[idx, width - part:], pos[idx, width - part:]
+            causal = torch.ones((part, part), dtype=torch.bool, device=ids.device).tril()
+            eye = torch.eye(part, dtype=torch.bool, device=ids.device)
+            attend = (causal[None] & g_mask[:, None, :]) | eye[None]
+            x = a.embed(g_ids)
+            cos, sin = a.rotary(x, g_pos)
+            for i, layer in enumerate(a.layers):
+                q, k, v = a.qkv(layer, layer.input_layernorm(x), cos, sin)
+                st.k[i][idx, :, width - part:width] = k.to(st.k[i].dtype)
+                st.v[i][idx, :, width - part:width] = v.to(st.v[i].dtype)
+                if part < width:
+                    st.k[i][idx, :, :width - part] = 0
+                    st.v[i][idx, :, :width - part] = 0
+                if a.groups > 1:  # head h uses key-value head h // groups (transformers' repeat_kv)
+                    k, v = k.repeat_interleave(a.groups, dim=1), v.repeat_interleave(a.groups, dim=1)
+                o = F.scaled_dot_product_attention(q, k, v, attn_mask=attend[:, None], scale=a.scaling)
+                x = a.finish_layer(layer, x, o)
+            logits[idx] = a.lm_head(a.norm(x[:, -1:]))[:, -1].float()
         st.step.zero_()
         nxt, lp = self._choose(st, logits, mode, eos_id, n)
         st.out_ids[:, 0] = nxt
