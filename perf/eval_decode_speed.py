@@ -8,7 +8,8 @@ writes feedback and the solver refines (``Program(attempts=1, feedback="critic")
 critic), exactly as :meth:`mlmt_bench.trainer.Trainer._evaluate_with_base_critic` does, the memo off. The decode
 paths (``--paths``: ``generate``, ``static``, ``static+compact``, ``static+merge``: ``merge_lora``,
 ``static+one-prefill``: the static path's prefill as one left-padded forward over all rows, as before it ran
-in groups of similar length) run
+in groups of similar length, ``static+kept``: ``prefix_cache_mb: 4096``, refinements copying the attempts' keys
+and values, ``static+merge+kept``: both) run
 interleaved (generate, static, generate, ...) on the same trainer, after one warm-up call each on a few problems.
 It prints wall and process CPU seconds per path (median over ``--repeats``), each path's ratio to the first,
 whether every problem's outcomes (t1, t2, t2_null) are the first path's, the rows the static decode steps ran on
@@ -57,7 +58,9 @@ def _trainer(spec_path: str, problems: int, out: Path) -> Any:
 PATHS = {"generate": {"decode": "generate"}, "static": {"decode": "static"},
          "static+compact": {"decode": "static", "compact": True},
          "static+merge": {"decode": "static", "merge_lora": True},
-         "static+one-prefill": {"decode": "static"}}
+         "static+one-prefill": {"decode": "static"},
+         "static+kept": {"decode": "static", "prefix_cache_mb": 4096},
+         "static+merge+kept": {"decode": "static", "merge_lora": True, "prefix_cache_mb": 4096}}
 
 #: paths that run the static decoder's prefill as before grouping (one left-padded forward over every row of a
 #: call): a token budget no call reaches
@@ -70,9 +73,9 @@ def _backend(path: str) -> Any:
     return HFBackend(**PATHS[path])
 
 
-def _evaluate(trainer: Any, path: str, problems: Any) -> tuple[float, float, list[tuple[Any, ...]], int, int]:
-    """(wall s, CPU s, [(t1, t2, t2_null)] per problem, generated tokens, row steps) of one grpo + base critic
-    evaluation."""
+def _evaluate(trainer: Any, path: str, problems: Any) -> tuple[float, float, list[tuple[Any, ...]], int, int, int]:
+    """(wall s, CPU s, [(t1, t2, t2_null)] per problem, generated tokens, row steps, prompt tokens copied from kept
+    prefixes) of one grpo + base critic evaluation."""
     from mlmt_bench.evaluate import evaluate
     from mlmt_bench.rollout import static_decode
     from mlmt_bench.rollout.episodes import Program
@@ -89,8 +92,9 @@ def _evaluate(trainer: Any, path: str, problems: Any) -> tuple[float, float, lis
                        micro_batch_tokens=trainer.spec.train.micro_batch_tokens)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     row_steps = sum(d.stats.row_steps for d in backend.decoders.values())
+    copied = sum(d.stats.prefix_tokens for d in backend.decoders.values())
     return (wall, cpu, [(r["t1"], r["t2"], r["t2_null"]) for r in res.per_problem], int(sum(res.gen_tokens.values())),
-            row_steps)
+            row_steps, copied)
 
 
 def main() -> None:
@@ -125,12 +129,13 @@ def main() -> None:
         for r in range(args.repeats):
             for m in modes:
                 load = os.getloadavg()[0]
-                wall, cpu, rows, tokens, row_steps = _evaluate(trainer, m, trainer.eval_problems)
+                wall, cpu, rows, tokens, row_steps, copied = _evaluate(trainer, m, trainer.eval_problems)
                 outcomes.setdefault(m, rows)
                 runs[m].append({"wall_s": wall, "cpu_s": cpu, "gen_tokens": tokens, "row_steps": row_steps,
-                                "load_before": load})
+                                "prefix_tokens_copied": copied, "load_before": load})
                 print(f"repeat {r} {m:14s}: {wall:7.1f} s wall, {cpu:7.1f} s CPU, {tokens} tokens "
-                      f"({tokens / wall:.1f} tok/s), {row_steps} row steps, load {load:.1f}", flush=True)
+                      f"({tokens / wall:.1f} tok/s), {row_steps} row steps, {copied} prompt tokens copied, "
+                      f"load {load:.1f}", flush=True)
     med = {m: {k: statistics.median(x[k] for x in runs[m]) for k in ("wall_s", "cpu_s", "gen_tokens", "row_steps")}
            for m in modes}
     first = modes[0]

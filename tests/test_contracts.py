@@ -108,7 +108,7 @@ def test_a_plugin_backend_that_declares_fsdp_is_accepted(fsdp_env):
 
 
 def test_builtin_backends_declare_their_traits_and_defaults_are_conservative():
-    assert backend_class("hf").traits == BackendTraits(holds_weights=False, supports_fsdp=True)
+    assert backend_class("hf").traits == BackendTraits(holds_weights=False, supports_fsdp=True, keeps_prefixes=True)
     assert backend_class("vllm").traits == BackendTraits(holds_weights=True, supports_fsdp=False, gpu_only=True)
     assert BackendTraits() == NoFSDPBackend.traits == BackendTraits(holds_weights=True, supports_fsdp=False)
 

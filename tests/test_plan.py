@@ -79,6 +79,25 @@ def test_merge_lora_is_planned_as_a_copy_of_the_adapted_weights():
     assert not any("merged" in k for k in items(1000)) and not any("merged" in k for k in items(0, merge_lora=True))
 
 
+def test_kept_prefixes_are_planned_as_their_budget_or_a_calls_rows_if_fewer():
+    from types import SimpleNamespace
+
+    from mlmt_bench.rollout.backend import GenerationLoad, backend_class
+
+    shape = SimpleNamespace(layers=2, kv_dim=8, hidden=16, intermediate=32, vocab=100)
+    load = GenerationLoad("solver", shape, 4, sequences=8, length=50.0, prompt=20.0, device_memory=None, gpu=False)
+    name = "kept prefixes (solver, prefix_cache_mb)"
+
+    def items(**options):
+        return {what: (kind, b) for kind, what, b in
+                backend_class("hf").generation_memory(load, {"decode": "static", **options})}
+
+    rows = 8 * 50 * load.kv_bytes  # every row of a call (all its chunks), each as long as the load's sequences
+    assert items(prefix_cache_mb=64)[name] == items(prefix_cache_mb=64, batch_size=2)[name] == ("persistent", rows)
+    assert items(prefix_cache_mb=0.01)[name] == ("persistent", 0.01 * 2 ** 20) and 0.01 * 2 ** 20 < rows
+    assert name not in items()
+
+
 def test_qwen_0_5b_with_verls_adapter_has_the_size_verls_log_printed():
     """verl's GSM8K log: "PeftModelForCausalLM contains 511.63M parameters" (r 32, all-linear)."""
     shape = shape_of_path("Qwen/Qwen2.5-0.5B-Instruct")

@@ -159,6 +159,103 @@ def test_prompts_prefilled_in_groups_of_their_own_length_match_generate(monkeypa
     assert len(widths) >= 4 and min(widths) < max(widths), "the budget should have made groups of several widths"
 
 
+# ----------------------------------------------------------------------------------------------
+# kept prefixes (prefix_cache_mb)
+
+
+def _extended(prompts, gens, tail):
+    """Refinement-like prompts: each prompt, its generated ids, then ``tail`` (a new user turn)."""
+    return [p + g.ids + tail for p, g in zip(prompts, gens)]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "llama-lora"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_prompts_that_extend_a_kept_call_compute_only_their_new_tokens(tok, prompts, arch, temperature):
+    """Attempts (marked ``keep``), then two calls of prompts that repeat each attempt's prompt and
+    tokens (a refinement after feedback, one after g∅): both later calls copy the kept keys and
+    values of every row's attempt and give generate's ids and log-probs."""
+    model = MODELS[arch](tok)
+    backend = HFBackend(decode="static", prefix_cache_mb=64)
+    plain = HFBackend()
+    kw = dict(max_new_tokens=20, temperature=temperature)
+    first = backend.generate(model, tok, prompts, seed=3, keep=True, **kw)
+    _compare(plain.generate(model, tok, prompts, seed=3, **kw), first)
+    stats = backend.decoder(model).stats
+    assert stats.prefix_rows == 0
+    for n, tail in enumerate((encode(tok, " wrong; try again:"), encode(tok, " again?"))):
+        later = _extended(prompts, first, tail)
+        _compare(plain.generate(model, tok, later, seed=4, **kw), backend.generate(model, tok, later, seed=4, **kw))
+        assert stats.prefix_rows == (n + 1) * len(prompts)
+    # every row copied its prompt and all of its tokens but the last, twice
+    assert stats.prefix_tokens == 2 * sum(len(p) + len(g.ids) - 1 for p, g in zip(prompts, first))
+
+
+def test_kept_prefixes_are_used_only_with_the_weights_and_adapter_they_were_computed_with(tok, prompts):
+    """With another adapter active, with the adapters disabled and after an optimiser step (in
+    place), a prompt extending a kept call is computed in full and gives generate's results; back
+    on the adapter it was kept with, before any step, it is copied."""
+    model = _all_linear_lora(_llama(tok))
+    model.add_adapter("other", model.peft_config["default"])
+    model.set_adapter("default")
+    backend = HFBackend(decode="static", prefix_cache_mb=64)
+    stats = backend.decoder(model).stats
+    kw = dict(max_new_tokens=16, temperature=0.0)
+    first = backend.generate(model, tok, prompts, keep=True, **kw)
+    later = _extended(prompts, first, encode(tok, " no"))
+
+    def check(hits: int) -> None:
+        _compare(HFBackend().generate(model, tok, later, **kw), backend.generate(model, tok, later, **kw))
+        assert stats.prefix_rows == hits
+
+    model.set_adapter("other")
+    check(0)
+    model.set_adapter("default")
+    check(len(prompts))
+    with model.disable_adapter():
+        check(len(prompts))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=5e-2)
+    ids = torch.tensor([prompts[1] + prompts[4]])
+    model(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+    check(len(prompts))
+
+
+def test_only_a_call_marked_keep_is_kept_and_it_replaces_what_was(tok, prompts):
+    model = _llama(tok)
+    backend = HFBackend(decode="static", prefix_cache_mb=64)
+    dec = backend.decoder(model)
+    kw = dict(max_new_tokens=12, temperature=0.0)
+    plain = backend.generate(model, tok, prompts, **kw)
+    assert not dec._prefixes
+    backend.generate(model, tok, _extended(prompts, plain, encode(tok, "!")), **kw)
+    assert dec.stats.prefix_rows == 0
+    first = backend.generate(model, tok, prompts[:5], keep=True, **kw)
+    second = backend.generate(model, tok, prompts[5:], keep=True, **kw)
+    backend.generate(model, tok, _extended(prompts[:5], first, encode(tok, "!")), **kw)
+    assert dec.stats.prefix_rows == 0, "the second keep call replaced the first's"
+    backend.generate(model, tok, _extended(prompts[5:], second, encode(tok, "!")), **kw)
+    assert dec.stats.prefix_rows == 5
+
+
+def test_kept_prefixes_stay_within_their_budget(monkeypatch, tok, prompts):
+    """A budget for a few rows keeps those; their extensions copy them (prefill groups small enough
+    that a row needing few tokens is not padded to a long one's), the others are computed."""
+    import mlmt_bench.rollout.static_decode as sd
+
+    monkeypatch.setattr(sd, "PREFILL_TOKENS", 40)
+    model = _llama(tok)
+    backend = HFBackend(decode="static", prefix_cache_mb=0.05)
+    first = backend.generate(model, tok, prompts, max_new_tokens=20, temperature=0.0, keep=True)
+    dec = backend.decoder(model)
+    kept = [e for by_len in dec._prefixes.values() for es in by_len.values() for e in es.values()]
+    assert 0 < len(kept) < len(prompts)
+    assert sum(e.nbytes for e in kept) <= 0.05 * 2 ** 20
+    later = _extended(prompts, first, encode(tok, "?"))
+    _compare(HFBackend().generate(model, tok, later, max_new_tokens=20, temperature=0.0),
+             backend.generate(model, tok, later, max_new_tokens=20, temperature=0.0))
+    assert dec.stats.prefix_rows == len(kept)
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_stop_strings_match_generate(tok, prompts, temperature):
     model = _llama(tok)
@@ -232,6 +329,11 @@ def test_unsupported_architecture_is_refused(tok, prompts):
                                            ({"decode": "static", "compact": "auto"}, "compact"),
                                            ({"decode": "static", "merge_lora": "auto"}, "merge_lora"),
                                            ({"merge_lora": True}, "merge_lora.*needs decode: static"),
+                                           ({"decode": "static", "prefix_cache_mb": -1}, "prefix_cache_mb"),
+                                           ({"decode": "static", "prefix_cache_mb": True}, "prefix_cache_mb"),
+                                           ({"prefix_cache_mb": 64}, "prefix_cache_mb.*needs decode: static"),
+                                           ({"decode": "static", "prefix_cache_mb": 64, "compact": True},
+                                            "prefix_cache_mb and compact"),
                                            ({"compact": True}, "compact.*needs decode: static")])
 def test_bad_options_are_one_line_errors(options, match):
     with pytest.raises(UserError, match=match):
@@ -627,20 +729,26 @@ def _two_mlmt_steps(out, policies: dict, options: dict):
 
 
 def test_mlmt_training_is_identical_with_the_static_path(tiny_ckpt, tmp_path):
-    """Two mlmt steps (solver and critic, attempts, feedback and refinements) with decode: static
-    give the same rollouts, rewards and losses as with plain generate: the CPU sampler draws what
-    generate draws, and in-place weight updates reach the next step's generation."""
+    """Two mlmt steps (solver and critic, attempts, feedback and refinements) with decode: static,
+    with and without kept prefixes, give the same rollouts, rewards and losses as with plain
+    generate: the CPU sampler draws what generate draws, in-place weight updates reach the next
+    step's generation, and the refinements copy the attempts' keys and values."""
     policies = {"solver": {"model": "tiny", "path": str(tiny_ckpt), "lr": 1e-2},
                 "critic": {"model": "tiny", "path": str(tiny_ckpt), "lr": 1e-2}}
-    records = {decode: _two_mlmt_steps(tmp_path / decode, policies, {"decode": decode})[1]
-               for decode in ("generate", "static")}
+    paths = {"generate": {"decode": "generate"}, "static": {"decode": "static"},
+             "kept": {"decode": "static", "prefix_cache_mb": 64}}
+    runs = {name: _two_mlmt_steps(tmp_path / name, policies, options) for name, options in paths.items()}
+    records = {name: run[1] for name, run in runs.items()}
     keys = ("gen_tokens", "reward_mean", "loss/solver", "loss/critic", "len/attempt", "len/feedback", "len/refine")
     assert len(records["static"]) == 2
-    for a, b in zip(records["generate"], records["static"]):
-        for k in keys:
-            assert k in a, k
-            assert a[k] == pytest.approx(b[k], abs=1e-6), k
+    for name in ("static", "kept"):
+        for a, b in zip(records["generate"], records[name]):
+            for k in keys:
+                assert k in a, k
+                assert a[k] == pytest.approx(b[k], abs=1e-6), (name, k)
     assert records["generate"][1]["loss/solver"] != records["generate"][0]["loss/solver"]
+    solver = runs["kept"][0].actors.solver.model
+    assert runs["kept"][0].actors.backend.decoder(solver).stats.prefix_rows > 0, "refinements should copy attempts"
 
 
 def test_mlmt_training_on_a_shared_base_is_the_same_with_merged_lora(tiny_ckpt, tmp_path):

@@ -40,6 +40,9 @@ class BackendTraits:
                     gathered weights after every update, so a backend says so only when it can.
     gpu_only:       it generates on CUDA GPUs only (vLLM's engine): ``mlmt-bench plan`` refuses to
                     plan it for a CPU instead of pricing an engine that cannot start there.
+    keeps_prefixes: its ``generate`` takes ``keep=True``, a hint that later prompts will begin
+                    with these prompts and their generations (a rollout's attempts, which its
+                    refinements repeat), so it may keep their keys and values for them.
 
     The defaults are the conservative ones a backend that declares nothing gets.
     """
@@ -47,6 +50,7 @@ class BackendTraits:
     holds_weights: bool = True
     supports_fsdp: bool = False
     gpu_only: bool = False
+    keeps_prefixes: bool = False
 
 
 @dataclass(frozen=True)

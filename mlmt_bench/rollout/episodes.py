@@ -176,10 +176,13 @@ def merge_rollouts(a: Rollout, b: Rollout) -> Rollout:
 
 
 def _generate(actor: Any, prompts: list[list[int]], sampling: Sampling, max_new: int, backend: Any,
-              temperature: float | None = None) -> list[Any]:
+              temperature: float | None = None, keep: bool = False) -> list[Any]:
+    """``keep``: later prompts will extend these (passed on to a backend that declares
+    ``keeps_prefixes``)."""
+    hint = {"keep": True} if keep and getattr(getattr(backend, "traits", None), "keeps_prefixes", False) else {}
     return backend.generate(actor.model, actor.tokenizer, prompts, max_new_tokens=max_new,
                             temperature=sampling.temperature if temperature is None else temperature,
-                            top_p=sampling.top_p, stop=sampling.stop)
+                            top_p=sampling.top_p, stop=sampling.stop, **hint)
 
 
 def feedback_prompt(tokenizer: Any, templates: PromptTemplates, problem: Problem, attempt_text: str) -> list[int]:
@@ -235,7 +238,8 @@ def rollout(program: Program, actors: Actors, problems: Sequence[Problem], sampl
             for _ in range(program.attempts):
                 a_prompts.append(ids)
                 a_owner.append(pi)
-        gens = _generate(solver, a_prompts, sampling, sampling.max_new_tokens, actors.backend)
+        gens = _generate(solver, a_prompts, sampling, sampling.max_new_tokens, actors.backend,
+                         keep=program.feedback != "none")  # the refinements repeat every attempt
         verdicts = actors.verifier.score_batch([problems[pi] for pi in a_owner], [g.text for g in gens])
         for pi, prompt, g, v in zip(a_owner, a_prompts, gens, verdicts):
             turns.append(TurnSample("attempt", "solver", pi, None, prompt, g.ids, g.logprobs, g.text,

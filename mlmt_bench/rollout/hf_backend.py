@@ -25,7 +25,12 @@ generate's where two logits are that close, and a seed no longer gives generate'
 ``merge_lora`` (false; true: each LoRA linear layer runs as one product with its weight merged,
 ``W + s·B·A`` of its active adapters, made again at every call; nothing is merged in place. Five
 operations per layer become one, but ``x·(W + ΔW)`` rounds differently from ``x·W + s·(x·A)·B``,
-so ids can part from generate's where two logits are that close).
+so ids can part from generate's where two logits are that close), ``prefix_cache_mb`` (0: off; a
+budget in MB: keep the keys and values of the prompts and generated tokens of a call marked
+``keep`` (a rollout's attempts), so that prompts beginning with them (the refinements after
+feedback and after g∅) compute only their new tokens, as vLLM's prefix caching does. Kept keys of generated
+tokens are the decode steps', which round differently from a prefill's, so ids can part from
+generate's where two logits are that close; not with ``compact``).
 
 The vLLM backend stays the recommended engine for large models on GPUs.
 """
@@ -68,7 +73,7 @@ class HFBackend(Backend):
     """
 
     name = "hf"
-    traits = BackendTraits(holds_weights=False, supports_fsdp=True)
+    traits = BackendTraits(holds_weights=False, supports_fsdp=True, keeps_prefixes=True)
 
     @classmethod
     def throughput_key(cls, options: dict[str, Any]) -> str:
@@ -79,7 +84,8 @@ class HFBackend(Backend):
         """Rows of at most ``batch_size``; ``generate``'s KV cache lives while generating, the static
         decoder's (cache lengths on the ladder when bucketed, capped by ``max_cache_mb``) is kept
         between calls where ``keep_cache`` says so (with graphs), else it lives while generating;
-        with ``merge_lora`` the decoder keeps a merged copy of the weights an adapter wraps."""
+        with ``merge_lora`` the decoder keeps a merged copy of the weights an adapter wraps, with
+        ``prefix_cache_mb`` the keys and values of a call's sequences (at most the budget)."""
         o = with_defaults(cls, options)
         rows = min(int(o["batch_size"]), load.sequences)
         if o["decode"] == "static":
@@ -99,21 +105,26 @@ class HFBackend(Backend):
             if o["merge_lora"] and load.adapted:
                 cache.append(("persistent", f"merged LoRA weights ({load.role}, merge_lora)",
                               load.adapted * load.dtype_bytes))
+            if o["prefix_cache_mb"]:
+                cache.append(("persistent", f"kept prefixes ({load.role}, prefix_cache_mb)",  # a call's rows
+                              min(load.sequences * load.length * load.kv_bytes, o["prefix_cache_mb"] * 2 ** 20)))
         else:
             cache = [("generation", f"KV cache of generate ({load.role})", rows * load.length * load.kv_bytes)]
         return [*cache, *forward_memory(load, rows)]
 
     def __init__(self, batch_size: int = 256, decode: str = "generate", graphs: Any = "auto", buckets: Any = "auto",
                  max_cache_mb: Any = "auto", sync_every: Any = "auto", sampler: str = "auto",
-                 keep_cache: Any = "auto", compact: Any = False, merge_lora: Any = False, **unknown: Any) -> None:
+                 keep_cache: Any = "auto", compact: Any = False, merge_lora: Any = False, prefix_cache_mb: Any = 0,
+                 **unknown: Any) -> None:
         reject_unknown_options(HFBackend, "hf", unknown)
         self.check_values(batch_size=batch_size, decode=decode, graphs=graphs, buckets=buckets,
                           max_cache_mb=max_cache_mb, sync_every=sync_every, sampler=sampler, keep_cache=keep_cache,
-                          compact=compact, merge_lora=merge_lora)
+                          compact=compact, merge_lora=merge_lora, prefix_cache_mb=prefix_cache_mb)
         self.batch_size = batch_size
         self.decode = decode
         self.static_options = dict(graphs=graphs, buckets=buckets, max_cache_mb=max_cache_mb, sync_every=sync_every,
-                                   sampler=sampler, keep_cache=keep_cache, compact=compact, merge_lora=merge_lora)
+                                   sampler=sampler, keep_cache=keep_cache, compact=compact, merge_lora=merge_lora,
+                                   prefix_cache_mb=prefix_cache_mb)
         self.decoders: dict[int, Any] = {}  # id(model) -> StaticDecoder (which holds the model)
 
     # The ignore[override] below: the base takes **options, but options reach check_values only after
@@ -122,7 +133,7 @@ class HFBackend(Backend):
     def check_values(*, decode: str = "generate", graphs: Any = "auto", buckets: Any = "auto",  # type: ignore[override]
                      max_cache_mb: Any = "auto", sync_every: Any = "auto", sampler: str = "auto",
                      keep_cache: Any = "auto", compact: Any = False, merge_lora: Any = False,
-                     batch_size: Any = 256) -> None:
+                     prefix_cache_mb: Any = 0, batch_size: Any = 256) -> None:
         """One-line errors for option values this backend cannot use (``mlmt-bench validate`` calls it)."""
         if not (isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size >= 1):
             raise UserError(f"backend hf: options.batch_size must be an integer ≥ 1, got {batch_size!r}")
@@ -145,6 +156,15 @@ class HFBackend(Backend):
             if value and decode != "static":
                 raise UserError(f"backend hf: options.{name} changes the static decoder; it needs decode: static "
                                 f"(got decode: {decode})")
+        mb = prefix_cache_mb
+        if isinstance(mb, bool) or not (isinstance(mb, (int, float)) and mb >= 0):
+            raise UserError(f"backend hf: options.prefix_cache_mb must be a number ≥ 0 (0: off), got {mb!r}")
+        if prefix_cache_mb and decode != "static":
+            raise UserError(f"backend hf: options.prefix_cache_mb keeps the static decoder's keys and values; it needs "
+                            f"decode: static (got decode: {decode})")
+        if prefix_cache_mb and compact:
+            raise UserError("backend hf: options.prefix_cache_mb and compact cannot be combined (compacted rows leave "
+                            "the state whose keys and values would be kept)")
 
     def sync_weights(self, model: Any) -> None:
         """Nothing to copy: generation uses the training model object itself. The static decoder's
@@ -172,7 +192,7 @@ class HFBackend(Backend):
                 sync_every=(8 if graphs else 1) if o["sync_every"] == "auto" else o["sync_every"],
                 sampler=("race" if graphs else "multinomial") if o["sampler"] == "auto" else o["sampler"],
                 max_rows=self.batch_size, keep_cache=_flag(o["keep_cache"], graphs), compact=o["compact"],
-                merge_lora=o["merge_lora"])
+                merge_lora=o["merge_lora"], prefix_cache_mb=o["prefix_cache_mb"])
             self.decoders[id(model)] = dec
         return dec
 
@@ -191,7 +211,9 @@ class HFBackend(Backend):
         top_p: float = 1.0,
         stop: list[str] | None = None,
         seed: int | None = None,
+        keep: bool = False,
     ) -> list[Generation]:
+        """``keep``: later prompts will extend these (``prefix_cache_mb`` keeps their keys and values)."""
         import torch
 
         from mlmt_bench.models.adapters import activate
@@ -209,7 +231,7 @@ class HFBackend(Backend):
                 min_new = int(getattr(getattr(model, "generation_config", None), "min_new_tokens", None) or 0)
                 ids, logprobs = self.decoder(model).generate(
                     prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, eos_id=eos_id,
-                    pad_id=pad_id, stops=stops, min_new_tokens=min_new)
+                    pad_id=pad_id, stops=stops, min_new_tokens=min_new, keep=keep)
                 return _records(ids, logprobs, eos_id, pad_id, tokenizer, stops)
             out: list[Generation] = []
             for start in range(0, len(prompts), self.batch_size):

@@ -151,6 +151,17 @@ class _State:
 
 
 @dataclass
+class _Prefix:
+    """Keys and values of one sequence a call fed (its prompt, then its generated tokens but the
+    last): per layer ``[KV, m, D]`` for its ``m`` tokens ``ids``, as the cache held them."""
+
+    ids: tuple[int, ...]
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+    nbytes: int
+
+
+@dataclass
 class DecodeStats:
     """Counters for benchmarks: what ran, and how long the decode loops took (seconds)."""
 
@@ -164,6 +175,8 @@ class DecodeStats:
     capture_s: float = 0.0
     row_steps: int = 0  # rows a decode step ran on, summed over steps (less with ``compact``)
     compactions: int = 0
+    prefix_rows: int = 0  # prompts whose kept prefix was copied, not computed (``prefix_cache_mb``)
+    prefix_tokens: int = 0  # prompt tokens whose keys and values were copied instead of computed
     graph_failures: list[str] = field(default_factory=list)
 
 
@@ -356,12 +369,19 @@ class StaticDecoder:
     part from generate's where two logits are that close), and seeded sampling draws for fewer
     rows than generate does, so a seed no longer gives generate's draws. ``merge_lora``: run each
     LoRA linear layer of the decoder's layers as one product with its merged weight
-    (:class:`MergedLinears`).
+    (:class:`MergedLinears`). ``prefix_cache_mb``: budget (0: off) for keeping the keys and values
+    of the sequences a call marked ``keep`` fed (a rollout's attempts), so that a later prompt
+    that begins with one of them (its refinements, which repeat the attempt's prompt and tokens)
+    computes only the rest; kept per weights (a parameter updated in place, replaced, or another
+    adapter active, and they are not used), the last such call's only. The kept keys and values
+    of generated tokens are the decode steps', which round differently from a prefill's, so ids
+    can part from generate's where two logits are that close. Not with ``compact`` (compacted
+    rows leave the state).
     """
 
     def __init__(self, model: Any, *, graphs: bool, buckets: bool, max_cache_mb: float | None,
                  sync_every: int, sampler: str, max_rows: int, keep_cache: bool = True, compact: bool = False,
-                 merge_lora: bool = False) -> None:
+                 merge_lora: bool = False, prefix_cache_mb: float = 0) -> None:
         self.model = model
         self.arch = _Arch(model, merge_lora=merge_lora)
         self.graphs = graphs
@@ -382,6 +402,11 @@ class StaticDecoder:
         self._pool: Any = None
         self._param_ptrs: tuple[int, ...] | None = None
         self.stats = DecodeStats()
+        self._lora: list[Any] | None = None
+        if prefix_cache_mb and compact:
+            raise UserError("static decoder: prefix_cache_mb needs compact off")
+        self.prefix_bytes = int(float(prefix_cache_mb) * 2 ** 20)
+        self._prefixes: dict[tuple, dict[int, dict[tuple[int, ...], _Prefix]]] = {}  # weights -> length -> ids
 
     # ------------------------------------------------------------------------------------------
     # public
@@ -389,13 +414,14 @@ class StaticDecoder:
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, top_p: float,
                  eos_id: int | None, pad_id: int, stops: StopStrings | None = None,
-                 min_new_tokens: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                 min_new_tokens: int = 0, keep: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Generated ids ``[n, T']`` (long) and their log-probs ``[n, T']`` (float32), on the CPU.
 
         ``T' ≤ max_new_tokens`` is the number of steps until every row finished (as generate's
         ``sequences``); a row ends at its first EOS or at the end of its first stop string and is
         padded with ``pad_id`` after it. EOS is suppressed while fewer than ``min_new_tokens`` tokens
-        were generated (generate's ``min_new_tokens``).
+        were generated (generate's ``min_new_tokens``). ``keep``: with ``prefix_cache_mb``, keep
+        what these rows feed (replacing what an earlier ``keep`` call of these weights kept).
         """
         if not prompts:
             return torch.zeros((0, 0), dtype=torch.long), torch.zeros((0, 0))
@@ -414,6 +440,14 @@ class StaticDecoder:
         if self.arch.merged is not None and self.arch.merged.refresh():
             self.invalidate()
         rows_cap = self._rows_cap(length)
+        reuse: list[_Prefix | None] = [None] * len(prompts)
+        kept: dict[int, dict[tuple[int, ...], _Prefix]] | None = None
+        if self.prefix_bytes:
+            weights = self._weights_key()
+            self._prefixes = {w: e for w, e in self._prefixes.items() if w[0] == weights[0]}
+            reuse = self._find_prefixes(prompts, self._prefixes.get(weights, {}))
+            if keep:
+                kept = self._prefixes[weights] = {}
         was_training = self.model.training
         self.model.eval()
         outs: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -422,7 +456,7 @@ class StaticDecoder:
                 for start in range(0, len(prompts), rows_cap):
                     outs.append(self._generate_chunk(prompts[start:start + rows_cap], width, length, max_new_tokens,
                                                      temperature, top_p, eos_id, pad_id, mode, gen_cfg, stops,
-                                                     min_new_tokens))
+                                                     min_new_tokens, reuse[start:start + rows_cap], kept))
         finally:
             self.model.train(was_training)
             if not self.keep_cache:
@@ -443,6 +477,51 @@ class StaticDecoder:
 
     # ------------------------------------------------------------------------------------------
     # shapes and states
+
+    def _weights_key(self) -> tuple:
+        """What kept keys and values were computed with: every parameter's storage and in-place
+        version (an optimiser step bumps it), then each LoRA layer's active adapters and whether it
+        applies them (``(params, adapters)``)."""
+        from mlmt_bench.models.lora_weights import active_adapters, applies_adapters, lora_layers
+
+        params = tuple((p.data_ptr(), p._version) for p in self.model.parameters())
+        if self._lora is None:
+            base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+            self._lora = list(lora_layers(base).values())
+        return params, tuple((applies_adapters(m), tuple(active_adapters(m))) for m in self._lora)
+
+    @staticmethod
+    def _find_prefixes(prompts: list[list[int]], kept: dict[int, dict[tuple[int, ...], _Prefix]]
+                       ) -> list[_Prefix | None]:
+        """Per prompt, the longest kept sequence it begins with and goes beyond, or None."""
+        lengths = sorted(kept, reverse=True)
+        found: list[_Prefix | None] = []
+        for p in prompts:
+            hit = None
+            for m in lengths:
+                if m < len(p):
+                    hit = kept[m].get(tuple(p[:m]))
+                    if hit is not None:
+                        break
+            found.append(hit)
+        return found
+
+    def _keep_prefixes(self, st: _State, prompts: list[list[int]], width: int, fed: list[int],
+                       kept: dict[int, dict[tuple[int, ...], _Prefix]]) -> None:
+        """Copy each row's keys and values of its prompt and its first ``fed[i]`` generated tokens
+        out of the state, while the budget lasts."""
+        used = sum(e.nbytes for by_len in self._prefixes.values() for es in by_len.values() for e in es.values())
+        per_token = self._kv_bytes_per_row_token()
+        for i, p in enumerate(prompts):
+            m = len(p) + fed[i]
+            if used + m * per_token > self.prefix_bytes:
+                break
+            lo, hi = width - len(p), width + fed[i]
+            ids = tuple(p) + tuple(st.out_ids[i, :fed[i]].tolist())
+            entry = _Prefix(ids, [k[i, :, lo:hi].clone() for k in st.k], [v[i, :, lo:hi].clone() for v in st.v],
+                            m * per_token)
+            kept.setdefault(m, {})[ids] = entry
+            used += entry.nbytes
 
     def _cache_length(self, needed: int) -> int:
         return _length_ladder(needed) if self.buckets else needed
@@ -517,7 +596,7 @@ class StaticDecoder:
     # one chunk of rows
 
     def _generate_chunk(self, prompts, width, length, max_new, temperature, top_p, eos_id, pad_id, mode, gen_cfg,
-                        stops, min_new_tokens):
+                        stops, min_new_tokens, reuse, kept):
         n = len(prompts)
         rows = _pow2(n) if self.buckets else n
         st = self._state(rows, length)
@@ -557,7 +636,7 @@ class StaticDecoder:
             st.seen.scatter_(1, ids.clamp(max=self.arch.vocab - 1), True)
 
         t0 = time.perf_counter()
-        self._prefill(st, ids, mask, mode, eos_id, pad_id, n)
+        self._prefill(st, ids, mask, mode, eos_id, pad_id, n, reuse)
         # ``work``: the rows the steps run on, ``st`` itself or (compact) its unfinished rows moved to
         # the front; ``origin[j]``: the chunk row of work's row j; ``out_*``: the rows compacted away
         work, live, origin = st, n, torch.arange(n, device=dev)
@@ -587,7 +666,10 @@ class StaticDecoder:
         # copies: the state's buffers are reused by the next chunk (.cpu() of a CPU tensor is no copy)
         out_ids = out_ids[:, :steps].to("cpu", copy=True)
         out_lp = out_lp[:, :steps].to("cpu", copy=True)
-        ids, lps, tokens = _trim(out_ids, out_lp, eos_id, pad_id, stops)
+        ids, lps, ends = _trim(out_ids, out_lp, eos_id, pad_id, stops)
+        tokens = sum(ends)
+        if kept is not None:  # generated token t was fed (its keys computed) by step t + 1, if that ran
+            self._keep_prefixes(st, prompts, width, [min(e, steps - 1) for e in ends], kept)
         self.stats.steps += steps
         self.stats.tokens += tokens
         self.stats.decode_s += time.perf_counter() - t0
@@ -617,35 +699,60 @@ class StaticDecoder:
     # ------------------------------------------------------------------------------------------
     # the computation
 
-    def _prefill(self, st: _State, ids: torch.Tensor, mask: torch.Tensor, mode: Mode, eos_id, pad_id, n: int) -> None:
+    def _prefill(self, st: _State, ids: torch.Tensor, mask: torch.Tensor, mode: Mode, eos_id, pad_id, n: int,
+                 reuse: list[_Prefix | None]) -> None:
         """Forward over the prompts (eager), first token, and the state for the first decode step.
 
-        ``ids``/``mask`` ``[B, W]`` are left padded to the longest prompt; the forward runs on
-        :func:`prefill_groups` of rows of similar length, each cut to its own longest prompt, so a
-        short prompt beside a long one costs its own tokens, not ``W``. Every row's keys and values
-        land in cache slots ``W - len .. W - 1`` as one left-padded forward would write them; the
-        slots before them are zeroed (never attended: ``key_mask`` is false there)."""
+        ``ids``/``mask`` ``[B, W]`` are left padded to the longest prompt; row ``i`` of length ``ℓ``
+        has its keys and values in cache slots ``W - ℓ .. W - 1`` (the slots before them zeroed,
+        never attended: ``key_mask`` is false there). A row with a kept prefix (``reuse[i]``, its
+        first ``m`` tokens) needs only its last ``ℓ - m`` computed. The forward runs on
+        :func:`prefill_groups` of rows by the tokens they need: a group computes its last ``r``
+        slots (``r``: its largest need), copies each row's kept keys and values before them, and
+        attends over the group's longest prompt; a short prompt beside a long one costs its own
+        tokens, not ``W``."""
         a = self.arch
         rows, width = ids.shape
+        dev = ids.device
         pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        lengths = mask.sum(-1).clamp(min=1)
-        logits = torch.empty((rows, a.vocab), dtype=torch.float32, device=ids.device)
-        for group in prefill_groups(lengths.tolist(), PREFILL_TOKENS):
-            part = max(int(lengths[group[0]]), 1)
-            idx = torch.tensor(group, dtype=torch.long, device=ids.device)
-            g_ids, g_mask, g_pos = ids[idx, width - part:], mask[idx, width - part:], pos[idx, width - part:]
-            causal = torch.ones((part, part), dtype=torch.bool, device=ids.device).tril()
-            eye = torch.eye(part, dtype=torch.bool, device=ids.device)
-            attend = (causal[None] & g_mask[:, None, :]) | eye[None]
-            x = a.embed(g_ids)
-            cos, sin = a.rotary(x, g_pos)
+        lengths = mask.sum(-1).clamp(min=1).tolist()
+        cached = [0] * rows
+        for i, kept in enumerate(reuse):
+            cached[i] = 0 if kept is None else len(kept.ids)
+        need = [max(1, lengths[i] - cached[i]) for i in range(rows)]
+        logits = torch.empty((rows, a.vocab), dtype=torch.float32, device=dev)
+        for group in prefill_groups(need, PREFILL_TOKENS):
+            run = need[group[0]]  # slots W - run .. W - 1 are computed
+            span = max(run, *(lengths[i] for i in group))  # slots W - span .. W - 1 are attended
+            idx = torch.tensor(group, dtype=torch.long, device=dev)
+            for layer, (k, v) in enumerate(zip(st.k, st.v)):
+                if run < width:
+                    k[idx, :, :width - run] = 0
+                    v[idx, :, :width - run] = 0
+                for i in group:
+                    copied = lengths[i] - run
+                    if copied > 0:
+                        kept = reuse[i]
+                        assert kept is not None  # only a row with a kept prefix needs fewer than its length
+                        k[i, :, width - lengths[i]:width - run] = kept.k[layer][:, :copied]
+                        v[i, :, width - lengths[i]:width - run] = kept.v[layer][:, :copied]
+            for i in group:
+                if lengths[i] > run:
+                    self.stats.prefix_rows += 1
+                    self.stats.prefix_tokens += lengths[i] - run
+            # query j (slot W - run + j) attends to key t (slot W - span + t) at or before it, and to itself
+            causal = torch.ones((run, span), dtype=torch.bool, device=dev).tril(diagonal=span - run)
+            own = torch.zeros((run, span), dtype=torch.bool, device=dev)
+            own[:, span - run:] = torch.eye(run, dtype=torch.bool, device=dev)
+            attend = (causal[None] & mask[idx, width - span:][:, None, :]) | own[None]
+            x = a.embed(ids[idx, width - run:])
+            cos, sin = a.rotary(x, pos[idx, width - run:])
             for i, layer in enumerate(a.layers):
                 q, k, v = a.qkv(layer, layer.input_layernorm(x), cos, sin)
-                st.k[i][idx, :, width - part:width] = k.to(st.k[i].dtype)
-                st.v[i][idx, :, width - part:width] = v.to(st.v[i].dtype)
-                if part < width:
-                    st.k[i][idx, :, :width - part] = 0
-                    st.v[i][idx, :, :width - part] = 0
+                st.k[i][idx, :, width - run:width] = k.to(st.k[i].dtype)
+                st.v[i][idx, :, width - run:width] = v.to(st.v[i].dtype)
+                if span > run:  # keys and values of the kept prefixes too
+                    k, v = st.k[i][idx, :, width - span:width], st.v[i][idx, :, width - span:width]
                 if a.groups > 1:  # head h uses key-value head h // groups (transformers' repeat_kv)
                     k, v = k.repeat_interleave(a.groups, dim=1), v.repeat_interleave(a.groups, dim=1)
                 o = F.scaled_dot_product_attention(q, k, v, attn_mask=attend[:, None], scale=a.scaling)
@@ -804,11 +911,11 @@ def _nondeterministic_indexing():
 
 
 def _trim(ids: torch.Tensor, lps: torch.Tensor, eos_id: int | None, pad_id: int,
-          stops: StopStrings | None) -> tuple[torch.Tensor, torch.Tensor, int]:
+          stops: StopStrings | None) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """Rows as generate returns them: a row ends at its first EOS or at the end of its first stop
     string, whichever comes first, and is padded after it; the batch is as long as its longest row
     (generate stops when the last row finishes, the decode loop only notices at its next check).
-    Also returns the number of real tokens."""
+    Also returns each row's number of real tokens."""
     n, steps = ids.shape
     ends = []
     for i in range(n):
@@ -820,7 +927,7 @@ def _trim(ids: torch.Tensor, lps: torch.Tensor, eos_id: int | None, pad_id: int,
         ends.append(end)
         ids[i, end:] = pad_id
     longest = max(ends, default=0)
-    return ids[:, :longest], lps[:, :longest], sum(ends)
+    return ids[:, :longest], lps[:, :longest], ends
 
 
 def _top_p(scores: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
