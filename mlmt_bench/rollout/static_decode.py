@@ -704,8 +704,9 @@ class StaticDecoder:
         """Forward over the prompts (eager), first token, and the state for the first decode step.
 
         ``ids``/``mask`` ``[B, W]`` are left padded to the longest prompt; row ``i`` of length ``ℓ``
-        has its keys and values in cache slots ``W - ℓ .. W - 1`` (the slots before them zeroed,
-        never attended: ``key_mask`` is false there). A row with a kept prefix (``reuse[i]``, its
+        has its keys and values in cache slots ``W - ℓ .. W - 1`` (the slots before them keep what
+        an earlier chunk or call left there, finite values never attended: ``key_mask`` is false
+        there, so their weight is exactly 0). A row with a kept prefix (``reuse[i]``, its
         first ``m`` tokens) needs only its last ``ℓ - m`` computed. The forward runs on
         :func:`prefill_groups` of rows by the tokens they need: a group computes its last ``r``
         slots (``r``: its largest need), copies each row's kept keys and values before them, and
@@ -725,21 +726,16 @@ class StaticDecoder:
             run = need[group[0]]  # slots W - run .. W - 1 are computed
             span = max(run, *(lengths[i] for i in group))  # slots W - span .. W - 1 are attended
             idx = torch.tensor(group, dtype=torch.long, device=dev)
-            for layer, (k, v) in enumerate(zip(st.k, st.v)):
-                if run < width:
-                    k[idx, :, :width - run] = 0
-                    v[idx, :, :width - run] = 0
-                for i in group:
-                    copied = lengths[i] - run
-                    if copied > 0:
-                        kept = reuse[i]
-                        assert kept is not None  # only a row with a kept prefix needs fewer than its length
+            for i in group:
+                copied = lengths[i] - run
+                if copied > 0:
+                    kept = reuse[i]
+                    assert kept is not None  # only a row with a kept prefix needs fewer than its length
+                    for layer, (k, v) in enumerate(zip(st.k, st.v)):
                         k[i, :, width - lengths[i]:width - run] = kept.k[layer][:, :copied]
                         v[i, :, width - lengths[i]:width - run] = kept.v[layer][:, :copied]
-            for i in group:
-                if lengths[i] > run:
                     self.stats.prefix_rows += 1
-                    self.stats.prefix_tokens += lengths[i] - run
+                    self.stats.prefix_tokens += copied
             # query j (slot W - run + j) attends to key t (slot W - span + t) at or before it, and to itself
             causal = torch.ones((run, span), dtype=torch.bool, device=dev).tril(diagonal=span - run)
             own = torch.zeros((run, span), dtype=torch.bool, device=dev)
