@@ -45,12 +45,14 @@ def evaluate(program: Program, actors: Actors, problems: Sequence[Problem], samp
              feedback_metrics: bool = True, n_samples: int = 8,
              protocols: Sequence[str] = ("refine_all", "oracle_gated"),
              micro_batch_tokens: int | None = None, episodes: Rollout | None = None,
-             null_outcomes: Sequence[bool] | None = None) -> EvalResult:
+             null_outcomes: Sequence[bool] | None = None, keep_attempts: bool = False) -> EvalResult:
     """``program`` on ``problems``, scored. ``episodes``: its rollout, already generated (e.g. by
     :func:`refine_again`); default: generated here. ``null_outcomes``: whether each attempt's
     refinement after g∅ is correct, when already known for these very attempts (g∅ is never
-    redacted, so a second protocol on them has the same): not generated again."""
-    ro = episodes if episodes is not None else rollout(program, actors, problems, sampling)
+    redacted, so a second protocol on them has the same): not generated again.
+    ``keep_attempts``: a later pass will refine these attempts (``rollout``'s)."""
+    ro = episodes if episodes is not None else rollout(program, actors, problems, sampling,
+                                                       keep_attempts=keep_attempts)
     attempts = ro.of_kind("attempt")
     t1 = [bool(ro.turns[i].scored_verdict.correct) for i in attempts]
     m: dict[str, Any] = {"n": len(problems)}

@@ -292,7 +292,8 @@ class Trainer:
         e = self.spec.eval
         with memory.phase("eval"):
             res = self._evaluate_once(self.algorithm.eval_program(), self.actors,
-                                      len(self.eval_problems) if final and e.final_samples else e.samples)
+                                      len(self.eval_problems) if final and e.final_samples else e.samples,
+                                      keep_attempts=self.base_critic is not None)
             extra, rows = self._evaluate_with_base_critic(res)
             unredacted, rows = self._evaluate_unredacted(res, rows, final)
             extra = {**extra, **unredacted}
@@ -329,12 +330,13 @@ class Trainer:
                        for row, bc in zip(rows, res.per_problem)]
 
     def _evaluate_once(self, program: Program, actors: Actors, n_samples: int, which: str = "eval",
-                       attempts_of: Rollout | None = None) -> EvalResult:
+                       attempts_of: Rollout | None = None, keep_attempts: bool = False) -> EvalResult:
         """``evaluate`` of ``program`` on the eval problems, read from the memo of step-0 evaluations
         (:mod:`mlmt_bench.io.eval_memo`) where this run starts from weights, problems and settings an
         earlier run evaluated greedily. A read one is recorded in the manifest's ``eval_memo``
         (``{which: key}``): the logged metrics are the same either way. ``attempts_of``: an
-        evaluation's rollout whose attempts this one refines (``rollout``'s ``attempts_of``)."""
+        evaluation's rollout whose attempts this one refines (``rollout``'s ``attempts_of``);
+        ``keep_attempts``: a later pass will (the base critic's)."""
         e = self.spec.eval
 
         def run(n: int) -> EvalResult:
@@ -343,7 +345,8 @@ class Trainer:
                 episodes = rollout(program, actors, self.eval_problems, self.eval_sampling, attempts_of=attempts_of)
             return evaluate(program, actors, self.eval_problems, self.eval_sampling,
                             feedback_metrics=e.feedback_metrics, n_samples=n, protocols=e.protocols,
-                            micro_batch_tokens=self.spec.train.micro_batch_tokens, episodes=episodes)
+                            micro_batch_tokens=self.spec.train.micro_batch_tokens, episodes=episodes,
+                            keep_attempts=keep_attempts)
 
         key = self._memo_key(program, actors)
         res, read = eval_memo.evaluate_once(key, n_samples, len(self.eval_problems), run, EvalResult)

@@ -4,6 +4,7 @@ and the paper-scale and verl-baseline specs validated and planned without a down
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -96,6 +97,9 @@ def test_kept_prefixes_are_planned_as_their_budget_or_a_calls_rows_if_fewer():
     assert items(prefix_cache_mb=64)[name] == items(prefix_cache_mb=64, batch_size=2)[name] == ("persistent", rows)
     assert items(prefix_cache_mb=0.01)[name] == ("persistent", 0.01 * 2 ** 20) and 0.01 * 2 ** 20 < rows
     assert name not in items()
+    critic = dataclasses.replace(load, role="critic")  # the critic's calls are never marked keep
+    assert not any("kept" in what for _, what, _ in
+                   backend_class("hf").generation_memory(critic, {"decode": "static", "prefix_cache_mb": 64}))
 
 
 def test_qwen_0_5b_with_verls_adapter_has_the_size_verls_log_printed():

@@ -702,9 +702,9 @@ def test_top_p_keeps_the_nucleus_and_its_renormalised_weights(tok, sampler):
 # in the trainer
 
 
-def _two_mlmt_steps(out, policies: dict, options: dict):
-    """Two mlmt steps (group 4, 12 new tokens, a parity verifier) of ``policies`` with the hf
-    backend's ``options``, one thread: the trainer and its train records."""
+def _two_mlmt_steps(out, policies: dict, options: dict, algorithm: str = "mlmt", evaluation: dict | None = None):
+    """Two steps of ``algorithm`` (mlmt; group 4, 12 new tokens, a parity verifier) of ``policies``
+    with the hf backend's ``options``, one thread: the trainer and its train records."""
     from conftest import minimal_spec
     from mlmt_bench import runner
     from mlmt_bench.spec import validate_run
@@ -714,9 +714,9 @@ def _two_mlmt_steps(out, policies: dict, options: dict):
     d = minimal_spec()
     d["output_dir"] = str(out)
     d["policies"] = policies
-    d["algorithm"] = {"name": "mlmt", "params": {"group_size": 4}}
+    d["algorithm"] = {"name": algorithm, "params": {"group_size": 4}}
     d["backend"] = {"max_new_tokens": 12, "options": options}
-    d["eval"] = {"every": 0, "feedback_metrics": False, "limit": 4}
+    d["eval"] = evaluation or {"every": 0, "feedback_metrics": False, "limit": 4}
     spec = validate_run(d, "test")
     runner.configure_torch(spec)
     torch.set_num_threads(1)
@@ -749,6 +749,23 @@ def test_mlmt_training_is_identical_with_the_static_path(tiny_ckpt, tmp_path):
     assert records["generate"][1]["loss/solver"] != records["generate"][0]["loss/solver"]
     solver = runs["kept"][0].actors.solver.model
     assert runs["kept"][0].actors.backend.decoder(solver).stats.prefix_rows > 0, "refinements should copy attempts"
+
+
+def test_a_grpo_evaluation_keeps_its_attempts_for_the_base_critics_refinements(tiny_ckpt, tmp_path):
+    """grpo's evaluation has no refinements of its own; with ``eval.base_critic`` its attempts are
+    kept all the same, and the base critic's pass (and its g∅ refinements) copy them: the same
+    evaluation metrics as without kept prefixes."""
+    policies = {"solver": {"model": "tiny", "path": str(tiny_ckpt), "lr": 1e-2}}
+    evaluation = {"every": 0, "limit": 6, "base_critic": True, "memo": False}
+    runs = {mb: _two_mlmt_steps(tmp_path / str(mb), policies, {"decode": "static", "prefix_cache_mb": mb}, "grpo",
+                                evaluation) for mb in (0, 64)}
+    evals = {}
+    for mb, (trainer, _) in runs.items():
+        records = [r for r in trainer.run_dir.metrics() if r["kind"] == "eval"]
+        evals[mb] = {k: v for k, v in records[-1].items() if k.startswith(("acc", "base_critic/acc"))}
+    assert "base_critic/acc@t2" in evals[64] and evals[64] == evals[0]
+    trainer = runs[64][0]
+    assert trainer.actors.backend.decoder(trainer.actors.solver.model).stats.prefix_rows >= 2 * 6
 
 
 def test_mlmt_training_on_a_shared_base_is_the_same_with_merged_lora(tiny_ckpt, tmp_path):

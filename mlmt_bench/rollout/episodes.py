@@ -218,10 +218,12 @@ def refine_prompt(tokenizer: Any, templates: PromptTemplates, problem: Problem, 
 
 
 def rollout(program: Program, actors: Actors, problems: Sequence[Problem], sampling: Sampling, *,
-            attempts_of: Rollout | None = None) -> Rollout:
+            attempts_of: Rollout | None = None, keep_attempts: bool = False) -> Rollout:
     """Run ``program`` on ``problems``; every turn is scored by the verifier (feedback turns: not
     scored). ``attempts_of``: a rollout of the same problems and attempt count whose attempts are
-    this one's, as they are (not generated again: a second protocol on identical attempts)."""
+    this one's, as they are (not generated again: a second protocol on identical attempts).
+    ``keep_attempts``: a later rollout will refine these attempts (``attempts_of``), so the
+    backend is told to keep them as it is when this program refines them itself."""
     start = time.perf_counter()
     solver, critic, tpl = actors.solver, actors.critic, actors.templates
     turns: list[TurnSample] = []
@@ -239,7 +241,7 @@ def rollout(program: Program, actors: Actors, problems: Sequence[Problem], sampl
                 a_prompts.append(ids)
                 a_owner.append(pi)
         gens = _generate(solver, a_prompts, sampling, sampling.max_new_tokens, actors.backend,
-                         keep=program.feedback != "none")  # the refinements repeat every attempt
+                         keep=keep_attempts or program.feedback != "none")  # refinements repeat every attempt
         verdicts = actors.verifier.score_batch([problems[pi] for pi in a_owner], [g.text for g in gens])
         for pi, prompt, g, v in zip(a_owner, a_prompts, gens, verdicts):
             turns.append(TurnSample("attempt", "solver", pi, None, prompt, g.ids, g.logprobs, g.text,

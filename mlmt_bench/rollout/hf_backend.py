@@ -105,7 +105,7 @@ class HFBackend(Backend):
             if o["merge_lora"] and load.adapted:
                 cache.append(("persistent", f"merged LoRA weights ({load.role}, merge_lora)",
                               load.adapted * load.dtype_bytes))
-            if o["prefix_cache_mb"]:
+            if o["prefix_cache_mb"] and load.role == "solver":  # rollouts mark only the attempts call keep
                 cache.append(("persistent", f"kept prefixes ({load.role}, prefix_cache_mb)",  # a call's rows
                               min(load.sequences * load.length * load.kv_bytes, o["prefix_cache_mb"] * 2 ** 20)))
         else:
