@@ -5,7 +5,8 @@ A benchmark, not a test. Evaluation dominates a run of the SmolLM2 testbed (the 
 3,628 of its 4,449 s evaluating), so this measures the evaluation a run does, not a synthetic decode: the spec's
 solver answers its evaluation problems greedily, then, for ``grpo + base critic``, the frozen starting point
 writes feedback and the solver refines (``Program(attempts=1, feedback="critic")`` with ``eval.base_critic``'s
-critic), exactly as :meth:`mlmt_bench.trainer.Trainer._evaluate_with_base_critic` does, the memo off. The decode
+critic), as :meth:`mlmt_bench.trainer.Trainer._evaluate_with_base_critic` does, except that a run refines its
+evaluation's own attempts where this generates them in the same program (once either way), the memo off. The decode
 paths (``--paths``: ``generate``, ``static``, ``static+compact``, ``static+merge``: ``merge_lora``,
 ``static+one-prefill``: the static path's prefill as one left-padded forward over all rows, as before it ran
 in groups of similar length, ``static+kept``: ``prefix_cache_mb: 4096``, refinements copying the attempts' keys
