@@ -586,7 +586,8 @@ def probe_feedback(
     limit: int | None = typer.Option(None, "--limit", "-n", min=1, metavar="N", help="Only the first N problems."),
     redact: bool | None = typer.Option(None, "--redact/--no-redact", help="Redact every row's feedback before the "
                                        "refiner sees it (default: the spec's feedback.redact)."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Also write probe.json and probe.md here."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Also write probe.json and probe.md here "
+                                    "(refused where they exist)."),
     overrides: list[str] | None = SetOption,
 ) -> None:
     """The feedback perturbation probe (METHOD v4): identical attempts refined after the critic's own
@@ -596,7 +597,7 @@ def probe_feedback(
     from mlmt_bench.io.progress import print_table
     from mlmt_bench.probe import table_rows, write_probe
 
-    _check_record_dir(out)
+    _check_record_dir(out, "probe.json", "probe.md")
     if spec.is_dir():
         if overrides:
             raise UserError("--set applies to a SPEC; a run directory is probed with its own spec")
@@ -623,12 +624,17 @@ def probe_feedback(
     _emit({k: v for k, v in result.items() if k != "per_problem"}, human)
 
 
-def _check_record_dir(out: Path | None) -> None:
-    """A probe's ``--out``, checked before the probe spends minutes: a one-line error if unusable."""
+def _check_record_dir(out: Path | None, *names: str) -> None:
+    """A probe's ``--out``, checked before the probe spends minutes: a one-line error if unusable,
+    or if it holds a record ``names`` would overwrite (an earlier probe's: never lost)."""
     if out is not None:
         from mlmt_bench.tracking import check_output_dir
 
         check_output_dir(out, "--out")
+        taken = [n for n in names if (out / n).exists()]
+        if taken:
+            raise UserError(f"--out {out}: it already holds {', '.join(taken)} (an earlier probe's record); "
+                            f"give another --out or move it away")
 
 
 def _write_record(result: dict[str, Any], out: Path | None, name: str) -> list[Path]:
@@ -648,7 +654,8 @@ def probe_critic(
     spec: Path = typer.Argument(..., help="Run spec (YAML) whose starting solver and critic are checked."),
     split: str = typer.Option("validation", "--split", help="Split of the spec's benchmark: validation or test."),
     limit: int = typer.Option(200, "--limit", "-n", min=1, metavar="N", help="The first N problems."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Also write gate.json (the whole record) here."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Also write gate.json (the whole record) here "
+                                    "(refused where it exists)."),
     overrides: list[str] | None = SetOption,
 ) -> None:
     """The critic gate (METHOD v4) on a spec's starting policies: the solver's own attempts judged by
@@ -657,7 +664,7 @@ def probe_critic(
     from mlmt_bench import runner, spec as specs
     from mlmt_bench.warmstart.shared_base import gate_line
 
-    _check_record_dir(out)
+    _check_record_dir(out, "gate.json")
     loaded = specs.load_any(spec, overrides or [])
     if isinstance(loaded, tuple):
         raise UserError(f"{spec}: an experiment spec; the gate takes a run spec (one of its arms)")
@@ -684,7 +691,8 @@ def probe_value(
     spec: Path = typer.Argument(..., help="Run spec (YAML) whose starting solver and critic roll out."),
     rows: int = typer.Option(4096, "--rows", min=2, help="Rollouts to fit on (METHOD v4: at least 4,000)."),
     steps: int = typer.Option(1000, "--steps", min=1, help="Adam steps of each fit."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Also write value.json (the whole record) here."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Also write value.json (the whole record) here "
+                                    "(refused where it exists)."),
     overrides: list[str] | None = SetOption,
 ) -> None:
     """The value probe (METHOD v4, "Value gate"): the learned value fitted on rollouts of the
@@ -694,7 +702,7 @@ def probe_value(
     from mlmt_bench import runner, spec as specs
     from mlmt_bench.warmstart.value_probe import MIN_ROWS
 
-    _check_record_dir(out)
+    _check_record_dir(out, "value.json")
     loaded = specs.load_any(spec, overrides or [])
     if isinstance(loaded, tuple):
         raise UserError(f"{spec}: an experiment spec; the probe takes a run spec (one of its arms)")

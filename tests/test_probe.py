@@ -297,6 +297,10 @@ def test_the_cli_writes_the_table_and_refuses_bad_input(tiny_ckpt, write_spec, t
     assert list(data["rows"]) == list(PROBE_ROWS) and data["rows"]["own"]["n"] == 3
     assert "--limit 3" in data["command"]
     assert "| null: g∅" in (out / "probe.md").read_text()
+    before = (out / "probe.json").read_bytes()
+    again = CliRunner().invoke(app, ["probe", "feedback", str(path), "--limit", "3", "--out", str(out)])
+    assert again.exit_code == 2 and "already holds probe.json, probe.md" in again.output, again.output
+    assert (out / "probe.json").read_bytes() == before  # an earlier probe's record is never overwritten
     bad = CliRunner().invoke(app, ["probe", "feedback", str(path), "--split", "nope"])
     assert bad.exit_code == 2 and "unknown split 'nope'" in bad.output
 
