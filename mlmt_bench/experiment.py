@@ -80,7 +80,8 @@ def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool
     started. ``restore`` names reports published with ``--raw``
     (:func:`mlmt_bench.report.publish.restore_runs`): their finished runs of this
     experiment are copied into the experiment's directory first and kept like its own, so an
-    experiment too long for one machine's session goes on from what was committed.
+    experiment too long for one machine's session goes on from what was committed; the step-0
+    evaluations they published go back into the memo (:func:`~mlmt_bench.report.publish.restore_memo`).
 
     ``ray`` (a cluster address) runs every run and base build as a Ray task instead
     (:class:`mlmt_bench.machine.cluster.RayExecutor`), with ``train.threads`` CPUs (default 1) and
@@ -99,10 +100,14 @@ def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool
     elif workers > 1:
         arms = {a: _with_threads(s, workers) for a, s in arms.items()}
     if restore:
-        from mlmt_bench.report.publish import check_restorable, restore_runs
+        from mlmt_bench.report.publish import check_restorable, restore_memo, restore_runs
 
         for report_dir in restore:  # a wrong path fails before an experiment directory exists
             check_restorable(report_dir)
+        for report_dir in restore:  # a cache: written before the experiment, whatever it then does
+            n_memo = restore_memo(report_dir)
+            if progress and n_memo:
+                tell(f"restored {n_memo} step-0 evaluation(s) into the memo from {report_dir}")
     exp_dir, record = _open_experiment(exp, arms, resume)
     if restore:
         for report_dir in restore:

@@ -334,7 +334,8 @@ class Trainer:
         """``evaluate`` of ``program`` on the eval problems, read from the memo of step-0 evaluations
         (:mod:`mlmt_bench.io.eval_memo`) where this run starts from weights, problems and settings an
         earlier run evaluated greedily. A read one is recorded in the manifest's ``eval_memo``
-        (``{which: key}``): the logged metrics are the same either way. ``attempts_of``: an
+        (``{which: key}``), one this run stored in ``eval_memo_stored`` (``report --raw`` publishes
+        both): the logged metrics are the same either way. ``attempts_of``: an
         evaluation's rollout whose attempts this one refines (``rollout``'s ``attempts_of``);
         ``keep_attempts``: a later pass will (the base critic's)."""
         e = self.spec.eval
@@ -350,9 +351,11 @@ class Trainer:
 
         key = self._memo_key(program, actors)
         res, read = eval_memo.evaluate_once(key, n_samples, len(self.eval_problems), run, EvalResult)
-        if read:
-            memo = self.run_dir.manifest().get("eval_memo") or {}
-            self.run_dir.update_manifest(eval_memo={**memo, which: key})
+        entry = eval_memo.entry_path(key) if key is not None and not read else None
+        stored = entry is not None and entry.is_file()
+        if read or stored:
+            field = "eval_memo" if read else "eval_memo_stored"
+            self.run_dir.update_manifest(**{field: {**(self.run_dir.manifest().get(field) or {}), which: key}})
         return res
 
     def _memo_key(self, program: Program, actors: Actors) -> str | None:

@@ -170,6 +170,53 @@ def test_restore_from_a_published_report_runs_only_what_it_lacks(exp_spec, tmp_p
     assert sorted(Path(exp.output_dir).iterdir()) == before  # refused before it created anything
 
 
+def test_restore_puts_the_published_starting_evaluations_back_in_the_memo(exp_spec, tmp_path):
+    """Seed 0 stores its step-0 evaluation in the memo and seed 1 reads it; `report --raw` of seed 0
+    publishes that entry (eval-memo/<key>.json.gz), and on a fresh machine (the memo wiped)
+    `--restore` puts it back, so seed 1 reads it again instead of evaluating."""
+    import gzip
+
+    from mlmt_bench.report.compare import report_from_dirs
+
+    exp, arms = load_experiment(exp_spec(a=1e-4))
+    first = run_experiment(exp, arms, progress=False)
+    seed0, seed1 = (Path(first["run_dir"]) / n for n in first["experiment"]["arms"]["a"])
+    stored = json.loads((seed0 / "manifest.json").read_text())["eval_memo_stored"]
+    assert list(stored) == ["eval"] and json.loads((seed1 / "manifest.json").read_text())["eval_memo"] == stored
+    memo = tmp_path / "eval-memo"  # conftest's MLMT_BENCH_EVAL_MEMO
+    entry = (memo / f"{stored['eval']}.json").read_bytes()
+    report_from_dirs([seed0], tmp_path / "published", raw=True)
+    published = tmp_path / "published" / "eval-memo" / f"{stored['eval']}.json.gz"
+    assert gzip.decompress(published.read_bytes()) == entry
+
+    shutil.rmtree(memo)
+    out = run_experiment(exp, arms, progress=False, restore=[tmp_path / "published"])
+    again = Path(out["run_dir"]) / out["experiment"]["arms"]["a"][1]
+    assert json.loads((again / "manifest.json").read_text()).get("eval_memo") == stored  # read, not evaluated
+    assert (memo / f"{stored['eval']}.json").read_bytes() == entry
+
+
+@pytest.mark.parametrize("name, data, why", [
+    ("a" * 64 + ".json.gz", b"\x1f\x8b not gzip", "cannot read as gzip"),
+    ("a" * 64 + ".json.gz", b"not JSON", "not a stored evaluation"),
+    ("a" * 64 + ".json.gz", None, "not a stored evaluation"),
+    ("notes.txt", b"", "is not named"),
+])
+def test_restore_refuses_a_published_memo_entry_that_is_not_one(tmp_path, name, data, why):
+    """A published report is data from elsewhere: an entry that is not gzip of an evaluation, or a
+    file in eval-memo/ not named by a key, is a one-line error and nothing enters the memo."""
+    import gzip
+
+    from mlmt_bench.report.publish import restore_memo
+
+    (tmp_path / "r" / "eval-memo").mkdir(parents=True)
+    (tmp_path / "r" / "eval-memo" / ("b" * 64 + ".json.gz")).write_bytes(gzip.compress(b'{"samples": []}'))
+    (tmp_path / "r" / "eval-memo" / name).write_bytes(gzip.compress(b'[1, 2]') if data is None else data)
+    with pytest.raises(UserError, match=why):
+        restore_memo(tmp_path / "r")
+    assert not (tmp_path / "eval-memo").exists()
+
+
 def test_resume_refuses_a_changed_spec_or_another_experiment(exp_spec, tmp_path):
     exp, arms = load_experiment(exp_spec(a=1e-4))
     exp.seeds = [0]

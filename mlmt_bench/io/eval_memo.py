@@ -15,6 +15,12 @@ the sampling, the evaluation options and the spec's benchmark, feedback and back
 the CPU, the torch version and a fingerprint of mlmt-bench's own source. Only greedy evaluations
 are kept (a sampled one draws on the run's random state). ``eval.memo: false`` or
 ``MLMT_BENCH_EVAL_MEMO=0`` turns it off; the memo is a cache, so a wiped machine only evaluates again.
+
+A run's manifest names the keys it read (``eval_memo``) and stored (``eval_memo_stored``);
+``report --raw`` publishes those entries with the runs (``eval-memo/<key>.json.gz``) and
+``run --restore`` puts them back (:mod:`mlmt_bench.report.publish`), so an experiment continued
+in another session, on a fresh machine with the same CPU, code and weights, reads its starting
+evaluations instead of repeating them.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,6 +38,8 @@ from typing import Any, TypeVar
 _FORMAT = 1
 #: the most bytes a memo entry is read with (a 500-problem evaluation with every episode is a few MB)
 MAX_ENTRY_BYTES = 64 << 20
+#: a memo key: the hex sha256 :func:`memo_key` returns
+KEY = re.compile(r"[0-9a-f]{64}")
 #: an evaluation's result: a dataclass with ``samples`` (a list) and JSON fields (mlmt_bench.evaluate.EvalResult)
 R = TypeVar("R")
 
@@ -51,6 +60,13 @@ def default_dir() -> Path | None:
         return Path(chosen).expanduser()
     env = cache_env_dir()
     return (env / "eval-memo") if env is not None else Path.home() / ".cache" / "mlmt-bench" / "eval-memo"
+
+
+def entry_path(key: str, directory: Path | None = None) -> Path | None:
+    """The file that holds (or would hold) ``key``'s result in ``directory`` (default
+    :func:`default_dir`); None when the memo is off."""
+    directory = Path(directory) if directory is not None else default_dir()
+    return None if directory is None else directory / f"{key}.json"
 
 
 @functools.cache
@@ -123,13 +139,12 @@ def evaluate_once(key: str | None, n_samples: int, n_problems: int, run: Callabl
     was read. A result is stored with every problem's episode, so runs that log fewer read the same
     entry. ``key`` None, or the memo switched off: no memo. An unreadable entry is evaluated again
     and replaced."""
-    directory = Path(directory) if directory is not None else default_dir()
-    if key is None or directory is None:
+    path = entry_path(key, directory) if key is not None else None
+    if path is None:
         return run(n_samples), False
     from mlmt_bench.errors import UserError
     from mlmt_bench.io.bounded_input import read_json
 
-    path = directory / f"{key}.json"
     try:
         data = read_json(path, MAX_ENTRY_BYTES)  # a regular file, bounded: never a link or a device
         data["samples"] = data["samples"][:n_samples]
@@ -137,7 +152,7 @@ def evaluate_once(key: str | None, n_samples: int, n_problems: int, run: Callabl
     except (OSError, ValueError, KeyError, TypeError, UserError):
         pass
     res: Any = run(n_problems)
-    directory.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(_stored(res)))
     os.replace(tmp, path)

@@ -14,6 +14,11 @@ renders the report from those copies:
                                 episodes where arms disagree: :func:`episodes.episodes_used`; the
                                 problem browser's, one run's per arm and problem:
                                 :func:`problem_set.episodes_shown`); absent when it reads none
+    DIR/eval-memo/<key>.json.gz the step-0 evaluations the runs read from or stored in this
+                                machine's memo (:mod:`mlmt_bench.io.eval_memo`), gzip of the
+                                entries; ``run --restore`` puts them back, so a session elsewhere
+                                with the same CPU, code and weights reads them instead of
+                                evaluating again. The report never reads them.
     DIR/comparison.md, acc_vs_tokens.png, index.html, problems.html
 
 No checkpoints and no other samples. ``mlmt-bench report DIR`` (no ``--out``: in place) reads the
@@ -33,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from mlmt_bench.errors import UserError
+from mlmt_bench.io import eval_memo
 from mlmt_bench.io.jsonl import DECODE_ERRORS, GzipTooLarge, open_jsonl
 from mlmt_bench.report.episodes import episodes_used
 from mlmt_bench.report.problem_set import episodes_shown
@@ -45,6 +51,7 @@ AS_IS = ("manifest.json", "spec.resolved.yaml")
 LOGS = ("metrics.jsonl", "eval_problems.jsonl")
 SAMPLES = "samples.jsonl"
 RUNS = "runs"
+MEMO = "eval-memo"
 #: a committed report should stay below this (issue 18): ``mlmt-bench report`` warns above it
 SIZE_LIMIT_BYTES = 25 * 10**6
 #: ``run --restore`` writes at most this many bytes in all (decompressed logs, manifests, specs):
@@ -61,15 +68,15 @@ def _gzip(data: bytes) -> bytes:
     return data if data[:2] == b"\x1f\x8b" else gzip.compress(data, compresslevel=9, mtime=0)
 
 
-def _read(path: Path) -> bytes:
-    """The bytes of a run's log, decompressed; the report has read it within the limits of
-    :func:`~mlmt_bench.io.bounded_input.jsonl_bounds` already, and a file that grew past
-    ``MAX_JSONL_BYTES`` since (or a gzip bomb) is a one-line error, read no further. A symbolic
-    link is refused, never followed."""
+def _read(path: Path, limit: int | None = None) -> bytes:
+    """The bytes of a run's log (or a memo entry), decompressed; the report has read a log within
+    the limits of :func:`~mlmt_bench.io.bounded_input.jsonl_bounds` already, and a file that grew
+    past ``limit`` (default ``MAX_JSONL_BYTES``) since, or a gzip bomb, is a one-line error, read
+    no further. A symbolic link is refused, never followed."""
     from mlmt_bench.io import bounded_input
 
     bounded_input.check_plain_file(path)
-    limit = bounded_input.MAX_JSONL_BYTES
+    limit = bounded_input.MAX_JSONL_BYTES if limit is None else limit
     try:
         f = open_jsonl(path, limit, follow_links=False)  # not gzip.open: it skips NUL padding one byte per call
     except OSError as exc:
@@ -83,7 +90,7 @@ def _read(path: Path) -> bytes:
         except DECODE_ERRORS as exc:  # a published log is data from elsewhere: garbage is one line
             raise UserError(f"{path}: cannot read as gzip ({type(exc).__name__}: {exc})") from None
     if data is None or len(data) > limit:
-        raise UserError(f"{path}: more than the limit of {bounded_input.human_bytes(limit)} of JSON Lines "
+        raise UserError(f"{path}: more than the limit of {bounded_input.human_bytes(limit)} of JSON "
                         "(decompressed) in one file")
     return data
 
@@ -188,6 +195,7 @@ def publish_runs(grouped: dict[str, list[Path]], out_dir: Path, *, record: dict[
         dest = out_dir / RUNS / name
         if os.path.abspath(src) != os.path.abspath(dest):  # not already this report's copy
             _copy_run(src, dest, used.get(os.path.abspath(src)))
+    _publish_memo(src_of.values(), out_dir)
     out = {arm: [out_dir / RUNS / Path(os.path.abspath(d)).name for d in dirs] for arm, dirs in grouped.items()}
     exp = {k: v for k, v in record.items() if k not in ("arms", "comparison", "report")}
     exp.setdefault("name", title)
@@ -197,6 +205,70 @@ def publish_runs(grouped: dict[str, list[Path]], out_dir: Path, *, record: dict[
     exp["report"] = {"title": title, "baseline": baseline, "at_flops": at_flops, "raw": True}
     atomic_write_text(out_dir / "experiment.json", json.dumps(exp, indent=2) + "\n")
     return out
+
+
+def _memo_keys(manifest: Any) -> list[str]:
+    """The memo keys a run's manifest names (``eval_memo``: read, ``eval_memo_stored``: stored)."""
+    keys = []
+    for field in ("eval_memo", "eval_memo_stored"):
+        named = manifest.get(field) if isinstance(manifest, dict) else None
+        if isinstance(named, dict):
+            keys += [k for k in named.values() if isinstance(k, str) and eval_memo.KEY.fullmatch(k)]
+    return keys
+
+
+def _publish_memo(sources: Any, out_dir: Path) -> None:
+    """The memo entries the runs in ``sources`` name which this machine's memo holds, into
+    ``out_dir/eval-memo/<key>.json.gz``; an entry published already is kept (the same key is the
+    same evaluation)."""
+    from mlmt_bench.io import bounded_input
+
+    for src in sources:
+        if not os.path.lexists(Path(src) / "manifest.json"):
+            continue
+        for key in _memo_keys(bounded_input.read_json(Path(src) / "manifest.json")):
+            dest, entry = out_dir / MEMO / f"{key}.json.gz", eval_memo.entry_path(key)
+            if entry is None or not entry.is_file() or dest.is_file():
+                continue
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(dest, _gzip(bounded_input.read_bytes(entry, eval_memo.MAX_ENTRY_BYTES,
+                                                                     follow_links=False)))
+
+
+def restore_memo(report_dir: Path) -> int:
+    """The step-0 evaluations ``report_dir`` published (``eval-memo/<key>.json.gz``) into this
+    machine's memo; an entry the memo holds already is kept. Returns how many were written (0
+    with the memo off). Data from elsewhere: every entry is read and checked (a plain file named
+    ``<key>.json.gz``, gzip of a JSON object with a ``samples`` list, within
+    ``eval_memo.MAX_ENTRY_BYTES``) before any is written; one that is not is a one-line error."""
+    from mlmt_bench.io import bounded_input
+
+    memo_dir = Path(report_dir) / MEMO
+    if eval_memo.default_dir() is None or not os.path.lexists(memo_dir):
+        return 0
+    bounded_input.refuse_link(memo_dir)
+    planned: list[tuple[Path, bytes]] = []
+    for src in sorted(memo_dir.iterdir()):
+        key = src.name.removesuffix(".json.gz")
+        if not (src.name.endswith(".json.gz") and eval_memo.KEY.fullmatch(key)):
+            raise UserError(f"--restore {report_dir}: {MEMO}/{bounded_input.printable(src.name)!r} is not named "
+                            "<sha256>.json.gz; nothing restored")
+        data = _read(src, eval_memo.MAX_ENTRY_BYTES)
+        try:
+            entry = json.loads(data)
+            bounded_input.json_nodes(entry, str(src))
+        except (ValueError, RecursionError):
+            entry = None
+        if not (isinstance(entry, dict) and isinstance(entry.get("samples"), list)):
+            raise UserError(f"--restore {report_dir}: {MEMO}/{src.name} is not a stored evaluation (a JSON object "
+                            "with 'samples'); nothing restored")
+        dest = eval_memo.entry_path(key)
+        if dest is not None and not dest.exists():
+            planned.append((dest, data))
+    for dest, data in planned:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(dest, data)
+    return len(planned)
 
 
 def size(out_dir: Path) -> dict[str, Any]:
