@@ -446,16 +446,19 @@ def size(
     target: float = typer.Option(3.0, "--target", help="The MDE to reach, in points of acc@t2."),
     problems: list[int] | None = typer.Option(None, "--problems", help="Problem counts to project to (repeatable; "
                                               "default: the pilot's)."),
+    hours: float | None = typer.Option(None, "--hours", help="A budget of wall hours on the pilot's machine for "
+                                       "the contrast's arms: the design with the smallest MDE within it."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Also write sizing.md and sizing.json here."),
 ) -> None:
     """Size a headline from a pilot: the seed, problem and cell variance of ARM − BASELINE in final \
-acc@t2, the MDE projected to other numbers of seeds and problems, and the fewest seeds that reach --target."""
+acc@t2, the MDE projected to other numbers of seeds and problems with their wall hours, and the fewest \
+seeds that reach --target."""
     from mlmt_bench.report.sizing import render_markdown, size_from_dirs
     from mlmt_bench.tracking import atomic_write_text, check_output_dir
 
     if out is not None:
         check_output_dir(out, "--out")
-    rec = size_from_dirs(list(runs), arm, baseline, target, problems)
+    rec = size_from_dirs(list(runs), arm, baseline, target, problems, hours)
     text = render_markdown(rec)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mlmt_bench.cli import app
+from mlmt_bench.errors import UserError
 from mlmt_bench.metrics import sizing
 from mlmt_bench.metrics.twoway import mde, pigeonhole_variance
 from support import make_run
@@ -104,3 +105,46 @@ def test_size_reads_a_pilot_and_writes_its_table(tmp_path: Path):
     assert json.loads((out / "sizing.json").read_text())["arm"] == "mlmt"
     bad = CliRunner().invoke(app, ["size", str(tmp_path / "exp"), "--arm", "nope"])
     assert bad.exit_code != 0 and "no row 'nope'" in bad.output
+
+
+def test_design_seconds_by_hand():
+    """A run: 60 s of steps, a 30 s final evaluation, a 10 s start (2 s when the memo holds it);
+    at twice the problems the evaluations double; three seeds: one first run and two that read."""
+    ph = {"train_s": 60.0, "final_eval_s": 30.0, "start_s": 10.0, "start_memo_s": 2.0}
+    assert sizing.design_seconds(ph, 1, 1.0) == {"run_s": 92.0, "first_run_s": 100.0, "total_s": 100.0}
+    assert sizing.design_seconds(ph, 3, 2.0) == {"run_s": 124.0, "first_run_s": 140.0, "total_s": 388.0}
+    with pytest.raises(ValueError):
+        sizing.design_seconds(ph, 0, 1.0)
+
+
+def test_size_prices_designs_from_the_runs_phases(tmp_path: Path):
+    """Each run logs its step-0 evaluation at 10 s (seed 0, computed) or 2 s (seeds 1, 2, read from
+    the memo), its last step at +60 s and its final evaluation 30 s later: a 3-seed design at the
+    pilot's 40 problems costs 100 + 2 × 92 s per arm, and --hours picks the design with the smallest
+    MDE whose contrast fits, never one of fewer than 3 seeds."""
+    rng = np.random.default_rng(2)
+    n = 40
+    arms: dict[str, list[str]] = {"grpo": [], "mlmt": []}
+    for s in range(3):
+        start = 10.0 if s == 0 else 2.0
+        for arm, p in (("grpo", 0.3), ("mlmt", 0.45)):
+            t = [int(x) for x in rng.random(n) < p]
+            d = make_run(tmp_path / "exp", f"pilot-{arm}-s{s}-2025010{s}T000000Z", seed=s, arm=arm,
+                         curve=[(0, 0, 0.0, .1, .1), (5, 100, 1e9, .3, float(np.mean(t)))], t1=t, t2=t,
+                         eval_extra={0: {"wall_s": start}, 5: {"wall_s": start + 90}},
+                         train_extra={5: {"wall_s": start + 60}})
+            arms[arm].append(d.name)
+    (tmp_path / "exp" / "experiment.json").write_text(json.dumps({"name": "pilot", "seeds": [0, 1, 2], "arms": arms}))
+    from mlmt_bench.report.sizing import size_from_dirs
+
+    rec = size_from_dirs([tmp_path / "exp"], "mlmt", "grpo", 3.0, [40, 80], hours=1.0)
+    assert rec["wall"]["grpo"]["phases"] == {"train_s": 60.0, "final_eval_s": 30.0, "start_s": 10.0,
+                                            "start_memo_s": 2.0}
+    assert rec["contrast_arms"] == ["grpo", "mlmt"]
+    three = next(r for r in rec["projection"] if r["n_seeds"] == 3 and r["n_problems"] == 40)
+    assert three["contrast_hours"] == pytest.approx(2 * 284 / 3600) == three["all_arms_hours"]
+    assert rec["longest_run_hours"][80] == pytest.approx(140 / 3600)
+    fits = [r for r in rec["projection"] if r["n_seeds"] >= 3 and r["contrast_hours"] <= 1.0]
+    assert rec["affordable"] == min(fits, key=lambda r: r["mde"])
+    with pytest.raises(UserError, match="--hours"):
+        size_from_dirs([tmp_path / "exp"], "mlmt", "grpo", 3.0, hours=0)

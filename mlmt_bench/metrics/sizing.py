@@ -102,3 +102,22 @@ def seeds_needed(components: dict[str, Any], n_problems: int, target: float, max
         if projected_mde(components, s, n_problems, alpha, power) <= target:
             return s
     return None
+
+
+def design_seconds(phases: dict[str, float], n_seeds: int, scale: float) -> dict[str, float]:
+    """Projected wall seconds of one program (an arm) run on ``n_seeds`` seeds when every
+    evaluation reads ``scale`` times the pilot's problems.
+
+    phases: the pilot's mean wall seconds of a run of that arm, by phase: ``train_s`` (the steps,
+        with any evaluation between them; does not depend on the problem count), ``final_eval_s``
+        (the last evaluation), ``start_s`` and ``start_memo_s`` (model loading and the step-0
+        evaluation: computed, and with what the memo of step-0 evaluations holds read instead).
+    returns: ``{"run_s": a run that reads its start from the memo, "first_run_s": the first run
+        (it computes the start), "total_s": first_run_s + (n_seeds - 1) * run_s}``. Evaluation
+        time is taken as proportional to the problem count (the same rows per problem, batched).
+    """
+    if n_seeds < 1 or not scale > 0:
+        raise ValueError(f"need n_seeds >= 1 and scale > 0, got {n_seeds}, {scale}")
+    run_s = phases["train_s"] + scale * (phases["final_eval_s"] + phases["start_memo_s"])
+    first_run_s = phases["train_s"] + scale * (phases["final_eval_s"] + phases["start_s"])
+    return {"run_s": run_s, "first_run_s": first_run_s, "total_s": first_run_s + (n_seeds - 1) * run_s}

@@ -7,7 +7,8 @@ their paired difference (:func:`mlmt_bench.metrics.sizing.variance_components`, 
 projects the report's MDE to other numbers of seeds and problems
 (:func:`mlmt_bench.metrics.sizing.projected_mde`), with the fewest seeds that reach the target at
 each problem count. Beside it: the pilot's own two-way record (its MDE is what the projection at
-the pilot's design estimates) and the wall seconds of every arm's runs, to price a design.
+the pilot's design estimates) and the wall seconds of every arm's runs by phase, which price each
+design of the projection in hours (``--hours``: the best design within a budget).
 """
 
 from __future__ import annotations
@@ -25,26 +26,69 @@ from mlmt_bench.report.runs import group_runs, is_num, load_run, with_base_criti
 #: seed counts of the projection table (plus the pilot's own and each one needed)
 SEED_GRID = (3, 5, 10, 15, 20, 30)
 MAX_SEEDS = 200
+#: the fewest seeds a design chosen within --hours has: two seed means give the seed variance one
+#: degree of freedom
+MIN_SEEDS = 3
 
 
 def _wall(results: list[Any]) -> dict[str, Any]:
     walls = [float(r.final["wall_s"]) for r in results if is_num(r.final.get("wall_s"))]
     return {"runs": len(results), "mean_wall_s": float(np.mean(walls)) if walls else None,
-            "per_run_wall_s": walls}
+            "per_run_wall_s": walls, "phases": _phases(results)}
+
+
+def _phases(results: list[Any]) -> dict[str, float] | None:
+    """An arm's mean wall seconds by phase (:func:`mlmt_bench.metrics.sizing.design_seconds`) over
+    its finished runs whose logs time them: start = the step-0 evaluation's ``wall_s`` (its runs'
+    largest: computed; smallest: with what the memo held read), train = the last step's minus that,
+    final evaluation = the final record's minus the last step's. None when no run times them. A
+    pause of the machine (a run stopped for a measurement) counts as the phase it fell in."""
+    rows = []
+    for r in results:
+        first, last = (r.curve[0] if r.curve else {}), (r.train[-1] if r.train else {})
+        walls = [first.get("wall_s"), last.get("wall_s"), r.final.get("wall_s")]
+        if r.has_final and first.get("step") == 0 and all(is_num(w) for w in walls):
+            rows.append([float(w) for w in walls])
+    if not rows:
+        return None
+    starts = [w[0] for w in rows]
+    return {"train_s": float(np.mean([w[1] - w[0] for w in rows])), "final_eval_s": float(np.mean(
+        [w[2] - w[1] for w in rows])), "start_s": max(starts), "start_memo_s": min(starts)}
+
+
+def _cost(rec_wall: dict[str, Any], programs: list[str], n_seeds: int, scale: float) -> float | None:
+    """Projected wall hours of ``programs`` (arms) on ``n_seeds`` seeds at ``scale`` × the pilot's
+    problems; None when an arm's runs do not time their phases."""
+    phases = [rec_wall[p]["phases"] for p in programs]
+    if any(ph is None for ph in phases):
+        return None
+    return sum(sizing.design_seconds(ph, n_seeds, scale)["total_s"] for ph in phases) / 3600
 
 
 def size_from_dirs(paths: list[Path], arm: str, baseline: str, target_points: float,
-                   problems: list[int] | None = None) -> dict[str, Any]:
+                   problems: list[int] | None = None, hours: float | None = None) -> dict[str, Any]:
     """The sizing record of ``arm − baseline`` in final acc@t2 (points) from run / experiment dirs.
 
     problems: problem counts to project to (default: the pilot's own).
+    hours: a budget of wall hours (on the pilot's machine) for the contrast's arms: the design of
+        the projection with the smallest MDE within it is ``affordable``.
     returns: {"arm", "baseline", "target_points", "pilot": {"n_seeds", "n_problems", "seeds",
               "diff", "lo", "hi", "se", "mde", "per_seed_diff"} (points; the report's two-way record),
               "components": variance_components of the differences in points,
               "projection": [{"n_seeds", "n_problems", "mde", "model_mde"}],
               "seeds_needed": {N: fewest seeds with projected MDE <= target, or None},
-              "wall": {row: {"runs", "mean_wall_s", "per_run_wall_s"}} (rows with their own runs)}
+              "wall": {row: {"runs", "mean_wall_s", "per_run_wall_s", "phases"}} (rows with their own
+                      runs; phases: :func:`_phases`),
+              "contrast_arms": the arms whose runs the two rows read,
+              "longest_run_hours": {N: the longest first run of any arm at N problems},
+              "hours", "affordable": the budget and the projection row chosen within it (or None)}
+        Each projection row also has ``contrast_hours`` and ``all_arms_hours``: wall hours of the
+        contrast's arms / of every arm with runs, on that design, one after another on the pilot's
+        machine, each arm's first run computing its start and the others reading it from the memo
+        (:func:`mlmt_bench.metrics.sizing.design_seconds`).
     """
+    if hours is not None and not hours > 0:
+        raise UserError(f"--hours must be a positive number of hours, got {hours:g}")
     if not target_points > 0:
         raise UserError(f"--target must be a positive number of points, got {target_points:g}")
     grouped = group_runs(paths)
@@ -70,12 +114,34 @@ def size_from_dirs(paths: list[Path], arm: str, baseline: str, target_points: fl
         raise UserError(f"--problems must be positive counts, got {sizes}")
     needed = {n: sizing.seeds_needed(comp, n, target_points, MAX_SEEDS) for n in sizes}
     grid = sorted({len(seeds), *SEED_GRID, *(s for s in needed.values() if s is not None)})
-    projection = [{"n_seeds": s, "n_problems": n, "mde": sizing.projected_mde(comp, s, n),
-                   "model_mde": sizing.mde_of_variance(sizing.model_variance(comp, s, n))}
-                  for n in sizes for s in grid]
+    wall = {row: _wall(results) for row, results in loaded.items() if row in grouped}
+    # the arms whose runs the two rows read (a `+ base critic` row reads its arm's runs)
+    contrast = [a for a in grouped if {str(p) for p in grouped[a]} & {str(r.path) for n in (arm, baseline)
+                                                                       for r in loaded[n]}]
+    projection: list[dict[str, Any]] = [
+        {"n_seeds": s, "n_problems": n, "mde": sizing.projected_mde(comp, s, n),
+         "model_mde": sizing.mde_of_variance(sizing.model_variance(comp, s, n)),
+         "contrast_hours": _cost(wall, contrast, s, n / len(pids)),
+         "all_arms_hours": _cost(wall, list(wall), s, n / len(pids))}
+        for n in sizes for s in grid]
+    longest = {n: max((sizing.design_seconds(w["phases"], 1, n / len(pids))["first_run_s"] / 3600
+                       for w in wall.values() if w["phases"] is not None), default=None) for n in sizes}
+    affordable = None
+    if hours is not None:
+        within = [r for r in projection if r["n_seeds"] >= MIN_SEEDS and r["contrast_hours"] is not None
+                  and r["contrast_hours"] <= hours]
+        affordable = min(within, key=lambda r: (r["mde"], r["contrast_hours"])) if within else None
     return {"arm": arm, "baseline": baseline, "target_points": float(target_points), "pilot": pilot,
-            "components": comp, "projection": projection, "seeds_needed": needed,
-            "wall": {row: _wall(results) for row, results in loaded.items() if row in grouped}}
+            "components": comp, "projection": projection, "seeds_needed": needed, "wall": wall,
+            "contrast_arms": contrast, "longest_run_hours": longest, "hours": hours, "affordable": affordable}
+
+
+def _hours(h: float | None) -> str:
+    return "—" if h is None else f"{h:.1f}"
+
+
+def _minutes(s: float | None) -> str:
+    return "—" if s is None else f"{s / 60:.1f}"
 
 
 def render_markdown(rec: dict[str, Any]) -> str:
@@ -93,13 +159,28 @@ def render_markdown(rec: dict[str, Any]) -> str:
     lines += ["", "Projected MDE (80% power, α = 0.05): the report's MDE at the expected two-way bootstrap SE of "
                   "that design; model MDE: at the crossed model's own SE (the bootstrap counts the cell term about "
                   f"three times). Target: ≤ {rec['target_points']:g}.", "",
-              "| seeds | problems | MDE | model MDE |", "|---|---|---|---|"]
-    lines += [f"| {r['n_seeds']} | {r['n_problems']} | {r['mde']:.2f} | {r['model_mde']:.2f} |"
-              for r in rec["projection"]]
+              "| seeds | problems | MDE | model MDE | hours (contrast) | hours (all arms) |",
+              "|---|---|---|---|---|---|"]
+    lines += [f"| {r['n_seeds']} | {r['n_problems']} | {r['mde']:.2f} | {r['model_mde']:.2f} | "
+              f"{_hours(r['contrast_hours'])} | {_hours(r['all_arms_hours'])} |" for r in rec["projection"]]
+    lines += ["", f"Hours: wall hours on the pilot's machine, one run after another, of the contrast's arms "
+                  f"({', '.join(rec['contrast_arms'])}) and of every arm with runs: each arm's mean training time "
+                  "plus its evaluations scaled by problems from its runs' phases (below), the first run of an arm "
+                  "computing its step-0 evaluation and the rest reading it from the memo. Longest single run: "
+              + "; ".join(f"{n} problems {_hours(h)} h" for n, h in rec["longest_run_hours"].items()) + "."]
+    if rec["hours"] is not None:
+        a = rec["affordable"]
+        lines += ["", f"Within {rec['hours']:g} hours for the contrast, with at least {MIN_SEEDS} seeds: " + (
+            f"{a['n_seeds']} seeds × {a['n_problems']} problems, MDE {a['mde']:.2f} ({_hours(a['contrast_hours'])} h)."
+            if a is not None else "no design of the table.")]
     lines += ["", "Fewest seeds for MDE ≤ target: " + "; ".join(
         f"{n} problems: {s if s is not None else f'none within {MAX_SEEDS}'}" for n, s in rec["seeds_needed"].items())
         + f". With {p['n_seeds']} pilot seeds the seed component is estimated from {p['n_seeds']} seed means: "
-          "a point estimate, not a guarantee.", "", "| row | runs | mean wall (min) |", "|---|---|---|"]
-    lines += [f"| {row} | {w['runs']} | " + (f"{w['mean_wall_s'] / 60:.1f}" if w["mean_wall_s"] is not None else "—")
-              + " |" for row, w in rec["wall"].items()]
+          "a point estimate, not a guarantee.", "",
+          "| row | runs | mean wall (min) | start, computed (min) | start, memo (min) | training (min) | "
+          "final evaluation (min) |", "|---|---|---|---|---|---|---|"]
+    for row, w in rec["wall"].items():
+        ph = w["phases"] or {}
+        lines.append(f"| {row} | {w['runs']} | {_minutes(w['mean_wall_s'])} | " + " | ".join(
+            _minutes(ph.get(k)) for k in ("start_s", "start_memo_s", "train_s", "final_eval_s")) + " |")
     return "\n".join(lines) + "\n"
