@@ -71,7 +71,8 @@ def size_from_dirs(paths: list[Path], arm: str, baseline: str, target_points: fl
 
     problems: problem counts to project to (default: the pilot's own).
     hours: a budget of wall hours (on the pilot's machine) for the contrast's arms: the design of
-        the projection with the smallest MDE within it is ``affordable``.
+        the projection with the smallest MDE within it and at least ``MIN_SEEDS`` seeds is
+        ``affordable``.
     returns: {"arm", "baseline", "target_points", "pilot": {"n_seeds", "n_problems", "seeds",
               "diff", "lo", "hi", "se", "mde", "per_seed_diff"} (points; the report's two-way record),
               "components": variance_components of the differences in points,
