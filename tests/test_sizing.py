@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -148,3 +149,8 @@ def test_size_prices_designs_from_the_runs_phases(tmp_path: Path):
     assert rec["affordable"] == min(fits, key=lambda r: r["mde"])
     with pytest.raises(UserError, match="--hours"):
         size_from_dirs([tmp_path / "exp"], "mlmt", "grpo", 3.0, hours=0)
+    # part-way through a pilot, one arm has a seed more: the difference is sized on the seeds both have
+    shutil.rmtree(tmp_path / "exp" / arms["mlmt"].pop())
+    (tmp_path / "exp" / "experiment.json").write_text(json.dumps({"name": "pilot", "seeds": [0, 1, 2], "arms": arms}))
+    part = size_from_dirs([tmp_path / "exp"], "mlmt", "grpo", 3.0)
+    assert part["pilot"]["seeds"] == [0, 1] and part["wall"]["grpo"]["runs"] == 3

@@ -98,6 +98,8 @@ def size_from_dirs(paths: list[Path], arm: str, baseline: str, target_points: fl
         if name not in loaded:
             raise UserError(f"no row {name!r} in these runs (rows: {', '.join(loaded)})")
     a_rows, b_rows = analysis.seed_rows(loaded[arm]), analysis.seed_rows(loaded[baseline])
+    shared = {s for s, _ in a_rows} & {s for s, _ in b_rows}  # a pilot part-way: one row has a seed more
+    a_rows, b_rows = [r for r in a_rows if r[0] in shared], [r for r in b_rows if r[0] in shared]
     try:
         seeds, pids, arrays = analysis.align_rows({baseline: b_rows, arm: a_rows})
     except ValueError as exc:
