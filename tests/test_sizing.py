@@ -152,5 +152,8 @@ def test_size_prices_designs_from_the_runs_phases(tmp_path: Path):
     # part-way through a pilot, one arm has a seed more: the difference is sized on the seeds both have
     shutil.rmtree(tmp_path / "exp" / arms["mlmt"].pop())
     (tmp_path / "exp" / "experiment.json").write_text(json.dumps({"name": "pilot", "seeds": [0, 1, 2], "arms": arms}))
-    part = size_from_dirs([tmp_path / "exp"], "mlmt", "grpo", 3.0)
+    part = size_from_dirs([tmp_path / "exp"], "mlmt", "grpo", 3.0, hours=0.12)
     assert part["pilot"]["seeds"] == [0, 1] and part["wall"]["grpo"]["runs"] == 3
+    # 0.12 h buys the pilot's own 2 seeds (2 × (100 + 92) s) but not 3 (2 × 284 s): none is chosen
+    two = next(r for r in part["projection"] if r["n_seeds"] == 2 and r["n_problems"] == 40)
+    assert two["contrast_hours"] == pytest.approx(2 * 192 / 3600) and part["affordable"] is None
