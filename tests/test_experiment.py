@@ -217,6 +217,29 @@ def test_restore_refuses_a_published_memo_entry_that_is_not_one(tmp_path, name, 
     assert not (tmp_path / "eval-memo").exists()
 
 
+def test_restore_memo_bounds_what_it_writes_in_all(tmp_path, monkeypatch):
+    """Entries each within the memo's bound can still add up: past MAX_RESTORE_BYTES in all the
+    restore is a one-line error and writes none; an eval-memo that is a file is one too."""
+    import gzip
+
+    from mlmt_bench.report import publish
+
+    memo = tmp_path / "r" / "eval-memo"
+    memo.mkdir(parents=True)
+    for c in "abc":
+        (memo / (c * 64 + ".json.gz")).write_bytes(gzip.compress(b'{"samples": [], "pad": "' + b"x" * 40 + b'"}'))
+    monkeypatch.setattr(publish, "MAX_RESTORE_BYTES", 100)
+    with pytest.raises(UserError, match="more than the limit"):
+        publish.restore_memo(tmp_path / "r")
+    assert not (tmp_path / "eval-memo").exists()
+    monkeypatch.setattr(publish, "MAX_RESTORE_BYTES", 1000)
+    assert publish.restore_memo(tmp_path / "r") == 3 and len(list((tmp_path / "eval-memo").iterdir())) == 3
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "eval-memo").write_text("x")
+    with pytest.raises(UserError, match="not a directory"):
+        publish.restore_memo(tmp_path / "s")
+
+
 def test_resume_refuses_a_changed_spec_or_another_experiment(exp_spec, tmp_path):
     exp, arms = load_experiment(exp_spec(a=1e-4))
     exp.seeds = [0]

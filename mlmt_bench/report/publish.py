@@ -195,7 +195,7 @@ def publish_runs(grouped: dict[str, list[Path]], out_dir: Path, *, record: dict[
         dest = out_dir / RUNS / name
         if os.path.abspath(src) != os.path.abspath(dest):  # not already this report's copy
             _copy_run(src, dest, used.get(os.path.abspath(src)))
-    _publish_memo(src_of.values(), out_dir)
+    _publish_memo([r.manifest for rows in loaded.values() for r in rows], out_dir)
     out = {arm: [out_dir / RUNS / Path(os.path.abspath(d)).name for d in dirs] for arm, dirs in grouped.items()}
     exp = {k: v for k, v in record.items() if k not in ("arms", "comparison", "report")}
     exp.setdefault("name", title)
@@ -217,16 +217,14 @@ def _memo_keys(manifest: Any) -> list[str]:
     return keys
 
 
-def _publish_memo(sources: Any, out_dir: Path) -> None:
-    """The memo entries the runs in ``sources`` name which this machine's memo holds, into
+def _publish_memo(manifests: list[dict[str, Any]], out_dir: Path) -> None:
+    """The memo entries the runs' ``manifests`` name which this machine's memo holds, into
     ``out_dir/eval-memo/<key>.json.gz``; an entry published already is kept (the same key is the
     same evaluation)."""
     from mlmt_bench.io import bounded_input
 
-    for src in sources:
-        if not os.path.lexists(Path(src) / "manifest.json"):
-            continue
-        for key in _memo_keys(bounded_input.read_json(Path(src) / "manifest.json")):
+    for manifest in manifests:
+        for key in _memo_keys(manifest):
             dest, entry = out_dir / MEMO / f"{key}.json.gz", eval_memo.entry_path(key)
             if entry is None or not entry.is_file() or dest.is_file():
                 continue
@@ -240,14 +238,18 @@ def restore_memo(report_dir: Path) -> int:
     machine's memo; an entry the memo holds already is kept. Returns how many were written (0
     with the memo off). Data from elsewhere: every entry is read and checked (a plain file named
     ``<key>.json.gz``, gzip of a JSON object with a ``samples`` list, within
-    ``eval_memo.MAX_ENTRY_BYTES``) before any is written; one that is not is a one-line error."""
+    ``eval_memo.MAX_ENTRY_BYTES``, and ``MAX_RESTORE_BYTES`` in all) before any is written; one
+    that is not is a one-line error."""
     from mlmt_bench.io import bounded_input
 
     memo_dir = Path(report_dir) / MEMO
     if eval_memo.default_dir() is None or not os.path.lexists(memo_dir):
         return 0
     bounded_input.refuse_link(memo_dir)
+    if not memo_dir.is_dir():
+        raise UserError(f"--restore {report_dir}: {MEMO} is not a directory; nothing restored")
     planned: list[tuple[Path, bytes]] = []
+    total = 0
     for src in sorted(memo_dir.iterdir()):
         key = src.name.removesuffix(".json.gz")
         if not (src.name.endswith(".json.gz") and eval_memo.KEY.fullmatch(key)):
@@ -264,6 +266,11 @@ def restore_memo(report_dir: Path) -> int:
                             "with 'samples'); nothing restored")
         dest = eval_memo.entry_path(key)
         if dest is not None and not dest.exists():
+            total += len(data)
+            if total > MAX_RESTORE_BYTES:
+                raise UserError(f"--restore {report_dir}: its {MEMO} holds more than the limit of "
+                                f"{bounded_input.human_bytes(MAX_RESTORE_BYTES)} (decompressed) in all; nothing "
+                                "restored")
             planned.append((dest, data))
     for dest, data in planned:
         dest.parent.mkdir(parents=True, exist_ok=True)
