@@ -11,7 +11,7 @@ from mlmt_bench.errors import UserError
 from mlmt_bench.models.tiny import build_tiny_model
 from mlmt_bench.models.tokenizer import build_char_tokenizer, encode
 from mlmt_bench.rollout.hf_backend import HFBackend
-from mlmt_bench.rollout.static_decode import prefill_groups
+from mlmt_bench.rollout.static_decode import first_of_each, prefill_groups
 
 TEXTS = ["1+2=", "hello there, how", "x", "9-6+9+1 = ?", "abc" * 7, "what is 3*4", "zz", "Q: 12+7;", "the end", "0"]
 
@@ -157,6 +157,32 @@ def test_prompts_prefilled_in_groups_of_their_own_length_match_generate(monkeypa
     plain, static = _both(MODELS[arch](tok), tok, prompts, max_new_tokens=20, temperature=temperature, seed=7)
     _compare(plain, static)
     assert len(widths) >= 4 and min(widths) < max(widths), "the budget should have made groups of several widths"
+
+
+def test_first_of_each_names_the_first_row_with_the_same_prompt():
+    assert first_of_each([[1, 2], [3], [1, 2], [1, 2], [3], [1]]) == [0, 1, 0, 0, 1, 5]
+    assert first_of_each([]) == []
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "llama-lora"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_groups_repeated_prompt_is_prefilled_once_with_generates_results(tok, prompts, arch, temperature):
+    """A rollout's call repeats each problem's prompt for its G samples: each prompt's keys, values
+    and first logits are computed once and copied to its repeats, and every row still gets
+    generate's ids (greedy and seeded draws) and log-probs, as it does with sharing off."""
+    rows = [p for p in prompts[:4] for _ in range(3)]
+    model = MODELS[arch](tok)
+    kw = dict(max_new_tokens=20, temperature=temperature, seed=9)
+    plain = HFBackend().generate(model, tok, rows, **kw)
+    shared = HFBackend(decode="static")
+    _compare(plain, shared.generate(model, tok, rows, **kw))
+    stats = shared.decoder(model).stats
+    assert (stats.shared_rows, stats.shared_tokens) == (8, 2 * sum(len(p) for p in prompts[:4]))
+    unshared = HFBackend(decode="static", share_prompts=False)
+    _compare(plain, unshared.generate(model, tok, rows, **kw))
+    assert unshared.decoder(model).stats.shared_rows == 0
+    if temperature > 0:
+        assert len({tuple(g.ids) for g in plain[:3]}) > 1, "a group's samples should differ"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -328,6 +354,7 @@ def test_unsupported_architecture_is_refused(tok, prompts):
                                            ({"decode": "static", "keep_cache": "yes"}, "keep_cache"),
                                            ({"decode": "static", "compact": "auto"}, "compact"),
                                            ({"decode": "static", "merge_lora": "auto"}, "merge_lora"),
+                                           ({"decode": "static", "share_prompts": "yes"}, "share_prompts"),
                                            ({"merge_lora": True}, "merge_lora.*needs decode: static"),
                                            ({"decode": "static", "prefix_cache_mb": -1}, "prefix_cache_mb"),
                                            ({"decode": "static", "prefix_cache_mb": True}, "prefix_cache_mb"),

@@ -30,7 +30,10 @@ budget in MB: keep the keys and values of the prompts and generated tokens of a 
 ``keep`` (a rollout's attempts), so that prompts beginning with them (the refinements after
 feedback and after g∅) compute only their new tokens, as vLLM's prefix caching does. Kept keys of generated
 tokens are the decode steps', which round differently from a prefill's, so ids can part from
-generate's where two logits are that close; not with ``compact``).
+generate's where two logits are that close; not with ``compact``), ``share_prompts`` (true: rows of a call
+with the same prompt, a group's samples of one problem, compute its prefill once and copy its keys,
+values and first-token logits; generate's ids and log-probs in tests, the same ids as computing
+every row on SmolLM2 with a LoRA (``perf/share_prompts_speed.py``); false: every row computed).
 
 The vLLM backend stays the recommended engine for large models on GPUs.
 """
@@ -115,16 +118,17 @@ class HFBackend(Backend):
     def __init__(self, batch_size: int = 256, decode: str = "generate", graphs: Any = "auto", buckets: Any = "auto",
                  max_cache_mb: Any = "auto", sync_every: Any = "auto", sampler: str = "auto",
                  keep_cache: Any = "auto", compact: Any = False, merge_lora: Any = False, prefix_cache_mb: Any = 0,
-                 **unknown: Any) -> None:
+                 share_prompts: Any = True, **unknown: Any) -> None:
         reject_unknown_options(HFBackend, "hf", unknown)
         self.check_values(batch_size=batch_size, decode=decode, graphs=graphs, buckets=buckets,
                           max_cache_mb=max_cache_mb, sync_every=sync_every, sampler=sampler, keep_cache=keep_cache,
-                          compact=compact, merge_lora=merge_lora, prefix_cache_mb=prefix_cache_mb)
+                          compact=compact, merge_lora=merge_lora, prefix_cache_mb=prefix_cache_mb,
+                          share_prompts=share_prompts)
         self.batch_size = batch_size
         self.decode = decode
         self.static_options = dict(graphs=graphs, buckets=buckets, max_cache_mb=max_cache_mb, sync_every=sync_every,
                                    sampler=sampler, keep_cache=keep_cache, compact=compact, merge_lora=merge_lora,
-                                   prefix_cache_mb=prefix_cache_mb)
+                                   prefix_cache_mb=prefix_cache_mb, share_prompts=share_prompts)
         self.decoders: dict[int, Any] = {}  # id(model) -> StaticDecoder (which holds the model)
 
     # The ignore[override] below: the base takes **options, but options reach check_values only after
@@ -133,7 +137,7 @@ class HFBackend(Backend):
     def check_values(*, decode: str = "generate", graphs: Any = "auto", buckets: Any = "auto",  # type: ignore[override]
                      max_cache_mb: Any = "auto", sync_every: Any = "auto", sampler: str = "auto",
                      keep_cache: Any = "auto", compact: Any = False, merge_lora: Any = False,
-                     prefix_cache_mb: Any = 0, batch_size: Any = 256) -> None:
+                     prefix_cache_mb: Any = 0, share_prompts: Any = True, batch_size: Any = 256) -> None:
         """One-line errors for option values this backend cannot use (``mlmt-bench validate`` calls it)."""
         if not (isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size >= 1):
             raise UserError(f"backend hf: options.batch_size must be an integer ≥ 1, got {batch_size!r}")
@@ -150,6 +154,8 @@ class HFBackend(Backend):
                             f"got {max_cache_mb!r}")
         if sync_every != "auto" and not (isinstance(sync_every, int) and sync_every >= 1):
             raise UserError(f"backend hf: options.sync_every must be auto or an integer ≥ 1, got {sync_every!r}")
+        if share_prompts not in (True, False):
+            raise UserError(f"backend hf: options.share_prompts must be true or false, got {share_prompts!r}")
         for name, value in (("compact", compact), ("merge_lora", merge_lora)):
             if value not in (True, False):
                 raise UserError(f"backend hf: options.{name} must be true or false, got {value!r}")
@@ -192,7 +198,7 @@ class HFBackend(Backend):
                 sync_every=(8 if graphs else 1) if o["sync_every"] == "auto" else o["sync_every"],
                 sampler=("race" if graphs else "multinomial") if o["sampler"] == "auto" else o["sampler"],
                 max_rows=self.batch_size, keep_cache=_flag(o["keep_cache"], graphs), compact=o["compact"],
-                merge_lora=o["merge_lora"], prefix_cache_mb=o["prefix_cache_mb"])
+                merge_lora=o["merge_lora"], prefix_cache_mb=o["prefix_cache_mb"], share_prompts=o["share_prompts"])
             self.decoders[id(model)] = dec
         return dec
 

@@ -108,6 +108,14 @@ def prefill_groups(lengths: list[int], max_tokens: int) -> list[list[int]]:
     return groups
 
 
+def first_of_each(prompts: list[list[int]]) -> list[int]:
+    """Per row, the first row with the same prompt (the row itself if none before it has it):
+    ``[[1, 2], [3], [1, 2], [1, 2]]`` → ``[0, 1, 0, 0]``. A group's G samples of one problem repeat
+    its prompt, so their prefill is computed once."""
+    first: dict[tuple[int, ...], int] = {}
+    return [first.setdefault(tuple(p), i) for i, p in enumerate(prompts)]
+
+
 def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -177,6 +185,8 @@ class DecodeStats:
     compactions: int = 0
     prefix_rows: int = 0  # prompts whose kept prefix was copied, not computed (``prefix_cache_mb``)
     prefix_tokens: int = 0  # prompt tokens whose keys and values were copied instead of computed
+    shared_rows: int = 0  # rows whose prompt an earlier row of the call repeats (``share_prompts``)
+    shared_tokens: int = 0  # their prompt tokens, computed once for the first such row
     graph_failures: list[str] = field(default_factory=list)
 
 
@@ -376,13 +386,16 @@ class StaticDecoder:
     adapter active, and they are not used), the last such call's only. The kept keys and values
     of generated tokens are the decode steps', which round differently from a prefill's, so ids
     can part from generate's where two logits are that close. Not with ``compact`` (compacted
-    rows leave the state).
+    rows leave the state). ``share_prompts``: rows of a chunk with the same prompt (a group's
+    samples of one problem) are prefilled once (:func:`first_of_each`); the others copy its keys,
+    values and first-token logits (in tests, generate's ids and log-probs as before).
     """
 
     def __init__(self, model: Any, *, graphs: bool, buckets: bool, max_cache_mb: float | None,
                  sync_every: int, sampler: str, max_rows: int, keep_cache: bool = True, compact: bool = False,
-                 merge_lora: bool = False, prefix_cache_mb: float = 0) -> None:
+                 merge_lora: bool = False, prefix_cache_mb: float = 0, share_prompts: bool = True) -> None:
         self.model = model
+        self.share_prompts = share_prompts
         self.arch = _Arch(model, merge_lora=merge_lora)
         self.graphs = graphs
         self.buckets = buckets
@@ -614,10 +627,11 @@ class StaticDecoder:
         # Fill the buffers: prompts (left padded; dummy rows get one pad token), settings.
         ids = torch.full((rows, width), pad_id, dtype=torch.long)
         mask = torch.zeros((rows, width), dtype=torch.bool)
-        for i in range(rows):
-            p = prompts[i] if i < n else [pad_id]
+        padded = [prompts[i] if i < n else [pad_id] for i in range(rows)]
+        for i, p in enumerate(padded):
             ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
             mask[i, width - len(p):] = True
+        first = first_of_each(padded) if self.share_prompts else list(range(rows))
         ids, mask = ids.to(dev), mask.to(dev)
         st.key_mask.zero_()
         st.key_mask[:, :width] = mask
@@ -636,7 +650,7 @@ class StaticDecoder:
             st.seen.scatter_(1, ids.clamp(max=self.arch.vocab - 1), True)
 
         t0 = time.perf_counter()
-        self._prefill(st, ids, mask, mode, eos_id, pad_id, n, reuse)
+        self._prefill(st, ids, mask, mode, eos_id, pad_id, n, reuse, first)
         # ``work``: the rows the steps run on, ``st`` itself or (compact) its unfinished rows moved to
         # the front; ``origin[j]``: the chunk row of work's row j; ``out_*``: the rows compacted away
         work, live, origin = st, n, torch.arange(n, device=dev)
@@ -700,7 +714,7 @@ class StaticDecoder:
     # the computation
 
     def _prefill(self, st: _State, ids: torch.Tensor, mask: torch.Tensor, mode: Mode, eos_id, pad_id, n: int,
-                 reuse: list[_Prefix | None]) -> None:
+                 reuse: list[_Prefix | None], first: list[int]) -> None:
         """Forward over the prompts (eager), first token, and the state for the first decode step.
 
         ``ids``/``mask`` ``[B, W]`` are left padded to the longest prompt; row ``i`` of length ``ℓ``
@@ -711,7 +725,8 @@ class StaticDecoder:
         :func:`prefill_groups` of rows by the tokens they need: a group computes its last ``r``
         slots (``r``: its largest need), copies each row's kept keys and values before them, and
         attends over the group's longest prompt; a short prompt beside a long one costs its own
-        tokens, not ``W``."""
+        tokens, not ``W``. A row whose prompt an earlier row repeats (``first[i] != i``) is not
+        computed: it gets that row's keys, values and first-token logits."""
         a = self.arch
         rows, width = ids.shape
         dev = ids.device
@@ -722,7 +737,9 @@ class StaticDecoder:
             cached[i] = 0 if kept is None else len(kept.ids)
         need = [max(1, lengths[i] - cached[i]) for i in range(rows)]
         logits = torch.empty((rows, a.vocab), dtype=torch.float32, device=dev)
-        for group in prefill_groups(need, PREFILL_TOKENS):
+        computed = [i for i in range(rows) if first[i] == i]
+        for group in prefill_groups([need[i] for i in computed], PREFILL_TOKENS):
+            group = [computed[j] for j in group]
             run = need[group[0]]  # slots W - run .. W - 1 are computed
             span = max(run, *(lengths[i] for i in group))  # slots W - span .. W - 1 are attended
             idx = torch.tensor(group, dtype=torch.long, device=dev)
@@ -754,6 +771,16 @@ class StaticDecoder:
                 o = F.scaled_dot_product_attention(q, k, v, attn_mask=attend[:, None], scale=a.scaling)
                 x = a.finish_layer(layer, x, o)
             logits[idx] = a.lm_head(a.norm(x[:, -1:]))[:, -1].float()
+        repeats = [i for i in range(rows) if first[i] != i]
+        if repeats:  # the same prompt in the same slots: its keys, values and logits are the first row's
+            dst = torch.tensor(repeats, dtype=torch.long, device=dev)
+            src = torch.tensor([first[i] for i in repeats], dtype=torch.long, device=dev)
+            for k, v in zip(st.k, st.v):
+                k[dst, :, :width] = k[src, :, :width]
+                v[dst, :, :width] = v[src, :, :width]
+            logits[dst] = logits[src]
+            self.stats.shared_rows += sum(1 for i in repeats if i < n)
+            self.stats.shared_tokens += sum(lengths[i] for i in repeats if i < n)
         st.step.zero_()
         nxt, lp = self._choose(st, logits, mode, eos_id, n)
         st.out_ids[:, 0] = nxt
