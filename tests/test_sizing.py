@@ -14,7 +14,7 @@ from mlmt_bench.cli import app
 from mlmt_bench.errors import UserError
 from mlmt_bench.metrics import sizing
 from mlmt_bench.metrics.twoway import mde, pigeonhole_variance
-from support import make_run
+from support import make_run, table_row
 
 
 def test_components_of_a_hand_computed_array():
@@ -118,6 +118,17 @@ def test_design_seconds_by_hand():
         sizing.design_seconds(ph, 0, 1.0)
 
 
+def _log_steps(run: Path, steps: dict[int, tuple[float, int, int]]) -> None:
+    """Add train records (step: wall_s, gen_tokens, trained_tokens) before a run's later records, in step order."""
+    path = run / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows += [{"kind": "train", "step": k, "wall_s": w, "gen_tokens": g, "trained_tokens": t}
+             for k, (w, g, t) in steps.items()]
+    order = {"eval": 0, "train": 1, "final": 2}
+    rows.sort(key=lambda r: (r["kind"] == "final", r["step"], order[r["kind"]]))
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
 def test_size_prices_designs_from_the_runs_phases(tmp_path: Path):
     """Each run logs its step-0 evaluation at 10 s (seed 0, computed) or 2 s (seeds 1, 2, read from
     the memo), its last step at +60 s and its final evaluation 30 s later: a 3-seed design at the
@@ -134,17 +145,23 @@ def test_size_prices_designs_from_the_runs_phases(tmp_path: Path):
                          curve=[(0, 0, 0.0, .1, .1), (5, 100, 1e9, .3, float(np.mean(t)))], t1=t, t2=t,
                          eval_extra={0: {"wall_s": start}, 5: {"wall_s": start + 90}},
                          train_extra={5: {"wall_s": start + 60}})
+            _log_steps(d, {2: (start + 20, 40, 20), 4: (start + 45, 80, 40)})
             arms[arm].append(d.name)
     (tmp_path / "exp" / "experiment.json").write_text(json.dumps({"name": "pilot", "seeds": [0, 1, 2], "arms": arms}))
-    from mlmt_bench.report.sizing import size_from_dirs
+    from mlmt_bench.report.sizing import render_markdown, size_from_dirs
 
     rec = size_from_dirs([tmp_path / "exp"], "mlmt", "grpo", 3.0, [40, 80], hours=1.0)
     assert rec["wall"]["grpo"]["phases"] == {"train_s": 60.0, "final_eval_s": 30.0, "start_s": 10.0,
                                             "start_memo_s": 2.0}
+    # training: 5 steps in 60 s, steps 2 and 4 logged at +20 and +45 s (median gap of 20, 25, 15 s), 100
+    # generated and 50 trained tokens by step 5
+    assert rec["wall"]["grpo"]["training"] == pytest.approx({"steps": 5.0, "step_s": 20.0, "gen_tok_s": 100 / 60,
+                                                             "trained_tok_s": 50 / 60})
     assert rec["contrast_arms"] == ["grpo", "mlmt"]
     three = next(r for r in rec["projection"] if r["n_seeds"] == 3 and r["n_problems"] == 40)
     assert three["contrast_hours"] == pytest.approx(2 * 284 / 3600) == three["all_arms_hours"]
     assert rec["longest_run_hours"][80] == pytest.approx(140 / 3600)
+    assert table_row(render_markdown(rec), "grpo")[-4:] == ["5.0", "20.0", "1.7", "0.8"]
     fits = [r for r in rec["projection"] if r["n_seeds"] >= 3 and r["contrast_hours"] <= 1.0]
     assert rec["affordable"] == min(fits, key=lambda r: r["mde"])
     with pytest.raises(UserError, match="--hours"):

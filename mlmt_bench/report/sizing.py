@@ -34,7 +34,33 @@ MIN_SEEDS = 3
 def _wall(results: list[Any]) -> dict[str, Any]:
     walls = [float(r.final["wall_s"]) for r in results if is_num(r.final.get("wall_s"))]
     return {"runs": len(results), "mean_wall_s": float(np.mean(walls)) if walls else None,
-            "per_run_wall_s": walls, "phases": _phases(results)}
+            "per_run_wall_s": walls, "phases": _phases(results), "training": _training_rate(results)}
+
+
+def _training_rate(results: list[Any]) -> dict[str, float] | None:
+    """An arm's training pace, means over its finished runs whose logs time it: ``steps`` (the
+    last step), ``step_s`` (each run's median wall seconds between consecutive step records, the
+    first from the step-0 evaluation's), ``gen_tok_s`` and ``trained_tok_s`` (the last step's
+    cumulative generated and trained tokens over the training phase's wall seconds). None when no
+    run times it."""
+    rows = []
+    for r in results:
+        first = r.curve[0] if r.curve else {}
+        steps = [t for t in r.train if t.get("step", 0) > 0 and is_num(t.get("wall_s"))]
+        if not (r.has_final and steps and first.get("step") == 0 and is_num(first.get("wall_s"))):
+            continue
+        walls = [float(first["wall_s"])] + [float(t["wall_s"]) for t in steps]
+        span = walls[-1] - walls[0]
+        last = steps[-1]
+        if span <= 0 or not (is_num(last.get("gen_tokens")) and is_num(last.get("trained_tokens"))):
+            continue
+        rows.append([float(last["step"]), float(np.median(np.diff(walls))), float(last["gen_tokens"]) / span,
+                     float(last["trained_tokens"]) / span])
+    if not rows:
+        return None
+    mean = np.mean(np.array(rows), axis=0)
+    return {"steps": float(mean[0]), "step_s": float(mean[1]), "gen_tok_s": float(mean[2]),
+            "trained_tok_s": float(mean[3])}
 
 
 def _phases(results: list[Any]) -> dict[str, float] | None:
@@ -78,8 +104,8 @@ def size_from_dirs(paths: list[Path], arm: str, baseline: str, target_points: fl
               "components": variance_components of the differences in points,
               "projection": [{"n_seeds", "n_problems", "mde", "model_mde"}],
               "seeds_needed": {N: fewest seeds with projected MDE <= target, or None},
-              "wall": {row: {"runs", "mean_wall_s", "per_run_wall_s", "phases"}} (rows with their own
-                      runs; phases: :func:`_phases`),
+              "wall": {row: {"runs", "mean_wall_s", "per_run_wall_s", "phases", "training"}} (rows with
+                      their own runs; phases: :func:`_phases`, training: :func:`_training_rate`),
               "contrast_arms": the arms whose runs the two rows read,
               "longest_run_hours": {N: the longest first run of any arm at N problems},
               "hours", "affordable": the budget and the projection row chosen within it (or None)}
@@ -181,9 +207,14 @@ def render_markdown(rec: dict[str, Any]) -> str:
         + f". With {p['n_seeds']} pilot seeds the seed component is estimated from {p['n_seeds']} seed means: "
           "a point estimate, not a guarantee.", "",
           "| row | runs | mean wall (min) | start, computed (min) | start, memo (min) | training (min) | "
-          "final evaluation (min) |", "|---|---|---|---|---|---|---|"]
+          "final evaluation (min) | steps | s a step (median) | generated tok/s | trained tok/s |",
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row, w in rec["wall"].items():
-        ph = w["phases"] or {}
+        ph, tr = w["phases"] or {}, w.get("training") or {}
         lines.append(f"| {row} | {w['runs']} | {_minutes(w['mean_wall_s'])} | " + " | ".join(
-            _minutes(ph.get(k)) for k in ("start_s", "start_memo_s", "train_s", "final_eval_s")) + " |")
+            _minutes(ph.get(k)) for k in ("start_s", "start_memo_s", "train_s", "final_eval_s")) + " | " + " | ".join(
+            "–" if tr.get(k) is None else f"{tr[k]:.{d}f}" for k, d in (("steps", 1), ("step_s", 1), ("gen_tok_s", 1),
+                                                                      ("trained_tok_s", 1))) + " |")
+    lines += ["", "Steps, s a step and tok/s: training only (the step-0 evaluation to the last step), means over "
+                  "each row's runs; tok/s: the run's generated and trained tokens over its training wall time."]
     return "\n".join(lines) + "\n"
