@@ -235,16 +235,20 @@ def run(
     restore: list[Path] | None = typer.Option(None, "--restore", metavar="REPORT", help="Experiments: first copy "
                                               "in the finished runs of this experiment that REPORT (published with "
                                               "report --raw) holds, and run only the rest."),
+    publish: Path | None = typer.Option(None, "--publish", metavar="REPORT", help="Experiments: after every "
+                                        "finished run, publish the experiment so far with its raw data into REPORT "
+                                        "(as report EXP_DIR --out REPORT --raw), so a session that ends first loses "
+                                        "no finished run."),
 ) -> None:
     """Train and evaluate a run spec (or every arm × seed of an experiment spec)."""
     from mlmt_bench.io.signals import sigterm_as_interrupt
 
     with sigterm_as_interrupt():  # `kill`, `docker stop`: the run is marked interrupted, as by Ctrl-C
-        _run(spec, overrides, resume, workers, ray, ray_gpus, restore)
+        _run(spec, overrides, resume, workers, ray, ray_gpus, restore, publish)
 
 
 def _run(spec: Path | None, overrides: list[str] | None, resume: Path | None, workers: int, ray: str | None,
-         ray_gpus: float, restore: list[Path] | None) -> None:
+         ray_gpus: float, restore: list[Path] | None, publish: Path | None = None) -> None:
     from mlmt_bench import runner, spec as specs
 
     loaded = specs.load_any(spec, overrides or []) if spec is not None else None
@@ -254,9 +258,11 @@ def _run(spec: Path | None, overrides: list[str] | None, resume: Path | None, wo
         from mlmt_bench import experiment
 
         result = experiment.run_experiment(*loaded, progress=not state.quiet, workers=workers, resume=resume,
-                                           ray=ray, ray_gpus=ray_gpus, restore=restore)
+                                           ray=ray, ray_gpus=ray_gpus, restore=restore, publish=publish)
     elif restore:
         raise UserError("--restore applies to experiment specs: it copies an experiment's finished runs in")
+    elif publish is not None:
+        raise UserError("--publish applies to experiment specs; publish a run with report RUN_DIR --out REPORT --raw")
     elif ray is not None:
         raise UserError("--ray applies to experiment specs (arms × seeds) and sweeps; a single run runs here")
     elif workers != 1:

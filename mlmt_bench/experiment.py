@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mlmt_bench.errors import UserError
-from mlmt_bench.io.notes import tell
+from mlmt_bench.io.notes import tell, warn
 from mlmt_bench.machine.cpus import cpu_budget
 from mlmt_bench.spec import ExperimentSpec, RunSpec
 from mlmt_bench.trackers import close_group
@@ -67,7 +67,8 @@ def base_seeds(arms: dict[str, RunSpec]) -> dict[str, Any]:
 
 def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool = True, *,
                    workers: int = 1, resume: Path | str | None = None, ray: str | None = None,
-                   ray_gpus: float = 0.0, restore: list[Path] | None = None) -> dict[str, Any]:
+                   ray_gpus: float = 0.0, restore: list[Path] | None = None,
+                   publish: Path | None = None) -> dict[str, Any]:
     """Run every arm × seed (seed-major), then compare them.
 
     ``workers`` > 1 runs that many runs at once, each in its own process with
@@ -82,6 +83,10 @@ def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool
     experiment are copied into the experiment's directory first and kept like its own, so an
     experiment too long for one machine's session goes on from what was committed; the step-0
     evaluations they published go back into the memo (:func:`~mlmt_bench.report.publish.restore_memo`).
+    ``publish`` (a new directory, or a report published with ``--raw``, e.g. the one ``restore``
+    names): after every finished run, the experiment so far is published there with its raw data,
+    as ``mlmt-bench report EXP_DIR --out PUBLISH --raw`` does (:func:`_publish`), so a session
+    that ends before the experiment does loses no finished run.
 
     ``ray`` (a cluster address) runs every run and base build as a Ray task instead
     (:class:`mlmt_bench.machine.cluster.RayExecutor`), with ``train.threads`` CPUs (default 1) and
@@ -99,6 +104,10 @@ def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool
         arms = {a: _with_threads(s, 0) for a, s in arms.items()}
     elif workers > 1:
         arms = {a: _with_threads(s, workers) for a, s in arms.items()}
+    if publish is not None:  # refused before anything runs, not after the first run's hours
+        from mlmt_bench.report.publish import check_publish_target
+
+        check_publish_target(Path(publish))
     if restore:
         from mlmt_bench.report.publish import check_restorable, restore_memo, restore_runs
 
@@ -136,6 +145,8 @@ def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool
         atomic_write_text(exp_dir / "experiment.json", json.dumps(record, indent=2))
         if progress:
             tell(f"[{n_done}/{total}] {job.arm} seed {job.seed} finished in {wall_s:.0f} s: {run_name}")
+        if publish is not None:
+            _publish(exp_dir, Path(publish), progress, n_done)
 
     try:
         if ray is not None:
@@ -162,6 +173,22 @@ def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool
     record["comparison"] = summary["files"]
     atomic_write_text(exp_dir / "experiment.json", json.dumps(record, indent=2))
     return {"run_dir": str(exp_dir), "experiment": record, "comparison": summary}
+
+
+def _publish(exp_dir: Path, out: Path, progress: bool, n_runs: int) -> None:
+    """Publish the experiment's finished runs with their raw data into ``out`` (``report --raw``).
+    A failure is said in one line and the experiment goes on: its runs stay in ``exp_dir``, and
+    the next finished run (or ``mlmt-bench report EXP_DIR --out OUT --raw``) publishes them."""
+    from mlmt_bench.report.compare import report_from_dirs
+
+    try:
+        summary = report_from_dirs([exp_dir], out, raw=True)
+    except (UserError, OSError, ValueError) as e:
+        warn(f"publishing {exp_dir} into {out} failed ({e}); the runs are kept in {exp_dir}")
+        return
+    if progress:
+        tell(f"published {n_runs} finished run(s) with their raw data into {out} "
+             f"({summary['published']['bytes'] / 1e6:.1f} MB)")
 
 
 @dataclass(frozen=True)

@@ -170,6 +170,72 @@ def test_restore_from_a_published_report_runs_only_what_it_lacks(exp_spec, tmp_p
     assert sorted(Path(exp.output_dir).iterdir()) == before  # refused before it created anything
 
 
+def test_publish_writes_every_finished_run_into_a_report_that_re_renders_byte_for_byte(exp_spec, tmp_path,
+                                                                                       monkeypatch, capsys):
+    """`run EXP --publish REPORT` publishes after each finished run (here 2), so the report holds
+    what finished when a session ends; the last publish holds every run, re-renders byte for byte,
+    and restores into a new session. A failed publish is said and the experiment goes on."""
+    from mlmt_bench import experiment
+    from mlmt_bench.report.compare import report_from_dirs
+
+    exp, arms = load_experiment(exp_spec(a=1e-4))
+    seen: list[int] = []
+    real = experiment._publish
+
+    def spy(exp_dir, out, progress, n_runs):
+        real(exp_dir, out, progress, n_runs)
+        seen.append(len(json.loads((out / "experiment.json").read_text())["arms"]["a"]))
+
+    monkeypatch.setattr(experiment, "_publish", spy)
+    out = run_experiment(exp, arms, progress=False, publish=tmp_path / "pub")
+    assert seen == [1, 2]
+    published = tmp_path / "pub"
+    assert [Path(p).name for p in json.loads((published / "experiment.json").read_text())["arms"]["a"]] == \
+        out["experiment"]["arms"]["a"]
+    copy = tmp_path / "copy"
+    shutil.copytree(published, copy)
+    for f in [*copy.glob("*.md"), *copy.glob("*.html"), *copy.glob("*.png")]:
+        f.unlink()
+    report_from_dirs([copy], None)
+    assert _files(copy) == _files(published)
+
+    monkeypatch.setattr(experiment, "_publish", real)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "runs").mkdir()
+    (tmp_path / "broken" / "runs" / "someone-elses-run").mkdir()  # report --raw refuses stale runs
+    capsys.readouterr()
+    again = run_experiment(exp, arms, progress=False, publish=tmp_path / "broken")
+    assert len(again["experiment"]["arms"]["a"]) == 2  # the experiment finished all the same
+    said = capsys.readouterr().err
+    assert said.count("publishing") == 2 and "someone-elses-run" in said
+    assert not (tmp_path / "broken" / "experiment.json").exists()
+
+
+@pytest.mark.parametrize("target, why", [("file", "not a directory"), ("exp", "experiment's own experiment.json")])
+def test_publish_refuses_a_target_it_could_never_publish_into_before_anything_runs(exp_spec, tmp_path, target, why):
+    exp, arms = load_experiment(exp_spec(a=1e-4))
+    if target == "file":
+        (tmp_path / "file").write_text("x")
+    else:
+        (tmp_path / "exp").mkdir()
+        (tmp_path / "exp" / "experiment.json").write_text(json.dumps({"name": "exp", "arms": {}}))
+    with pytest.raises(UserError, match=why):
+        run_experiment(exp, arms, progress=False, publish=tmp_path / target)
+    assert not Path(exp.output_dir).exists()
+
+
+def test_publish_of_a_single_run_is_a_one_line_error(tiny_ckpt, tmp_path, write_spec):
+    from typer.testing import CliRunner
+
+    from mlmt_bench.cli import app
+
+    spec = minimal_spec()
+    spec["policies"]["solver"]["path"] = str(tiny_ckpt)
+    res = CliRunner().invoke(app, ["run", str(write_spec(spec, "one.yaml")), "--publish", str(tmp_path / "pub")])
+    assert res.exit_code != 0 and "--publish applies to experiment specs" in res.output
+    assert not (tmp_path / "pub").exists()
+
+
 def test_restore_puts_the_published_starting_evaluations_back_in_the_memo(exp_spec, tmp_path):
     """Seed 0 stores its step-0 evaluation in the memo and seed 1 reads it; `report --raw` of seed 0
     publishes that entry (eval-memo/<key>.json.gz), and on a fresh machine (the memo wiped)

@@ -147,7 +147,17 @@ def _copy_run(src: Path, dest: Path, used: tuple[int | None, set[str]] | None) -
             atomic_write_bytes(packed, _gzip(bounded_input.read_bytes(source, limit, follow_links=False)))
 
 
-def _check_target(out_dir: Path, names: set[str]) -> None:
+def check_publish_target(out_dir: Path) -> None:
+    """One-line refusal of a directory ``report --raw`` could never publish into (``run --publish``
+    asks before its first run): not a directory (or a new path), or one that holds an experiment's
+    own ``experiment.json``."""
+    from mlmt_bench.tracking import check_output_dir
+
+    check_output_dir(out_dir, "--publish")
+    _check_report_dir(out_dir)
+
+
+def _check_report_dir(out_dir: Path) -> None:
     exp = out_dir / "experiment.json"
     if exp.is_file():
         try:
@@ -157,6 +167,10 @@ def _check_target(out_dir: Path, names: set[str]) -> None:
         if not (isinstance(report, dict) and report.get("raw")):
             raise UserError(f"{out_dir}: holds an experiment's own experiment.json; publish into a new directory "
                             "(or into a report published with --raw)")
+
+
+def _check_target(out_dir: Path, names: set[str]) -> None:
+    _check_report_dir(out_dir)
     stale = sorted(p.name for p in (out_dir / RUNS).iterdir() if p.name not in names) \
         if (out_dir / RUNS).is_dir() else []
     if stale:
