@@ -294,9 +294,10 @@ class Trainer:
             res = self._evaluate_once(self.algorithm.eval_program(), self.actors,
                                       len(self.eval_problems) if final and e.final_samples else e.samples,
                                       keep_attempts=self.base_critic is not None)
-            extra, rows = self._evaluate_with_base_critic(res)
-            unredacted, rows = self._evaluate_unredacted(res, rows, final)
-            extra = {**extra, **unredacted}
+            extra, rows = self._evaluate_with_base_critic(res, final)
+            unredacted, by_pid = self._evaluate_unredacted(res, self.algorithm.eval_program(), self.actors, final)
+            extra = {**extra, **{f"unredacted/{k}": v for k, v in unredacted.items()}}
+            rows = [{**row, "t2_unredacted": u} for row, u in zip(rows, by_pid)] if by_pid else rows
         self.counters.wall_s = time.perf_counter() - started
         test_flops = rollout_flops({role: self._params(role) for role in res.gen_tokens}, res.prompt_tokens,
                                    res.gen_tokens)  # METHOD v4: test-time compute beside training's
@@ -312,22 +313,27 @@ class Trainer:
         self.dist.barrier()
         return record
 
-    def _evaluate_with_base_critic(self, first: EvalResult) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    def _evaluate_with_base_critic(self, first: EvalResult, final: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """Equal test-time compute (METHOD v3, ``eval.base_critic``): the single-turn arm's solver in
         the refine protocol with the frozen base as critic, on ``first``'s own attempts (not
         generated again). Its metrics are logged under ``base_critic/``; each problem row gains
-        ``t2_base_critic``."""
+        ``t2_base_critic``, and, where the final evaluation is repeated without redaction
+        (:meth:`_evaluate_unredacted`), ``base_critic/unredacted/`` and ``t2_base_critic_unredacted``."""
         rows = first.per_problem
         if self.base_critic is None:
             return {}, rows
         actors = dataclasses.replace(self.actors, critic=self.base_critic)
-        res = self._evaluate_once(Program(attempts=1, feedback="critic"), actors, 0, "base_critic", first.rollout)
+        program = Program(attempts=1, feedback="critic")
+        res = self._evaluate_once(program, actors, 0, "base_critic", first.rollout)
         extra = {f"base_critic/{k}": v for k, v in res.metrics.items() if k != "n"}
-        extra["base_critic/test_flops_eval"] = rollout_flops(
-            {"solver": self._params("solver"), "critic": self.base_critic.n_params}, res.prompt_tokens, res.gen_tokens)
+        params = {"solver": self._params("solver"), "critic": self.base_critic.n_params}
+        extra["base_critic/test_flops_eval"] = rollout_flops(params, res.prompt_tokens, res.gen_tokens)
+        unredacted, by_pid = self._evaluate_unredacted(res, program, actors, final, params)
+        extra.update({f"base_critic/unredacted/{k}": v for k, v in unredacted.items()})
         return extra, [{**row, "t2_base_critic": bc["t2"],
-                        **({"t2_base_critic_solver": bc["t2_critic_solver"]} if "t2_critic_solver" in bc else {})}
-                       for row, bc in zip(rows, res.per_problem)]
+                        **({"t2_base_critic_solver": bc["t2_critic_solver"]} if "t2_critic_solver" in bc else {}),
+                        **({"t2_base_critic_unredacted": by_pid[i]} if by_pid else {})}
+                       for i, (row, bc) in enumerate(zip(rows, res.per_problem))]
 
     def _evaluate_once(self, program: Program, actors: Actors, n_samples: int, which: str = "eval",
                        attempts_of: Rollout | None = None, keep_attempts: bool = False) -> EvalResult:
@@ -377,20 +383,22 @@ class Trainer:
             "backend": spec.backend.model_dump(mode="json"), "autocast": [torch.is_autocast_enabled("cpu"),
                                                                           str(torch.get_autocast_dtype("cpu"))]})
 
-    def _evaluate_unredacted(self, first: EvalResult, rows: list[dict[str, Any]],
-                             final: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """METHOD v4 (``feedback.eval_unredacted``): the final evaluation repeated with redaction
-        off, on the same policies and problems (the report's ``<arm> without redaction`` row). Its
-        metrics are logged under ``unredacted/``; each problem row gains ``t2_unredacted``.
-        The repeat refines ``first``'s own attempts after the same feedbacks, shown as written
-        (:func:`refine_again`; g∅'s outcomes are ``first``'s): only the refinements are generated
-        again, and the two rows differ by what the refiner was shown and nothing else."""
-        program = self.algorithm.eval_program()
-        if not (final and self.spec.feedback.eval_unredacted and self.actors.redact is not None
+    def _evaluate_unredacted(self, first: EvalResult, program: Program, actors: Actors, final: bool,
+                             params: dict[str, int] | None = None) -> tuple[dict[str, Any], list[bool]]:
+        """METHOD v4 (``feedback.eval_unredacted``): the final evaluation ``first`` (of ``program``
+        by ``actors``) repeated with redaction off, on the same policies and problems (the report's
+        ``<arm> without redaction`` row; for ``eval.base_critic``, ``<arm> + base critic without
+        redaction``). Returns its metrics (the caller logs them under its prefix, with
+        ``test_flops_eval`` at ``params``, default the run's roles) and each problem's t2; ({}, [])
+        when there is nothing to repeat. The repeat refines ``first``'s own attempts after the same
+        feedbacks, shown as written (:func:`refine_again`; g∅'s outcomes are ``first``'s): only the
+        refinements are generated again, and the two rows differ by what the refiner was shown and
+        nothing else."""
+        if not (final and self.spec.feedback.eval_unredacted and actors.redact is not None
                 and program.feedback in ("critic", "oracle")):
-            return {}, rows
+            return {}, []
         e = self.spec.eval
-        actors = dataclasses.replace(self.actors, redact=None)
+        actors = dataclasses.replace(actors, redact=None)
         episodes = nulls = None
         if first.rollout is not None:  # None: read from the step-0 memo, so evaluated afresh
             episodes = refine_again(program, first.rollout, actors, self.eval_sampling)
@@ -399,10 +407,10 @@ class Trainer:
         res = evaluate(program, actors, self.eval_problems, self.eval_sampling,
                        feedback_metrics=e.feedback_metrics, n_samples=0, protocols=e.protocols,
                        micro_batch_tokens=self.spec.train.micro_batch_tokens, episodes=episodes, null_outcomes=nulls)
-        extra = {f"unredacted/{k}": v for k, v in res.metrics.items() if k != "n"}
-        extra["unredacted/test_flops_eval"] = rollout_flops({role: self._params(role) for role in res.gen_tokens},
-                                                            res.prompt_tokens, res.gen_tokens)
-        return extra, [{**row, "t2_unredacted": u["t2"]} for row, u in zip(rows, res.per_problem)]
+        metrics = {k: v for k, v in res.metrics.items() if k != "n"}
+        metrics["test_flops_eval"] = rollout_flops(params or {role: self._params(role) for role in res.gen_tokens},
+                                                   res.prompt_tokens, res.gen_tokens)
+        return metrics, [bool(u["t2"]) for u in res.per_problem]
 
     # checkpoints ------------------------------------------------------------------------------
     def save_checkpoint(self) -> Path | None:

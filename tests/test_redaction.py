@@ -381,6 +381,30 @@ def test_trainer_logs_the_share_and_evaluates_unredacted_on_request(tiny_ckpt, t
     assert [(r["t2"], r["t2_unredacted"], r["t2_critic_solver"]) for r in rows] == [(False, True, True)]
 
 
+def test_a_base_critic_evaluation_is_repeated_unredacted_on_request(tiny_ckpt, tmp_path):
+    """grpo with eval.base_critic: the `+ base critic` evaluation is repeated without redaction too
+    (its refinements after the same feedback, shown as written), logged under
+    base_critic/unredacted/ with each problem's t2_base_critic_unredacted; grpo's own row, with no
+    feedback, has none."""
+    spec = make_spec(tmp_path, tiny_ckpt, "grpo", feedback={"redact": True, "eval_unredacted": True})
+    spec = spec.model_copy(update={"eval": spec.eval.model_copy(update={"base_critic": True})})
+    trainer = build_trainer(spec, tmp_path)
+    trainer.eval_problems = [ARITH]
+    trainer.actors.verifier = SyntheticVerifier()
+    trainer.actors.backend = backend = RecordingBackend(ATTEMPT, FEEDBACK)
+    record = trainer.evaluate(time.perf_counter(), final=True)
+    assert record["base_critic/acc@t2"] == 0.0 and record["base_critic/unredacted/acc@t2"] == 1.0
+    assert record["base_critic/unredacted/acc@t2_null"] == record["base_critic/acc@t2_null"]
+    assert not any(k.startswith("unredacted/") for k in record)
+    refinements = [c for c in backend.contexts if "feedback:" in c]
+    assert [SHOWN in c for c in refinements] == [True, False, False]  # redacted, g∅, then as written
+    rows = [json.loads(line) for line in (trainer.run_dir.path / "eval_problems.jsonl").read_text().splitlines()]
+    assert [(r["t2_base_critic"], r["t2_base_critic_unredacted"]) for r in rows] == [(False, True)]
+    assert "t2_unredacted" not in rows[0]
+    not_final = trainer.evaluate(time.perf_counter())
+    assert not any("unredacted" in k for k in not_final)  # only the final evaluation is repeated
+
+
 def test_training_steps_log_the_redacted_share(tiny_ckpt, tmp_path):
     spec = make_spec(tmp_path, tiny_ckpt, "mlmt", {"group_size": 2, "value": "none"}, feedback={"redact": True},
                      train={"steps": 1, "problems_per_step": 2})
@@ -451,10 +475,33 @@ def test_report_gains_the_critic_as_second_solver_and_unredacted_rows(tmp_path):
     assert re.search(r"feedback redacted share", md)
 
 
+def test_report_gains_a_base_critic_row_without_redaction(tmp_path):
+    from mlmt_bench.report.compare import build_comparison
+
+    runs = []
+    for seed in (0, 1):
+        d = make_run(tmp_path, f"grpo-s{seed}", seed=seed, arm="grpo", feedback=False,
+                     curve=[(0, 0, 0.0, 0.5, 0.5), (2, 90, 9e6, 0.5, 0.5)], t1=[1, 0, 1, 0], t2=[1, 0, 1, 0],
+                     eval_extra={2: {"base_critic/acc@t1": 0.5, "base_critic/acc@t2": 0.5,
+                                     "base_critic/unredacted/acc@t1": 0.5, "base_critic/unredacted/acc@t2": 0.75}})
+        lines = [json.loads(line) for line in (d / "eval_problems.jsonl").read_text().splitlines()]
+        for i, row in enumerate(lines):
+            if row["step"] == 2:
+                row.update(t2_base_critic=bool(row["t1"]), t2_base_critic_unredacted=i % 4 != 3)
+        (d / "eval_problems.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        runs.append(d)
+    summary = build_comparison({"grpo": runs}, tmp_path / "out")
+    assert list(summary["arms"]) == ["grpo", "grpo + base critic", "grpo + base critic without redaction"]
+    md = (tmp_path / "out" / "comparison.md").read_text()
+    assert table_column(md, "acc@t2 (refine-all)") == ["50.0% ± 0.0", "50.0% ± 0.0", "75.0% ± 0.0"]
+    assert summary["arms"]["grpo + base critic without redaction"]["ci"]["acc@t2"]["mean"] == pytest.approx(0.75)
+
+
 def test_a_baseline_may_name_a_copy_channel_row():
     from mlmt_bench.report.compare import check_baseline
 
-    for name in ("mlmt without redaction", "mlmt critic as second solver", "grpo + base critic as second solver"):
+    for name in ("mlmt without redaction", "mlmt critic as second solver", "grpo + base critic as second solver",
+                 "grpo + base critic without redaction"):
         check_baseline(name, ["grpo", "mlmt"])
     with pytest.raises(UserError, match="unknown arm"):
         check_baseline("sc critic as second solver", ["grpo", "mlmt"])

@@ -290,7 +290,8 @@ BASE_CRITIC_PREFIX = "base_critic/"
 UNREDACTED_PREFIX = "unredacted/"
 #: per-problem keys of METHOD v4's copy-channel rows (eval_problems.jsonl): the critic's stated
 #: answer scored (its own evaluation, and the base critic's), and the refinement without redaction
-COPY_CHANNEL_ROWS = ("t2_critic_solver", "t2_base_critic_solver", "t2_unredacted")
+#: (after its own critic's feedback, and after the base critic's)
+COPY_CHANNEL_ROWS = ("t2_critic_solver", "t2_base_critic_solver", "t2_unredacted", "t2_base_critic_unredacted")
 
 
 def _with_derived(rec: dict[str, Any]) -> dict[str, Any]:
@@ -337,7 +338,8 @@ def with_base_critic(run: RunRecord) -> RunRecord | None:
 
     def rows(by_pid: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         return {pid: {"t1": r["t1"], "t2": r["t2_base_critic"], "t2_null": None,
-                      **({"t2_critic_solver": r["t2_base_critic_solver"]} if "t2_base_critic_solver" in r else {})}
+                      **({"t2_critic_solver": r["t2_base_critic_solver"]} if "t2_base_critic_solver" in r else {}),
+                      **({"t2_unredacted": r["t2_base_critic_unredacted"]} if "t2_base_critic_unredacted" in r else {})}
                 for pid, r in by_pid.items() if r.get("t2_base_critic") is not None}
 
     return dataclasses.replace(run, arm=f"{run.arm} + base critic", final=read(run.final),
@@ -493,7 +495,8 @@ def own_arms(loaded: dict[str, list[RunRecord]]) -> dict[str, list[RunRecord]]:
 def with_base_critic_arms(loaded: dict[str, list[RunRecord]]) -> dict[str, list[RunRecord]]:
     """Each arm followed by its derived rows, where its runs logged them: ``<arm> without
     redaction`` and ``<arm> critic as second solver`` (METHOD v4's copy-channel controls), then
-    ``<arm> + base critic`` (METHOD v3, equal test-time compute) and that critic as second solver."""
+    ``<arm> + base critic`` (METHOD v3, equal test-time compute), that critic as second solver and
+    its row without redaction."""
     out: dict[str, list[RunRecord]] = {}
 
     def add(results: list[RunRecord], derive: Any, name: str) -> list[RunRecord]:
@@ -509,6 +512,7 @@ def with_base_critic_arms(loaded: dict[str, list[RunRecord]]) -> dict[str, list[
         add(results, with_critic_solver, f"{arm} critic as second solver")
         base_critic = add(results, with_base_critic, f"{arm} + base critic")
         add(base_critic, with_critic_solver, f"{arm} + base critic as second solver")
+        add(base_critic, with_unredacted, f"{arm} + base critic without redaction")
     return out
 
 
