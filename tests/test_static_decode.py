@@ -185,6 +185,26 @@ def test_a_groups_repeated_prompt_is_prefilled_once_with_generates_results(tok, 
         assert len({tuple(g.ids) for g in plain[:3]}) > 1, "a group's samples should differ"
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_shared_prompts_with_kept_prefixes_give_generates_results(tok, prompts, temperature):
+    """A rollout's attempts (G repeats of each prompt, marked ``keep``), then refinements that extend
+    them, two of them identical: sharing and kept prefixes together still give generate's ids and
+    log-probs; each distinct refinement copies its attempt's kept prefix, and repeats are computed once."""
+    model = _lora(tok)
+    backend, plain = HFBackend(decode="static", prefix_cache_mb=64), HFBackend()
+    kw = dict(max_new_tokens=12, temperature=temperature)
+    rows = [p for p in prompts[:3] for _ in range(3)]
+    first = backend.generate(model, tok, rows, seed=3, keep=True, **kw)
+    _compare(plain.generate(model, tok, rows, seed=3, **kw), first)
+    later = _extended(rows, first, encode(tok, " again?"))
+    later.append(list(later[0]))
+    stats = backend.decoder(model).stats
+    shared_before = stats.shared_rows
+    _compare(plain.generate(model, tok, later, seed=4, **kw), backend.generate(model, tok, later, seed=4, **kw))
+    distinct = len({tuple(p) for p in later})  # greedy repeats refine alike, so fewer than 10
+    assert stats.prefix_rows == distinct and stats.shared_rows - shared_before == len(later) - distinct >= 1
+
+
 # ----------------------------------------------------------------------------------------------
 # kept prefixes (prefix_cache_mb)
 
