@@ -448,6 +448,15 @@ def test_set_override_reaches_the_feedback_section(write_spec, tiny_ckpt):
 # --------------------------------------------------------------------------- report rows
 
 
+def _final_rows(run, fields) -> None:
+    """Add ``fields(i, row)`` to each step-2 (final) row of a run's eval_problems.jsonl."""
+    lines = [json.loads(line) for line in (run / "eval_problems.jsonl").read_text().splitlines()]
+    for i, row in enumerate(lines):
+        if row["step"] == 2:
+            row.update(fields(i, row))
+    (run / "eval_problems.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+
 def test_report_gains_the_critic_as_second_solver_and_unredacted_rows(tmp_path):
     from mlmt_bench.report.compare import build_comparison
 
@@ -459,11 +468,7 @@ def test_report_gains_the_critic_as_second_solver_and_unredacted_rows(tmp_path):
                                      "critic_as_solver_tokens": 30.0, "feedback/redacted_share": 0.1,
                                      "unredacted/acc@t1": 0.5, "unredacted/acc@t2": 1.0,
                                      "unredacted/gen_tokens_eval": 200}})
-        lines = [json.loads(line) for line in (d / "eval_problems.jsonl").read_text().splitlines()]
-        for i, row in enumerate(lines):
-            if row["step"] == 2:
-                row.update(t2_critic_solver=i % 4 != 3, t2_unredacted=True)
-        (d / "eval_problems.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        _final_rows(d, lambda i, row: dict(t2_critic_solver=i % 4 != 3, t2_unredacted=True))
         runs.append(d)
     summary = build_comparison({"mlmt": runs}, tmp_path / "out")
     assert list(summary["arms"]) == ["mlmt", "mlmt without redaction", "mlmt critic as second solver"]
@@ -484,11 +489,7 @@ def test_report_gains_a_base_critic_row_without_redaction(tmp_path):
                      curve=[(0, 0, 0.0, 0.5, 0.5), (2, 90, 9e6, 0.5, 0.5)], t1=[1, 0, 1, 0], t2=[1, 0, 1, 0],
                      eval_extra={2: {"base_critic/acc@t1": 0.5, "base_critic/acc@t2": 0.5,
                                      "base_critic/unredacted/acc@t1": 0.5, "base_critic/unredacted/acc@t2": 0.75}})
-        lines = [json.loads(line) for line in (d / "eval_problems.jsonl").read_text().splitlines()]
-        for i, row in enumerate(lines):
-            if row["step"] == 2:
-                row.update(t2_base_critic=bool(row["t1"]), t2_base_critic_unredacted=i % 4 != 3)
-        (d / "eval_problems.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        _final_rows(d, lambda i, row: dict(t2_base_critic=bool(row["t1"]), t2_base_critic_unredacted=i % 4 != 3))
         runs.append(d)
     summary = build_comparison({"grpo": runs}, tmp_path / "out")
     assert list(summary["arms"]) == ["grpo", "grpo + base critic", "grpo + base critic without redaction"]
