@@ -245,8 +245,9 @@ class FeedbackSpec(_Spec):
 
     redact: bool = Field(False, description="answer-free feedback: the refiner sees every critic or oracle feedback "
                          "through the benchmark's redaction rule (Benchmark.redact_feedback: maths, numbers in "
-                         "neither problem nor attempt; code, code blocks and inline code; multiple choice, option "
-                         "letters and texts), at training and at evaluation; the critic's reward is computed on "
+                         "neither problem nor attempt; synthetic-arith, a check's numbers become the attempt's own "
+                         "at that place; code, code blocks and inline code; multiple choice, option letters and "
+                         "texts), at training and at evaluation; the critic's reward is computed on "
                          "those refinements")
     eval_unredacted: bool = Field(False, description="with redact: also refine the final evaluation's attempts after "
                                   "the same feedbacks unredacted (the report's `<arm> without redaction` row)")

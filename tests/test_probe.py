@@ -393,12 +393,12 @@ def test_the_shipped_base_reproduces_the_audits_table(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue 31's criterion is not met by the redaction rule on this base "
-                   "(measured 2026-12-04, 500 test problems: own 36.0%, last_shifted 4.8%, approve_gold 49.2%): "
-                   "a shifted or gold value that also occurs in x or z (operands 1-9, the attempt's results) is "
-                   "kept and copied, and where the value becomes '?' the base's refiner, never trained on it, "
-                   "writes a stray digit ('#5') instead of keeping its answer")
 def test_redaction_stops_the_shifted_and_the_gold_value_moving_the_refinement(tmp_path):
+    """Issue 31's criterion on the shipped seed-10 base (500 test problems, greedy). Measured
+    2026-12-07 on an AMD EPYC: own, last_shifted and approve_gold all 35.8% (= acc@t1). The
+    numeric rule of other benchmarks did not meet it here (own 36.0%, last_shifted 4.8%,
+    approve_gold 49.2%): a shifted or gold value that occurs anywhere in x or z was kept and
+    copied; synthetic-arith's rule shows a check's numbers only as the attempt's own at that place."""
     red = _cli_probe(tmp_path, "--redact")
     own = red["rows"]["own"]["acc@t2"]
     assert abs(red["rows"]["last_shifted"]["acc@t2"] - own) <= 0.02

@@ -39,25 +39,38 @@ ARITH = Problem("p0", "synthetic-arith", "9-6+9+1", "13",
 # --------------------------------------------------------------------------- rules, per benchmark
 
 
-def test_synthetic_removes_the_recomputed_value_the_attempt_did_not_write():
+def test_synthetic_shows_only_the_attempts_own_numbers_in_each_check():
+    """A check may quote the attempt's step, not supply a value: each of its numbers becomes the
+    attempt's at the same place (operands, recomputed and quoted result, operator), ``answer
+    wrong: #N`` the attempt's final answer, ``?`` where the attempt has none."""
     feedback = "9-6>3 9-6=3 ok;3+9>12 3+9=11 wrong"
     shown = SYN.redact_feedback(ARITH, "9-6=3;3+9=11;11+1=15;#15", feedback)
-    assert shown == Redaction("9-6>3 9-6=3 ok;3+9>? 3+9=11 wrong", 1, 2 / len(feedback))
-    # 12 written by the attempt (11+1=12) may be quoted: nothing removed
-    assert SYN.redact_feedback(ARITH, "9-6=3;3+9=11;11+1=12;#12", feedback) == Redaction(feedback, 0, 0.0)
-    # whole tokens: the attempt's 113 does not license 11 or 13, nor its 1 a 12
+    assert shown == Redaction("9-6>3 9-6=3 ok;3+9>11 3+9=11 wrong", 1, 2 / len(feedback))
+    # a value the attempt wrote elsewhere (11+1=12) is not the attempt's at that place: replaced all the same
+    assert SYN.redact_feedback(ARITH, "9-6=3;3+9=11;11+1=12;#12", feedback).text == "9-6>3 9-6=3 ok;3+9>11 3+9=11 wrong"
+    # approve-all with the gold values (operands of later steps included) reads as approve-all with the attempt's
+    gold = "9-6>3 9-6=3 ok;3+9>12 3+9=12 ok;12+1>13 12+1=13 ok;answer ok"
+    shown = SYN.redact_feedback(ARITH, "9-6=3;3+9=11;11+1=12;#12", gold)
+    assert shown.text == "9-6>3 9-6=3 ok;3+9>11 3+9=11 ok;11+1>12 11+1=12 ok;answer ok" and shown.removed == 6
+    # the final line, a check of a step the attempt lacks, a check out of place (operator too), free text
     shown = SYN.redact_feedback(ARITH, "9-6=3;3+9=113;#113", "3+9>12 3+9=113 wrong;answer wrong: #13")
-    assert shown.text == "3+9>? 3+9=113 wrong;answer wrong: #?" and shown.removed == 2
+    assert shown.text == "9-6>3 9-6=3 wrong;answer wrong: #113" and shown.removed == 9  # 6 numbers, 2 ops, 13
+    assert SYN.redact_feedback(ARITH, "9-6=3;#3", "9-6>3 9-6=3 ok;3+9>12 3+9=? wrong").text == \
+        "9-6>3 9-6=3 ok;?+?>? ?+?=? wrong"
+    assert SYN.redact_feedback(ARITH, "9-6=3;#3", "step 1 gives 3, not 12").text == "step ? gives 3, not ?"
+    assert SYN.redact_feedback(ARITH, "9-6=3;#3", "answer wrong: #?") == Redaction("answer wrong: #?", 0, 0.0)
+    # nothing to replace: the feedback as written
+    own = "9-6>3 9-6=3 ok;3+9>11 3+9=11 wrong"
+    assert SYN.redact_feedback(ARITH, "9-6=3;3+9=11;11+1=12;#12", own) == Redaction(own, 0, 0.0)
     assert SYN.redact_feedback(ARITH, "", "") == Redaction("", 0, 0.0)
 
 
 def test_synthetic_refiner_reads_a_redacted_correction_as_none():
     attempt = "9-6=3;3+9=11;11+1=12;#12"
-    shown = SYN.redact_feedback(ARITH, "9-6=3;3+9=11;11+1=15;#15", "9-6>3 9-6=3 ok;3+9>12 3+9=11 wrong").text
+    shown = SYN.redact_feedback(ARITH, attempt, "9-6>3 9-6=3 ok;3+9>12 3+9=11 wrong").text
     assert corrected_step("9-6>3 9-6=3 ok;3+9>12 3+9=11 wrong") == (2, (3, "+", 9, 12))
-    assert corrected_step(shown) is None
+    assert corrected_step(shown) == (2, (3, "+", 9, 11))  # the attempt's own step 2
     assert apply_feedback(ARITH, attempt, shown) == attempt  # kept: the feedback supplies no value
-    assert apply_feedback(ARITH, attempt, shown, revision=True) == "#12"
     assert apply_feedback(ARITH, attempt, "9-6>3 9-6=3 ok;answer wrong: #?") == attempt
 
 
@@ -188,7 +201,7 @@ class CopyingBackend:
 
 ATTEMPT = "9-6=3;3+9=12;12+1=14;#14"  # the last step slipped: 14, gold 13
 FEEDBACK = "9-6>3 9-6=3 ok;3+9>12 3+9=12 ok;12+1>13 12+1=14 wrong"  # supplies 13, which the attempt never wrote
-SHOWN = "9-6>3 9-6=3 ok;3+9>12 3+9=12 ok;12+1>? 12+1=14 wrong"
+SHOWN = "9-6>3 9-6=3 ok;3+9>12 3+9=12 ok;12+1>14 12+1=14 wrong"
 
 
 @pytest.fixture(scope="module")
@@ -260,7 +273,9 @@ def test_evaluation_logs_redaction_copy_rate_and_the_critic_as_second_solver(pol
     assert (m["acc_critic_as_solver"], m["critic_states_answer_rate"]) == (1.0, 1.0)
     assert m["critic_as_solver_tokens"] == n_attempt + n_feedback
     assert m["acc@t2"] == 0.0
-    assert m["copy_rate"] == 0.0  # the refinement's 14 is the attempt's; the shown feedback supplies 3 and 12
+    # the shown feedback states only the attempt's own values (3, 12, 14): the refinement's 14, the attempt's
+    # answer kept, is one of them
+    assert m["copy_rate"] == 1.0
     assert res.per_problem[0]["t2_critic_solver"] is True
     feedback_turn = res.samples[0]["turns"][1]
     assert (feedback_turn["text"], feedback_turn["shown_text"]) == (FEEDBACK, SHOWN)

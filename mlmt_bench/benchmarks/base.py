@@ -80,7 +80,9 @@ class Benchmark:
         neither the problem nor the attempt becomes ``?`` (the critic may locate and quote a step,
         not supply a value; :func:`mlmt_bench.benchmarks.redaction.redact_numbers` says how numbers
         are read: whole tokens, signs, decimals, fractions). A benchmark whose answers are not
-        numbers overrides it (code: ``mbpp``; multiple choice: ``gpqa-*``).
+        numbers overrides it (code: ``mbpp``; multiple choice: ``gpqa-*``), and so does one whose
+        feedback has a fixed format that allows a stricter rule (``synthetic-arith``: a check shows
+        only the attempt's own numbers).
         """
         return redact_numbers(feedback, (problem.prompt, attempt))
 

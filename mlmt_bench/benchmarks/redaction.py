@@ -2,8 +2,9 @@
 declare, and what a feedback states as its final answer. Pure text in, text out.
 
 A rule removes spans of the feedback and puts a placeholder in each: ``?`` for a number (so that
-``3+9>12 3+9=11 wrong`` reads ``3+9>? 3+9=11 wrong``: still the structured format),
-``[…]`` for code and for an option letter or text. It returns a :class:`~mlmt_bench.types.Redaction`:
+``6+250 = 257, not 256`` on an attempt that wrote 256 reads ``6+250 = ?, not 256``), ``[…]`` for
+code and for an option letter or text. (synthetic-arith declares a stricter rule of its own:
+:func:`mlmt_bench.benchmarks.synthetic.redact_checks`.) It returns a :class:`~mlmt_bench.types.Redaction`:
 the shown text, the number of spans removed and their share of the feedback's characters.
 
 **Numbers** (:func:`number_spans`), for arithmetic and free-text maths. A number is a whole token:

@@ -44,8 +44,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from mlmt_bench.benchmarks.base import DEFAULT_MAX_OPERAND, DEFAULT_OPS, OracleBenchmark, generated_split
+from mlmt_bench.benchmarks.redaction import redact_numbers
 from mlmt_bench.errors import UserError
-from mlmt_bench.types import Problem, PromptTemplates
+from mlmt_bench.types import Problem, PromptTemplates, Redaction
 
 OPS = "+-*"
 ANSWER_MARK = "#"
@@ -278,6 +279,85 @@ def feedback_edits(problem: Problem, attempt: str, feedback: str) -> dict[str, s
         shifted = feedback[: m.start(2)] + str(int(m.group(2)) + 1) + feedback[m.end(2):]
     return {"values_removed": removed, "last_shifted": shifted, "approve_gold": approve_all(_gold_steps(problem)),
             "approve_own": approve_all([s for s in steps if s is not None])}
+
+
+#: one check of the checking format, ``3+9>12 3+9=11 wrong``: its six numbers (groups 2, 4, 6, 8, 10, 12: the
+#: operands and the recomputed result, then the operands and the quoted result) with what lies between them
+_CHECK_RE = re.compile(r"^(\s*)(-?\d+|\?)(\s*[+\-*]\s*)(-?\d+|\?)(\s*>\s*)(-?\d+|\?)(\s+)(-?\d+|\?)(\s*[+\-*]\s*)"
+                       r"(-?\d+|\?)(\s*=\s*)(-?\d+|\?)(.*)$", re.S)
+_CHECK_NUMBERS = (2, 4, 6, 8, 10, 12)
+_CHECK_OPS = (3, 9)
+
+
+def redact_checks(attempt: str, feedback: str) -> Redaction:
+    """synthetic-arith's redaction rule (``feedback.redact``, METHOD v4): what a check may show is
+    the attempt's own step, so every number of the feedback's ``j``-th check (``;``-separated) is
+    replaced by the attempt's number at the same place of its step ``j`` (operands, recomputed and
+    quoted result), and ``answer wrong: #N`` by the attempt's final answer; ``?`` where the attempt
+    has no such number (a step missing or unreadable). Any other number of a check that is not one
+    of the attempt's step ``j`` becomes ``?``. Left: the verdicts and which step they judge::
+
+        attempt   9-6=3;3+9=11;11+1=12;#12
+        feedback  9-6>3 9-6=3 ok;3+9>12 3+9=11 wrong            (12: the critic's value)
+        shown     9-6>3 9-6=3 ok;3+9>11 3+9=11 wrong            (1 number replaced)
+        feedback  9-6>3 9-6=3 ok;3+9>12 3+9=12 ok;12+1>13 12+1=13 ok;answer ok    (approve-all, gold)
+        shown     9-6>3 9-6=3 ok;3+9>11 3+9=11 ok;11+1>12 11+1=12 ok;answer ok
+
+    Why not the numeric rule of other benchmarks (numbers in neither x nor z become ``?``): here
+    operands are 1-9 and an attempt writes several results, so a shifted or gold value very often
+    occurs somewhere in x or z and was kept and copied (the shipped seed-10 base, 500 test problems:
+    the last value shifted by one still took acc@t2 from 36.0% to 4.8%); and the refiner reads a
+    check in this format, whose ``>`` never held a ``?`` before, as a value to write (a stray
+    digit). Replaced by the attempt's own, a check reads as no correction (the probe's
+    ``values_removed`` row: acc@t2 = acc@t1). Pure; ``removed`` counts the numbers (and operators)
+    replaced and ``share`` their characters' share of the feedback."""
+    steps, answer = parse_attempt(attempt)
+    spans = 0
+    removed_chars = 0
+    parts = []
+    for j, part in enumerate(feedback.split(STEP_SEP)):
+        step = steps[j] if j < len(steps) else None
+        own = ["?"] * 6 if step is None else [str(v) for v in (step[0], step[2], step[3])] * 2
+        m = _CHECK_RE.match(part)
+        if m is not None:
+            pieces, last = [], 0
+            for k in sorted(_CHECK_NUMBERS + _CHECK_OPS):
+                a, b = m.span(k)
+                written = m.group(k)
+                if k in _CHECK_OPS:  # the attempt's operator, its spacing kept
+                    value = written if step is None else re.sub(r"[+\-*]", step[1], written)
+                    same = value == written
+                else:
+                    value = own[_CHECK_NUMBERS.index(k)]
+                    same = _same_number(written, value)
+                pieces += [part[last:a], written if same else value]
+                if not same:
+                    spans, removed_chars = spans + 1, removed_chars + b - a
+                last = b
+            parts.append("".join(pieces) + part[last:])
+            continue
+        wrong = _WRONG_ANSWER_RE.search(part)
+        final = "?" if answer is None else str(answer)
+        if wrong is not None and _WRONG_ANSWER_RE.fullmatch(part.strip()) and not _same_number(wrong.group(2), final):
+            a, b = wrong.span(2)
+            parts.append(part[:a] + final + part[b:])
+            spans, removed_chars = spans + 1, removed_chars + b - a
+            continue
+        shown = redact_numbers(part, [STEP_SEP.join(own[:3])])
+        parts.append(shown.text)
+        spans += shown.removed
+        removed_chars += round(shown.share * len(part))
+    return Redaction(STEP_SEP.join(parts), spans, removed_chars / len(feedback) if feedback else 0.0)
+
+
+def _same_number(written: str, value: str) -> bool:
+    """Whether ``written`` (digits or ``?``) is the number ``value`` (``"07"`` is ``"7"``)."""
+    if written == value:
+        return True
+    try:
+        return int(written) == int(value)
+    except ValueError:
+        return False
 
 
 def _put(pattern: re.Pattern[str], text: str, value: str) -> str:
@@ -574,13 +654,17 @@ class SyntheticArith(OracleBenchmark):
         revision spliced into its attempt (:func:`full_response`)."""
         return full_response(problem, attempt, refinement)
 
+    def redact_feedback(self, problem: Problem, attempt: str, feedback: str) -> Redaction:
+        """Every number of a check becomes the attempt's own at its place (:func:`redact_checks`):
+        ``3+9>12 3+9=11 wrong`` on an attempt that wrote ``3+9=11`` reads ``3+9>11 3+9=11 wrong``,
+        which :func:`corrected_step` and :func:`apply_feedback` read as no correction."""
+        return redact_checks(attempt, feedback)
+
     def stated_answer(self, feedback: str) -> str | None:
         """The last value the feedback supplies, as a final line ``#N``: the recomputed result
         after its last ``>``, or the ``N`` of ``answer wrong: #N`` where that comes later; None
-        when it supplies none (or the last one was redacted to ``?``). Its redaction rule is the
-        base's numeric one (:meth:`Benchmark.redact_feedback`): ``3+9>12 3+9=11 wrong`` reads
-        ``3+9>? 3+9=11 wrong`` unless the attempt wrote 12, which :func:`corrected_step` and
-        :func:`apply_feedback` read as no correction (the attempt is kept)."""
+        when it supplies none (or the last one is ``?``). Read from what the critic wrote (the
+        critic as a second solver); the refiner is shown it redacted (:meth:`redact_feedback`)."""
         found = list(_STATED_RE.finditer(feedback))
         if not found or found[-1].group(1) is None:
             return None
