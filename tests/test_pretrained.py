@@ -231,3 +231,35 @@ def test_the_alias_runs_and_the_manifest_says_which_weights(converted, monkeypat
     assert w["weights_sha256"] == converted.record["weights_sha256"] and w["path"] == str(converted.model_dir)
     assert manifest["params"]["solver"] == PARAMS
     assert os.path.isdir(w["path"])
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_static_decoding_of_repeated_prompts_gives_generates_ids_on_smollm2(converted, one_torch_thread, temperature):
+    """A group's repeated prompts on the real model with a LoRA (B not zero, so the adapter acts):
+    the static path, sharing each repeated prompt's prefill (and without sharing), gives
+    generate's ids and log-probs, greedy and seeded (tests/test_static_decode.py shows it on
+    tiny llama-family models)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mlmt_bench.rollout.hf_backend import HFBackend
+
+    tok = AutoTokenizer.from_pretrained(str(converted.model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(converted.model_dir), dtype=torch.float32).eval()
+    torch.manual_seed(0)
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0,
+                                             init_lora_weights=False))
+    texts = ["What is 7 times 8? Answer:", "Add 12 and 30, then write the sum:", "Name a colour:"]
+    rows = [tok.encode(t) for t in texts for _ in range(3)]
+    kw = dict(max_new_tokens=10, temperature=temperature, top_p=1.0, seed=5)
+    plain = HFBackend().generate(model, tok, rows, **kw)
+    for share in (True, False):
+        backend = HFBackend(decode="static", share_prompts=share)
+        static = backend.generate(model, tok, rows, **kw)
+        assert [g.ids for g in static] == [g.ids for g in plain]
+        assert max(abs(p - q) for a, b in zip(plain, static) for p, q in zip(a.logprobs, b.logprobs)) <= 1e-4
+        assert backend.decoder(model).stats.shared_rows == (6 if share else 0)
+    if temperature > 0:
+        assert len({tuple(g.ids) for g in plain[:3]}) > 1, "a group's samples should differ"
