@@ -59,6 +59,9 @@ def test_synthetic_shows_only_the_attempts_own_numbers_in_each_check():
         "9-6>3 9-6=3 ok;?+?>? ?+?=? wrong"
     assert SYN.redact_feedback(ARITH, "9-6=3;#3", "step 1 gives 3, not 12").text == "step ? gives 3, not ?"
     assert SYN.redact_feedback(ARITH, "9-6=3;#3", "answer wrong: #?") == Redaction("answer wrong: #?", 0, 0.0)
+    # a final line that quotes the attempt's own answer is kept as it is (not made a "?")
+    quoted = "9-6>3 9-6=3 ok;answer wrong: #3"
+    assert SYN.redact_feedback(ARITH, "9-6=3;#3", quoted) == Redaction(quoted, 0, 0.0)
     # nothing to replace: the feedback as written
     own = "9-6>3 9-6=3 ok;3+9>11 3+9=11 wrong"
     assert SYN.redact_feedback(ARITH, "9-6=3;3+9=11;11+1=12;#12", own) == Redaction(own, 0, 0.0)

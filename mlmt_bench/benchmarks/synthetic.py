@@ -312,42 +312,43 @@ def redact_checks(attempt: str, feedback: str) -> Redaction:
     ``values_removed`` row: acc@t2 = acc@t1). Pure; ``removed`` counts the numbers (and operators)
     replaced and ``share`` their characters' share of the feedback."""
     steps, answer = parse_attempt(attempt)
-    spans = 0
-    removed_chars = 0
-    parts = []
+    final = "?" if answer is None else str(answer)
+    shown: list[tuple[str, int, int]] = []  # per check: its text, numbers replaced, characters replaced
     for j, part in enumerate(feedback.split(STEP_SEP)):
         step = steps[j] if j < len(steps) else None
-        own = ["?"] * 6 if step is None else [str(v) for v in (step[0], step[2], step[3])] * 2
-        m = _CHECK_RE.match(part)
-        if m is not None:
-            pieces, last = [], 0
-            for k in sorted(_CHECK_NUMBERS + _CHECK_OPS):
-                a, b = m.span(k)
-                written = m.group(k)
-                if k in _CHECK_OPS:  # the attempt's operator, its spacing kept
-                    value = written if step is None else re.sub(r"[+\-*]", step[1], written)
-                    same = value == written
-                else:
-                    value = own[_CHECK_NUMBERS.index(k)]
-                    same = _same_number(written, value)
-                pieces += [part[last:a], written if same else value]
-                if not same:
-                    spans, removed_chars = spans + 1, removed_chars + b - a
-                last = b
-            parts.append("".join(pieces) + part[last:])
-            continue
-        wrong = _WRONG_ANSWER_RE.search(part)
-        final = "?" if answer is None else str(answer)
-        if wrong is not None and _WRONG_ANSWER_RE.fullmatch(part.strip()) and not _same_number(wrong.group(2), final):
-            a, b = wrong.span(2)
-            parts.append(part[:a] + final + part[b:])
-            spans, removed_chars = spans + 1, removed_chars + b - a
-            continue
-        shown = redact_numbers(part, [STEP_SEP.join(own[:3])])
-        parts.append(shown.text)
-        spans += shown.removed
-        removed_chars += round(shown.share * len(part))
-    return Redaction(STEP_SEP.join(parts), spans, removed_chars / len(feedback) if feedback else 0.0)
+        check = _CHECK_RE.match(part)
+        lead = len(part) - len(part.lstrip())
+        wrong = _WRONG_ANSWER_RE.fullmatch(part.strip())
+        if check is not None:
+            shown.append(_check_as_own(part, check, step))
+        elif wrong is not None:
+            a, b = lead + wrong.start(2), lead + wrong.end(2)
+            same = _same_number(part[a:b], final)
+            shown.append((part, 0, 0) if same else (part[:a] + final + part[b:], 1, b - a))
+        else:  # free text: only the numbers of the attempt's step j
+            r = redact_numbers(part, ["" if step is None else f"{step[0]};{step[2]};{step[3]}"])
+            shown.append((r.text, r.removed, round(r.share * len(part))))
+    return Redaction(STEP_SEP.join(t for t, _, _ in shown), sum(n for _, n, _ in shown),
+                     sum(c for _, _, c in shown) / len(feedback) if feedback else 0.0)
+
+
+def _check_as_own(part: str, check: re.Match[str], step: Step | None) -> tuple[str, int, int]:
+    """One check (``check``: :data:`_CHECK_RE` on ``part``) with its numbers and operators made
+    the attempt's ``step``'s (``?`` for a missing step, whose operators are kept): the text, the
+    numbers and operators replaced, and their characters."""
+    own = ["?"] * 3 if step is None else [str(step[0]), str(step[2]), str(step[3])]
+    pieces, last, removed, chars = [], 0, 0, 0
+    for k in sorted(_CHECK_NUMBERS + _CHECK_OPS):
+        a, b = check.span(k)
+        written = check.group(k)
+        if k in _CHECK_OPS:  # the operator, its spacing kept
+            value = written if step is None else re.sub(r"[+\-*]", step[1], written)
+        else:
+            value = own[_CHECK_NUMBERS.index(k) % 3]
+        same = _same_number(written, value)
+        pieces += [part[last:a], written if same else value]
+        removed, chars, last = removed + (not same), chars + (0 if same else b - a), b
+    return "".join(pieces) + part[last:], removed, chars
 
 
 def _same_number(written: str, value: str) -> bool:
