@@ -36,6 +36,21 @@ def test_weights_identity_sees_the_weights_not_the_fresh_adapter_or_the_wrapping
     assert eval_memo.weights_identity(a) not in (None, plain)
 
 
+def test_the_key_tells_cpus_of_one_name_with_other_kernels_apart(monkeypatch):
+    """"AMD EPYC" names a Zen 3 (AVX2) and a Zen 4 (AVX-512, bfloat16 instructions) alike; their
+    kernels round differently, so a memo written on one is not read on the other."""
+    from mlmt_bench.machine import cpus
+
+    parts = {"what": "step 0"}
+    here = eval_memo.memo_key(parts)
+    assert eval_memo.memo_key(parts) == here  # the same machine: the same key
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "NOT-THIS-ONE")
+    other_isa = eval_memo.memo_key(parts)
+    monkeypatch.undo()
+    monkeypatch.setattr(cpus, "bf16_instructions", lambda cpuinfo=None: ["NOT-THIS-ONE"])
+    assert len({here, other_isa, eval_memo.memo_key(parts)}) == 3
+
+
 def test_evaluate_once_reads_a_stored_result_and_slices_its_episodes(tmp_path):
     calls = []
 

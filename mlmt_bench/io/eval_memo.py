@@ -114,15 +114,20 @@ def actor_identity(actor: Any) -> dict[str, Any] | None:
 
 def memo_key(parts: dict[str, Any]) -> str:
     """sha256 of ``parts`` (JSON, keys sorted; anything not JSON by its repr) with the format, the
-    code fingerprint, the CPU and the torch version."""
+    code fingerprint, the CPU and the torch version. The CPU is its model name, the instruction set
+    torch dispatches its kernels on and its bfloat16 instructions: one model name can cover several
+    generations ("AMD EPYC" is a Zen 3 with AVX2 only and a Zen 4 with AVX-512 on this project's
+    machines), whose kernels round differently."""
     import platform
 
     import torch
 
+    from mlmt_bench.machine.cpus import bf16_instructions
     from mlmt_bench.machine.reproducible import cpu_model
 
     payload = {"format": _FORMAT, "code": code_fingerprint(), "torch": torch.__version__,
-               "cpu": [cpu_model(), platform.machine()], **parts}
+               "cpu": [cpu_model(), platform.machine(), torch.backends.cpu.get_cpu_capability(),
+                       *bf16_instructions()], **parts}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=repr).encode()).hexdigest()
 
 
