@@ -81,7 +81,8 @@ class Trainer:
         self.eval_sampling = eval_sampling(self.spec)
         self._warned: set[str] = set()  # the truncation warnings said (each once a run)
         self.loss_cfg = LossConfig(**dataclasses.asdict(self.algorithm.params.loss_terms()), grad_accum=t.grad_accum,
-                                   grad_clip=t.grad_clip, micro_batch_tokens=t.micro_batch_tokens)
+                                   grad_clip=t.grad_clip, micro_batch_tokens=t.micro_batch_tokens,
+                                   share_prompts=t.share_prompts)
         value = self.algorithm.value_model
         if value is not None:  # the run's seed initialises the value model and draws its minibatches (METHOD v4:
             value.seed = self.spec.seed  # with one base for every seed, the seed varies everything after it)

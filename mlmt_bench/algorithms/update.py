@@ -18,6 +18,7 @@ from mlmt_bench.machine import memory
 from mlmt_bench.machine.dist import Dist
 from mlmt_bench.models.forward import completion_logits, padded_batch, seq_len, sequence_logprobs, split
 from mlmt_bench.models.frozen_cast import drop_cached_casts
+from mlmt_bench.models.shared_prompts import prompt_group_batches, shared_prompt_logprobs
 
 __all__ = ["LossConfig", "TrainItem", "padded_batch", "sequence_logprobs", "update_policy"]
 
@@ -52,6 +53,12 @@ class LossConfig:
     cispo_max: float = losses.CISPO_MAX
     shaping_gamma: float = losses.SHAPING_GAMMA  # policy shaping of off-policy ("shaped") rows: pi / (pi + gamma)
     loss_options: dict[str, float] = field(default_factory=dict)  # the loss's own options
+    share_prompts: bool = False  # read each distinct prompt of a micro-batch once (models/shared_prompts.py)
+
+    def logprobs(self, model: Any, items: list[TrainItem], pad_id: int, **kw: Any) -> Any:
+        """Per-token log-probs, mask (and entropy) of ``items``: the shared-prompt forward in its
+        completion layout, or the plain one; one of the two for every pass of an update."""
+        return (shared_prompt_logprobs if self.share_prompts else sequence_logprobs)(model, items, pad_id, **kw)
 
 
 def _is_auxiliary(item: TrainItem) -> bool:
@@ -138,7 +145,10 @@ def _plan_batches(model: Any, items: list[TrainItem], cfg: LossConfig, dist: Any
     rl_items = [it for it in items if not _is_auxiliary(it)]
     aux_items = [it for it in items if _is_auxiliary(it)]
     rows = -(-max(len(items), 1) // cfg.grad_accum)
-    batches = split(rl_items, seq_len, cfg.micro_batch_tokens, max_rows=rows) if rl_items else []
+    if cfg.share_prompts:
+        batches = [[rl_items[i] for i in mb] for mb in prompt_group_batches(rl_items, cfg.micro_batch_tokens, rows)]
+    else:
+        batches = split(rl_items, seq_len, cfg.micro_batch_tokens, max_rows=rows) if rl_items else []
     aux_batches = split(aux_items, seq_len, cfg.micro_batch_tokens, max_rows=rows) if aux_items else []
     # FSDP: every forward/backward of a sharded model is a collective, so every process runs as many
     n_passes = len(batches) + len(aux_batches)
@@ -159,11 +169,11 @@ def _precompute(policy: Any, plan: _Plan, cfg: LossConfig, dist: Any) -> _Fixed:
     # FSDP: the weights gathered, so that these passes need no communication
     with memory.phase("logprobs"), torch.no_grad(), gathered(model):
         if cfg.epochs > 1:  # π_old is the rollout policy: freeze its log-probs before the first update
-            fixed.old_logps = [sequence_logprobs(model, mb, pad_id)[0] for mb in plan.batches]
+            fixed.old_logps = [cfg.logprobs(model, mb, pad_id)[0] for mb in plan.batches]
             fixed.extra_tokens += sum(seq_len(it) for it in plan.rl_items)
         if plan.needs_ref:
             policy.ensure_reference()
-            fixed.ref_logps = [sequence_logprobs(model, mb, pad_id, reference=policy.reference_logits)[0]
+            fixed.ref_logps = [cfg.logprobs(model, mb, pad_id, reference=policy.reference_logits)[0]
                                for mb in plan.batches]
             fixed.extra_tokens += sum(seq_len(it) for it in plan.rl_items)
         for k, mb in enumerate(plan.aux_batches):
@@ -188,7 +198,7 @@ def _optimizer_step(policy: Any, optimizer: torch.optim.Optimizer, scheduler: An
         aux.backward()
         stats["aux_loss"] += float(aux.detach()) / cfg.epochs
     for _ in range(plan.empty_passes):  # adds 0 to the gradients
-        (sequence_logprobs(model, [TrainItem([pad_id], [pad_id], 0.0)], pad_id)[0].sum() * 0.0).backward()
+        (cfg.logprobs(model, [TrainItem([pad_id], [pad_id], 0.0)], pad_id)[0].sum() * 0.0).backward()
     dist.sum_grads(policy.trainable_parameters())
     stats["grad_norm"] = scalar(torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), cfg.grad_clip))
     optimizer.step()
@@ -202,7 +212,7 @@ def _policy_micro_step(model: Any, mb: list[TrainItem], pad_id: int, old_logp: t
                        stats: dict[str, float]) -> None:
     """The policy loss of one micro-batch, weighted to its share of the whole batch's
     aggregate, backward; its share of loss, clip fraction, KL and entropy added to ``stats``."""
-    logp, mask, entropy = sequence_logprobs(model, mb, pad_id, with_entropy=True)
+    logp, mask, entropy = cfg.logprobs(model, mb, pad_id, with_entropy=True)
     assert entropy is not None  # with_entropy=True
     old = logp.detach() if old_logp is None else old_logp
     adv = torch.tensor([it.advantage for it in mb], dtype=logp.dtype, device=logp.device)
