@@ -161,7 +161,8 @@ def run_mlmt(args: argparse.Namespace) -> dict[str, Any]:
                                                  "scale": "std"}},
         "train": {"steps": total, "problems_per_step": args.prompts, "grad_accum": 1, "grad_clip": 1.0,
                   "weight_decay": 0.0, "schedule": "constant", "warmup_steps": 0, "checkpoint_every": 0,
-                  "threads": args.threads, "deterministic": args.deterministic, "cpu_dtype": args.cpu_dtype},
+                  "threads": args.threads, "deterministic": args.deterministic, "cpu_dtype": args.cpu_dtype,
+                  "share_prompts": args.share_prompts},
         "eval": {"every": 0, "limit": 1, "feedback_metrics": False, "samples": 0, "protocols": ["refine_all"]},
     }
     spec = validate_run(data, "grpo_step_time")
@@ -444,6 +445,8 @@ def _child(args: argparse.Namespace, side: str, model_dir: str, out: Path, profi
            "--lora", str(args.lora), "--cpu-dtype", args.cpu_dtype]
     if not args.frozen_cast:
         cmd.append("--no-frozen-cast")
+    if not args.share_prompts:
+        cmd.append("--no-share-prompts")
     if args.model:
         cmd += ["--model", args.model]
     if not args.deterministic:
@@ -545,6 +548,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="CPU matmuls: bfloat16 = autocast on both sides (mlmt train.cpu_dtype, TRL bf16=True)")
     p.add_argument("--warmup", type=int, default=3, help="warm-up steps per run (>= 1), not measured")
     p.add_argument("--steps", type=int, default=10, help="measured steps per run")
+    p.add_argument("--no-share-prompts", dest="share_prompts", action="store_false",
+                   help="mlmt side: train.share_prompts false (every row reads its prompt in the update)")
     p.add_argument("--prompts", type=int, default=8, help="problems per step")
     p.add_argument("--group-size", type=int, default=8, help="G: samples per problem")
     p.add_argument("--max-new-tokens", type=int, default=32)
