@@ -133,13 +133,15 @@ def _two_problem_spec(ckpt, algo, params, new_tokens, feedback_tokens, steps, **
 
 
 class FullLengthBackend:
-    """Every turn runs to its limit with plain characters, as the plan's upper bound assumes."""
+    """Every turn runs to its limit with plain characters, as the plan's upper bound assumes; each row of a
+    call its own letter, so that sibling turns differ as sampled ones do (what the update reads depends on it)."""
 
     def generate(self, model, tokenizer, prompts, *, max_new_tokens, **_):
         from mlmt_bench.rollout.backend import Generation
 
-        ids = tokenizer.encode("a" * max_new_tokens, add_special_tokens=False)
-        return [Generation(list(ids), [0.0] * len(ids), "length", "a" * max_new_tokens) for _ in prompts]
+        texts = [chr(ord("a") + k % 26) * max_new_tokens for k in range(len(prompts))]
+        return [Generation(tokenizer.encode(t, add_special_tokens=False), [0.0] * max_new_tokens, "length", t)
+                for t in texts]
 
 
 def _registered_algorithm_variants():
@@ -214,6 +216,16 @@ def test_plan_counts_what_a_full_length_step_generates_and_trains(tiny_ckpt, tmp
     own_slack = slack if refine is not None and refine.context == "own" else 0  # trained in the planned prompt
     trained = {role: sum(map(seq_len, its)) + (own_slack if role == "solver" else 0) for role, its in items.items()}
     assert tokens["trained"] == pytest.approx(trained)
+    # what the update reads (train.share_prompts, the default): each distinct prompt of the policy-loss items once,
+    # the auxiliary items whole; the oracle's slack once per attempt, which its K·M refinements share (a rule
+    # writes an attempt's K feedbacks alike)
+    assert spec.train.share_prompts
+    read = {role: sum(len(p) for p in {tuple(it.prompt_ids) for it in its if it.kind not in ("sft", "distill")})
+            + sum(len(it.ids) for it in its if it.kind not in ("sft", "distill"))
+            + sum(seq_len(it) for it in its if it.kind in ("sft", "distill")) for role, its in items.items()}
+    if own_slack:
+        read["solver"] += own_slack / params.get("refinements", 1) / params.get("feedbacks", 1)
+    assert tokens["read"] == pytest.approx(read)
     # extra forwards: π_ref over the policy-loss items (β > 0), the KL teacher, the value's features
     ref = algorithm.params.needs_reference()
     forward = {role: sum(seq_len(it) for it in its if it.kind not in ("sft", "distill")) * ref
@@ -365,7 +377,9 @@ def test_time_comes_from_the_nearest_measured_row_scaled_by_parameters(tiny_ckpt
     p = plan["policies"][0]["params"]
     t = plan["per_step"]["tokens"]
     scale = 1000 / p  # the tiny model (0.5M) is nearer 1000 than 1e9 on a log scale
-    expected = t["generated"]["solver"] / (100 * scale) + t["trained"]["solver"] / (300 * scale)
+    # the update is timed on what it reads: with shared prompts (the default) less than the trained tokens
+    assert t["read"]["solver"] < t["trained"]["solver"]
+    expected = t["generated"]["solver"] / (100 * scale) + t["read"]["solver"] / (300 * scale)
     assert plan["time"]["per_step_s"] == pytest.approx(expected)
     assert plan["time"]["basis"]["solver"]["row"] == "small"
 

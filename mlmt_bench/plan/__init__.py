@@ -28,7 +28,10 @@ Reported, per GPU (a process under data parallelism gets ``problems_per_step / g
   fragmentation, the learned value's feature pass, vLLM's own compile workspace, DAPO dynamic
   sampling's extra rounds, other processes. Treat it as ±30 %.
 - estimated time from measured tokens/s (``mlmt_bench/data/throughput.yaml``, keyed by device and
-  model; the nearest model size on the device is scaled by parameter count).
+  model; the nearest model size on the device is scaled by parameter count); the update is timed on
+  the tokens it reads (with ``train.share_prompts`` a prompt once for the turns that share it: G
+  attempts of a problem, K feedbacks of an attempt, the refinements of one feedback, or of one
+  attempt where a rule writes its feedbacks), its FLOPs stay the nominal count of trained tokens.
 
 A spec whose estimated peak exceeds the device's memory is refused (one-line error, exit 2)
 unless ``--force``.
@@ -85,14 +88,14 @@ def plan_run(spec: RunSpec, device: Device, gpus: int = 1, table: dict[str, Any]
     step_plan = algorithm.step_plan(0)
     program = step_plan.program()
     turns = step_turns(step_plan, n, lengths, t_new, t_fb)
-    trained = trained_sequences(turns, policies, lengths)
+    trained = trained_sequences(turns, policies, lengths, n)
     value_tokens = 0.0
     if algorithm.value_model is not None:  # features of each feedback's refinement context
         refine = next((t for t in turns if t.kind == "refine"), None)
         feedback = next((t for t in turns if t.kind == "feedback"), None)
         if refine is not None and feedback is not None:
             value_tokens = feedback.count * refine.prompt
-    step = step_work(turns, trained, params, value_tokens)
+    step = step_work(turns, trained, params, value_tokens, spec.train.share_prompts)
     model_params = {r: p.shape.params for r, p in policies.items()}
 
     gen_per_step = sum(step.generated.values()) * gpus

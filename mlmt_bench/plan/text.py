@@ -41,9 +41,14 @@ def render(result: dict[str, Any]) -> str:
 
 
 def _tokens_line(t: dict[str, dict[str, float]]) -> str:
-    return ", ".join(f"{k} {_n(sum(v.values()))}" + (f" ({', '.join(f'{r} {_n(x)}' for r, x in v.items())})"
-                                                     if len(v) > 1 else "")
-                     for k, v in t.items() if v)
+    shown = {k: v for k, v in t.items() if v and not (k == "read" and v == t.get("trained"))}
+    return ", ".join(f"{_LABELS.get(k, k)} {_n(sum(v.values()))}"
+                     + (f" ({', '.join(f'{r} {_n(x)}' for r, x in v.items())})" if len(v) > 1 else "")
+                     for k, v in shown.items())
+
+
+#: how a token count of plan.work.Work is named in the printed plan (the rest by their own names)
+_LABELS = {"read": "read by the update (train.share_prompts)"}
 
 
 def _render_run(p: dict[str, Any], spec_path: str) -> str:

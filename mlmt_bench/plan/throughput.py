@@ -116,7 +116,7 @@ def time_estimate(table, device, policies, step: Work, one_eval: Work, steps: in
         s = 0.0
         for r, v in w.generated.items():
             s += v / rates[r]["gen"]
-        for r, v in w.trained.items():
+        for r, v in w.read.items():  # what the update reads: a shared prompt once (train.share_prompts)
             s += v / rates[r]["train"]
         for r, v in w.forward.items():
             s += v / (3 * rates[r]["train"])  # a forward is about a third of forward + backward

@@ -74,6 +74,8 @@ class Turn:
     prompt: float
     new: int
     training: Training | None = None
+    siblings: int = 1  # turns of this kind that share one prompt (G attempts of a problem, K feedbacks of an attempt)
+    context: str = ""  # which prompt: "x" (the problem's), else the turn's kind (its own context); "" = the kind
 
     @property
     def auxiliary(self) -> bool:
@@ -81,15 +83,23 @@ class Turn:
         return self.training is not None and self.training.auxiliary
 
 
+#: the token counts of a :class:`Work`, in its fields' order
+KINDS = ("prefill", "generated", "trained", "forward", "read")
+
+
 @dataclass
 class Work:
     """Tokens per role (as the trainer counts them): prefill and generated of every generated
-    sequence, trained sequence tokens (prompt + completion, every epoch), extra forward passes."""
+    sequence, trained sequence tokens (prompt + completion, every epoch), extra forward passes;
+    and ``read``, the tokens the update's forward and backward actually read (with
+    ``train.share_prompts`` a prompt its siblings share once, else the trained tokens): the time
+    estimate uses it, FLOPs stay METHOD's nominal count of ``trained``."""
 
     prefill: dict[str, float] = field(default_factory=dict)
     generated: dict[str, float] = field(default_factory=dict)
     trained: dict[str, float] = field(default_factory=dict)
     forward: dict[str, float] = field(default_factory=dict)
+    read: dict[str, float] = field(default_factory=dict)
 
     def add(self, kind: str, role: str, tokens: float) -> None:
         if tokens:
@@ -99,14 +109,13 @@ class Work:
     def plus(self, other: Work) -> Work:
         """The tokens of both, role by role."""
         out = self.scaled(1)
-        for kind in ("prefill", "generated", "trained", "forward"):
+        for kind in KINDS:
             for role, v in getattr(other, kind).items():
                 out.add(kind, role, v)
         return out
 
     def scaled(self, k: float) -> Work:
-        return Work(*({r: v * k for r, v in getattr(self, f).items()} for f in ("prefill", "generated", "trained",
-                                                                                 "forward")))
+        return Work(*({r: v * k for r, v in getattr(self, f).items()} for f in KINDS))
 
     def flops(self, params: dict[str, int]) -> dict[str, float]:
         return {"generation": sum(cost.generation_flops(params[r], int(self.prefill.get(r, 0)), int(v))
@@ -218,48 +227,69 @@ def step_turns(plan: StepPlan, n: int, lengths: Lengths, t_new: int, t_fb: int) 
     critic or the oracle, g∅'s from the null rule) before a refinement."""
     out = []
     feedback = 0.0
+    same_feedbacks = 1  # a rule (the oracle, g∅) writes one attempt's K feedbacks alike: its K·M refinements share
     for tp in plan.turns:
         count = plan.count(tp.kind, n)
+        siblings = tp.per_parent
         if tp.kind == "feedback":
             feedback = lengths.null_feedback if tp.writer == "null" else t_fb  # oracle text: bounded by t_fb
             prompt, new = lengths.feedback_extra + t_new, t_fb
+            same_feedbacks = 1 if tp.generated else tp.per_parent
         elif tp.kind == "refine":
             prompt, new = lengths.attempt + t_new + 1 + lengths.refine_extra + feedback, t_new
+            siblings *= same_feedbacks
         else:
             prompt, new = lengths.attempt, t_new
         if tp.generated:
-            out.append(Turn(tp.kind, tp.writer, count, prompt, new, tp.training))
+            out.append(Turn(tp.kind, tp.writer, count, prompt, new, tp.training, siblings=siblings,
+                            context="x" if tp.kind == "attempt" else tp.kind))
     return out
 
 
-def trained_sequences(turns: list[Turn], policies: dict[str, PlannedPolicy], lengths: Lengths) -> list[Turn]:
-    """The sequences each updated role trains on in a step (upper bound: every one has a gradient):
-    the turns the step plan trains, in the context it trains them in (their own, or x alone)."""
+def trained_sequences(turns: list[Turn], policies: dict[str, PlannedPolicy], lengths: Lengths,
+                      problems: int = 1) -> list[Turn]:
+    """The sequences each updated role trains on in a step over ``problems`` problems (upper bound:
+    every one has a gradient): the turns the step plan trains, in the context it trains them in
+    (their own, or x alone), with how many of them share each prompt."""
     out = []
     for t in turns:
         if t.training is None or not (t.role in policies and policies[t.role].trains):
             continue
-        prompt = t.prompt if t.training.context == "own" else lengths.attempt
-        out.append(Turn(t.kind, t.role, t.count, prompt, t.new, t.training))
+        own = t.training.context == "own"
+        # in x alone, every turn of this kind of one problem shares x: count / problems of them
+        siblings = t.siblings if own else max(1, t.count // max(1, problems))
+        out.append(Turn(t.kind, t.role, t.count, t.prompt if own else lengths.attempt, t.new, t.training, siblings,
+                        t.context if own else "x"))
     return out
 
 
-def step_work(turns: list[Turn], trained: list[Turn], params: LossParams | None, value_contexts: float) -> Work:
+def step_work(turns: list[Turn], trained: list[Turn], params: LossParams | None, value_contexts: float,
+              share_prompts: bool = False) -> Work:
     """Tokens of one step as the trainer counts them: prefill and generated per generated turn;
     trained sequences (prompt + completion) every epoch; extra forward passes over them once each
     for π_ref (β > 0, or self_correct's β₂) and π_old (epochs > 1), except over auxiliary ones
     (the update computes neither for "sft" / "distill" items), and a distillation teacher's pass
     over each "distill" turn in its own context; ``value_contexts`` tokens for the learned
-    value's features (METHOD.md v2)."""
+    value's features (METHOD.md v2). ``read``: what the update reads of the trained sequences, a
+    prompt once per ``siblings`` sequences with ``share_prompts``."""
     w = Work()
     for t in turns:
         w.add("prefill", t.role, t.count * t.prompt)
         w.add("generated", t.role, t.count * t.new)
     epochs = params.loss_terms().epochs if params is not None else 1
     ref = params is not None and params.needs_reference()
+    prompts_read: set[tuple[str, str]] = set()  # (role, context): turns trained in one context share its prompts
     for t in trained:
         seq = t.count * (t.prompt + t.new)
         w.add("trained", t.role, seq * epochs)
+        # the auxiliary terms ("sft", "distill") read every row whole (update._auxiliary_sum)
+        if share_prompts and not t.auxiliary:
+            first = (t.role, t.context or t.kind) not in prompts_read
+            prompts_read.add((t.role, t.context or t.kind))
+            read = t.count * t.new + (t.count / t.siblings * t.prompt if first else 0.0)
+        else:
+            read = seq
+        w.add("read", t.role, read * epochs)
         if not t.auxiliary:
             w.add("forward", t.role, seq * (int(ref) + int(epochs > 1)))
     for t in turns:  # the teacher reads the turn after its own context, once per step
@@ -311,7 +341,7 @@ def base_critic_work(e: int, lengths: Lengths, t_new: int, t_fb: int, feedback_m
     w = eval_work(StepPlan.of(1, "critic", train={}), e, lengths, t_new, t_fb, feedback_metrics)
     w.add("prefill", "solver", -e * lengths.attempt)  # the attempts: the evaluation's own
     w.add("generated", "solver", -e * t_new)
-    for kind in ("prefill", "generated", "trained", "forward"):
+    for kind in KINDS:
         d = getattr(w, kind)
         if "critic" in d:
             d["solver"] = d.get("solver", 0.0) + d.pop("critic")
