@@ -69,7 +69,8 @@ def _fsdp_spec(tmp_path, ckpt, name):
     d = yaml.safe_load(_spec(tmp_path, ckpt, name).read_text())
     d["output_dir"] = str(tmp_path / name)
     d["algorithm"]["params"].update(beta=0.05, epochs=2)
-    d["train"].update(micro_batch_tokens=64, checkpoint_every=2)
+    # share_prompts off: a sharded model reads every row whole (update.LossConfig.logprobs), so DDP does too here
+    d["train"].update(micro_batch_tokens=64, checkpoint_every=2, share_prompts=False)
     p = tmp_path / f"{name}.yaml"
     p.write_text(yaml.safe_dump(d))
     return p
@@ -147,7 +148,8 @@ def _shared_base_spec(tmp_path, ckpt, name):
     d["benchmark"] = {"name": "synthetic-arith", "eval_limit": 4, "verifier": "parity-test"}
     d["algorithm"] = {"name": "mlmt", "params": {"group_size": 2, "beta": 0.05, "epochs": 2}}
     d["backend"] = {"max_new_tokens": 8}
-    d["train"] = {"steps": 3, "problems_per_step": 4, "threads": 1, "checkpoint_every": 2, "micro_batch_tokens": 64}
+    d["train"] = {"steps": 3, "problems_per_step": 4, "threads": 1, "checkpoint_every": 2, "micro_batch_tokens": 64,
+                  "share_prompts": False}  # as FSDP reads (update.LossConfig.logprobs): DDP compared like for like
     d["eval"] = {"every": 0}
     p = tmp_path / f"{name}.yaml"
     p.write_text(yaml.safe_dump(d))

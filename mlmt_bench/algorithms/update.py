@@ -57,8 +57,11 @@ class LossConfig:
 
     def logprobs(self, model: Any, items: list[TrainItem], pad_id: int, **kw: Any) -> Any:
         """Per-token log-probs, mask (and entropy) of ``items``: the shared-prompt forward in its
-        completion layout, or the plain one; one of the two for every pass of an update."""
-        return (shared_prompt_logprobs if self.share_prompts else sequence_logprobs)(model, items, pad_id, **kw)
+        completion layout, or the plain one; one of the two for every pass of an update. Not
+        shared under FSDP: every forward of a sharded model is a collective, and the shared path
+        runs one or two of them depending on the micro-batch (its processes' counts would differ)."""
+        shared = self.share_prompts and not is_sharded(model)
+        return (shared_prompt_logprobs if shared else sequence_logprobs)(model, items, pad_id, **kw)
 
 
 def _is_auxiliary(item: TrainItem) -> bool:

@@ -19,7 +19,7 @@ tokens; :func:`completion_layout` converts the plain forward's ``[B, L−1−s]`
 
 Not shared (the plain forward, converted): π_ref's log-probs (a reference is a separate callable)
 and a model with gradient checkpointing on (transformers drops the cache of a checkpointed layer
-in training).
+in training). An FSDP-sharded model is not handed here at all (``update.LossConfig.logprobs``).
 """
 
 from __future__ import annotations
