@@ -263,3 +263,41 @@ def test_static_decoding_of_repeated_prompts_gives_generates_ids_on_smollm2(conv
         assert backend.decoder(model).stats.shared_rows == (6 if share else 0)
     if temperature > 0:
         assert len({tuple(g.ids) for g in plain[:3]}) > 1, "a group's samples should differ"
+
+
+@pytest.mark.real_model
+def test_shared_prompt_logprobs_and_gradients_equal_the_plain_ones_on_smollm2(converted, one_torch_thread):
+    """train.share_prompts on the real model with an acting LoRA: prompts of different lengths, each
+    repeated, completions of different lengths; the log-probs and the LoRA gradients of the shared
+    forward equal the plain one's within float32 rounding (tests/test_shared_prompts.py: tiny models)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mlmt_bench.algorithms.update import TrainItem
+    from mlmt_bench.models.forward import sequence_logprobs
+    from mlmt_bench.models.shared_prompts import completion_layout, shared_prompt_logprobs
+
+    tok = AutoTokenizer.from_pretrained(str(converted.model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(converted.model_dir), dtype=torch.float32)
+    torch.manual_seed(0)
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0,
+                                             init_lora_weights=False)).train()
+    prompts = [tok.encode("What is 7 times 8? Answer:"), tok.encode("Add 12 and 30, then write the sum:")]
+    answers = [" 56", " 56 is the product", " 42", " The sum is 42."]
+    items = [TrainItem(prompts[k // 2], tok.encode(a, add_special_tokens=False), 1.0) for k, a in enumerate(answers)]
+    results = []
+    for shared in (False, True):
+        model.zero_grad(set_to_none=True)
+        if shared:
+            logp, mask, _ = shared_prompt_logprobs(model, items, tok.pad_token_id)
+        else:
+            plain, _, _ = sequence_logprobs(model, items, tok.pad_token_id)
+            logp = completion_layout(plain, items)
+        logp.sum().backward()
+        results.append((logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (plain_logp, plain_grads), (shared_logp, shared_grads) = results
+    torch.testing.assert_close(shared_logp[mask], plain_logp[mask], atol=1e-4, rtol=0)
+    assert plain_grads.keys() == shared_grads.keys() and plain_grads
+    for name, g in plain_grads.items():
+        assert float((shared_grads[name] - g).norm()) <= 1e-3 * float(g.norm()) + 1e-9, name

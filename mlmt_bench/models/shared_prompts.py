@@ -75,9 +75,10 @@ def shared_prompt_logprobs(model: Any, items: Sequence[Tokens], pad_id: int, *, 
     rows = torch.tensor(owner, device=device)
     last = torch.tensor([len(p) - 1 for p in prompts], device=device)  # each prompt's position predicting token 0
     kept = torch.unique(last)  # sorted
+    keeps = takes_logits_to_keep(model)
     first = model(input_ids=prompt_ids.to(device), attention_mask=prompt_att, use_cache=True,
-                  **({"logits_to_keep": kept} if takes_logits_to_keep(model) else {}))
-    column = torch.searchsorted(kept, last) if takes_logits_to_keep(model) else last
+                  **({"logits_to_keep": kept} if keeps else {}))
+    column = torch.searchsorted(kept, last) if keeps else last
     logits = first.logits[rows, column[rows]].unsqueeze(1)  # [B, 1, V]
     ids = torch.full((len(items), width), pad_id, dtype=torch.long)
     for b, it in enumerate(items):
