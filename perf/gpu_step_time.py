@@ -232,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--parts", default="grpo,generation,memory,memory_share_base",
                    help="comma-separated subset to run")
+    p.add_argument("--no-share-prompts", dest="share_prompts", action="store_false",
+                   help="grpo part, mlmt side: train.share_prompts false (every row reads its prompt in the update)")
     p.add_argument("--share-base", action="store_true", help=argparse.SUPPRESS)  # the memory child on one base
     p.add_argument("--out", default=None, help="default perf/results/gpu_step_time-<date>.json")
     p.add_argument("--verbose", action="store_true")
