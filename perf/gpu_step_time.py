@@ -274,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
                 side_args = argparse.Namespace(
                     **{**vars(args), "reward": reward, "lr": 1e-4, "force_length": True, "profile_top": 30,
                        "keep_tmp": False, "deterministic": False, "order": "mlmt-first", "repeats": 1,
-                       "model": None, "lora": 0, "cpu_dtype": "float32", "frozen_cast": True})
+                       "model": None, "lora": 0, "cpu_dtype": "float32", "frozen_cast": True,
+                       "benchmark": "synthetic-arith", "benchmark_options": "{}"})
                 print(f"[grpo, {reward} reward] {side} ...", flush=True)
                 res = gst._child(side_args, side, str(model_dir), tmp / f"{reward}-{side}.json")
                 runs.append(res)

@@ -4,9 +4,12 @@ A benchmark, not a test. One run builds a tiny Llama (``mlmt_bench.models.tiny``
 saves it to a temporary directory, then runs each side in its own subprocess (so that peak RSS
 and imports are per side), in interleaved order when ``--repeats`` > 1 (mlmt, trl, mlmt, trl ...),
 and prints a table: seconds per step (mean ± std over the measured steps), the ratio mlmt / TRL,
-generated tokens per step, tokens per second, peak RSS, and the load average around each run.
+generated tokens per step, tokens per second, peak RSS, and the load average around each run; and, counted from
+the shapes, each side's matrix-product FLOPs a step (:func:`nominal_flops`): their ratio is the floor that the
+measured ratio could reach at equal arithmetic speed.
 
-Both sides: the same 8 ``synthetic-arith`` train problems per step × G samples, ``max_new_tokens``
+Both sides: the same first ``--prompts`` train problems of ``--benchmark`` (default ``synthetic-arith``; its
+default verifier gives the reward) per step × G samples, ``max_new_tokens``
 new tokens (EOS suppressed until then with ``min_new_tokens``, so both generate the same number
 of tokens), temperature 1, top_p 1, no top-k, beta = 0 (no reference model), 1 optimisation
 epoch, clip 0.2, token-mean loss (TRL ``loss_type="dapo"``), AdamW (``adamw_torch``, not fused),
@@ -79,14 +82,17 @@ def _stats(xs: list[float]) -> dict[str, float]:
             "min": min(xs) if xs else float("nan"), "max": max(xs) if xs else float("nan"), "n": len(xs)}
 
 
-def _problems(n: int) -> tuple[Any, list[Any], Any]:
+def _problems(args: argparse.Namespace) -> tuple[Any, list[Any], Any]:
+    """``--benchmark`` with ``--benchmark-options``: the benchmark, its first ``--prompts`` train problems, and its
+    default verifier (as a run builds it)."""
     from mlmt_bench import registry
+    from mlmt_bench.verifiers.io import build_verifier
 
-    bench = registry.benchmarks.get("synthetic-arith")()
-    return bench, bench.load("train")[:n], registry.verifiers.get("synthetic")()
+    bench = registry.benchmarks.get(args.benchmark)(**json.loads(args.benchmark_options))
+    return bench, bench.load("train")[:args.prompts], build_verifier(bench.default_verifier)
 
 
-#: Characters of a synthetic-arith solution; ``dense`` rewards the share of them in a response.
+#: Characters of an arithmetic solution; ``dense`` rewards the share of them in a response.
 _SOLUTION_CHARS = frozenset("0123456789+-*=;#")
 
 
@@ -151,7 +157,8 @@ def run_mlmt(args: argparse.Namespace) -> dict[str, Any]:
         "name": "grpo-step-time",
         "seed": args.seed,
         "output_dir": str(work / "runs"),
-        "benchmark": {"name": "synthetic-arith", "train_limit": args.prompts, "eval_limit": 1},
+        "benchmark": {"name": args.benchmark, "options": json.loads(args.benchmark_options),
+                      "train_limit": args.prompts, "eval_limit": 1},
         "policies": {"solver": {"model": "hf" if args.model else "tiny", "path": args.model_dir, "lr": args.lr,
                                 "dtype": args.dtype, **_lora_spec(args)}},
         "backend": {"name": "hf", "temperature": 1.0, "top_p": 1.0, "max_new_tokens": args.max_new_tokens,
@@ -273,7 +280,7 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
     _set_threads(args.threads)
     torch.manual_seed(args.seed)
     total = args.warmup + args.steps
-    bench, problems, verifier = _problems(args.prompts)
+    bench, problems, verifier = _problems(args)
     tpl = bench.templates
     # One epoch covers all steps and each step gets exactly the 8 problems (shuffle off): no
     # per-epoch dataloader rebuilds in the measured loop, the same prompts as the mlmt side.
@@ -435,6 +442,49 @@ def pretrained_model(path: str) -> tuple[Path, int]:
     return directory, sum(p.numel() for p in model.parameters())
 
 
+def nominal_flops(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
+    """Matrix-product FLOPs of one step on each side, counted from the shapes, when every completion is
+    ``--max-new-tokens`` long and every row is trained (``--reward dense`` with forced length; with the verifier
+    reward mlmt-bench skips the rows of groups whose rewards tie, TRL does not). Their ratio is what mlmt / TRL
+    would be at equal arithmetic speed: no faster kernel can take the measured ratio below it.
+
+    A forward costs 2·L FLOPs per token read (L: the weights of the decoder's linear layers) plus 2·d·V per logit
+    row (the LM head, d × V). Generation reads every prefilled prompt token (mlmt's static decoder: each distinct
+    prompt once; ``generate`` and TRL: once per row) and every generated token but the last, with one logit row per
+    generated token. The update reads prompt + completion − 1 tokens a row (mlmt's ``share_prompts``: each
+    distinct prompt once) with one logit row per completion token; TRL feeds the whole completion and keeps n + 1
+    logit rows. The backward repeats the forward's products for the inputs' gradients (LoRA: frozen weights), and
+    twice over with full fine-tuning. Attention scores, the LoRA factors' own products and elementwise work are
+    left out (a few percent at these lengths). Returns GFLOPs per side and phase, and the ratio."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from mlmt_bench.rollout.episodes import attempt_prompt
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    head = model.get_output_embeddings().weight.numel()
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)) - head
+    bench, problems, _ = _problems(args)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompt_tokens = sum(len(attempt_prompt(tokenizer, bench.templates, pr)) for pr in problems)
+    g, n = args.group_size, args.max_new_tokens
+    rows = len(problems) * g
+    backward = 1 if args.lora else 2
+
+    def step(prefill: int, update_read: int, update_logits: int) -> dict[str, float]:
+        rollout = 2 * linear * (prefill + rows * (n - 1)) + 2 * head * rows * n
+        update = (1 + backward) * (2 * linear * update_read + 2 * head * update_logits)
+        return {"rollout_gflop": rollout / 1e9, "update_gflop": update / 1e9, "step_gflop": (rollout + update) / 1e9}
+
+    shared_decode = args.decode.startswith("static")
+    mlmt = step(prompt_tokens * (1 if shared_decode else g),
+                prompt_tokens * (1 if args.share_prompts else g) + rows * (n - 1), rows * n)
+    trl = step(prompt_tokens * g, prompt_tokens * g + rows * n, rows * (n + 1))
+    return {"linear_params": linear, "head_params": head, "prompt_tokens_per_step": prompt_tokens, "mlmt": mlmt,
+            "trl": trl, "ratio_mlmt_over_trl": mlmt["step_gflop"] / trl["step_gflop"]}
+
+
 def _child(args: argparse.Namespace, side: str, model_dir: str, out: Path, profile: bool = False) -> dict[str, Any]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--only", side, "--model-dir", model_dir,
            "--child-out", str(out), "--preset", args.preset, "--seed", str(args.seed),
@@ -442,7 +492,8 @@ def _child(args: argparse.Namespace, side: str, model_dir: str, out: Path, profi
            "--group-size", str(args.group_size), "--max-new-tokens", str(args.max_new_tokens),
            "--lr", str(args.lr), "--threads", str(args.threads), "--profile-top", str(args.profile_top),
            "--reward", args.reward, "--dtype", args.dtype, "--decode", args.decode,
-           "--lora", str(args.lora), "--cpu-dtype", args.cpu_dtype]
+           "--lora", str(args.lora), "--cpu-dtype", args.cpu_dtype,
+           "--benchmark", args.benchmark, "--benchmark-options", args.benchmark_options]
     if not args.frozen_cast:
         cmd.append("--no-frozen-cast")
     if not args.share_prompts:
@@ -550,6 +601,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=10, help="measured steps per run")
     p.add_argument("--no-share-prompts", dest="share_prompts", action="store_false",
                    help="mlmt side: train.share_prompts false (every row reads its prompt in the update)")
+    p.add_argument("--benchmark", default="synthetic-arith", help="whose first --prompts train problems both sides "
+                   "train on, scored by its default verifier")
+    p.add_argument("--benchmark-options", default="{}", help="the benchmark's options, as JSON (a spec's "
+                   "benchmark.options)")
     p.add_argument("--prompts", type=int, default=8, help="problems per step")
     p.add_argument("--group-size", type=int, default=8, help="G: samples per problem")
     p.add_argument("--max-new-tokens", type=int, default=32)
@@ -582,6 +637,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.warmup < 1:
         p.error("--warmup must be >= 1 (the first step's time includes the initial evaluation / setup)")
+    try:
+        options = json.loads(args.benchmark_options)
+    except json.JSONDecodeError as e:
+        p.error(f"--benchmark-options is not JSON: {e}")
+    if not isinstance(options, dict):
+        p.error("--benchmark-options must be a JSON object, e.g. '{\"digits\": 1}'")
 
     if args.only:  # child
         if args.reward == "both":
@@ -607,6 +668,11 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = tmp / "model"
         n_params = build_model(args.preset, args.seed, model_dir)
     print(f"model {args.preset}: {n_params:,} parameters -> {model_dir}")
+    floor = nominal_flops(args, Path(model_dir))
+    print(f"nominal matmul GFLOPs a step, every row trained at full length: mlmt {floor['mlmt']['step_gflop']:.1f} "
+          f"(rollout {floor['mlmt']['rollout_gflop']:.1f}, update {floor['mlmt']['update_gflop']:.1f}), TRL "
+          f"{floor['trl']['step_gflop']:.1f} (rollout {floor['trl']['rollout_gflop']:.1f}, update "
+          f"{floor['trl']['update_gflop']:.1f}): ratio {floor['ratio_mlmt_over_trl']:.2f} at equal arithmetic speed")
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl_version}, "
           f"cpus {os.cpu_count()}, threads {args.threads}, load average {os.getloadavg()}", flush=True)
     sides = ["mlmt", "trl"] if args.order == "mlmt-first" else ["trl", "mlmt"]
@@ -655,6 +721,7 @@ def main(argv: list[str] | None = None) -> int:
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "config": {k: v for k, v in vars(args).items() if k not in ("only", "model_dir", "child_out", "verbose")},
         "model_params": n_params,
+        "nominal_flops": floor,
         "env": {"python": platform.python_version(), "torch": torch.__version__,
                 "transformers": transformers.__version__, "trl": trl_version, "cpus": os.cpu_count(),
                 "platform": platform.platform()},
