@@ -518,7 +518,7 @@ def _metric_tables(summary: dict[str, Any]) -> list[str]:
     """The final metrics as index.html groups them, arms as rows: the headline accuracies (with
     where each arm was read, its gain over step 0 and the seeds × problems of its intervals), then
     a table per METRIC_GROUPS entry some arm recorded (tokens and FLOPs to reach the baseline's
-    accuracy with the test-time cost), then the training totals."""
+    accuracy with the test-time cost), then the training totals and run time."""
     arms, baseline = summary["arms"].values(), summary["baseline"]
     head: list[Column] = []
     if summary.get("at_flops") is not None:
@@ -527,7 +527,7 @@ def _metric_tables(summary: dict[str, Any]) -> list[str]:
     head += [("gain in acc@t2 over its own step 0 (95% CI, p, MDE)", [_fmt_gain(s["gain"]) for s in arms]),
              ("seeds × problems in the CIs", [_fmt_units(s) for s in arms])]
     out = [_arms_table(summary, head), ""]
-    for anchor, heading, keys in (*METRIC_GROUPS, ("training", "Training cost", TOTALS)):
+    for anchor, heading, keys in (*METRIC_GROUPS, ("training", "Training cost and run time", TOTALS)):
         columns = _metric_columns(summary, keys)
         if anchor == "test-time" and baseline is not None:
             target = _fmt(summary["target_acc@t2"], "pct")

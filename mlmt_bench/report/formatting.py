@@ -11,7 +11,8 @@ from mlmt_bench.report.runs import AT_FLOPS_TOLERANCE
 
 # Metrics of the final record shown in the table: (key, label, format kind).
 #   pct: a fraction shown as a percentage; pp: a signed difference of fractions, in points;
-#   nat: nats per token; num: a plain number; tok: a token count; flops: scientific.
+#   nat: nats per token; num: a plain number; tok: a token count; flops: scientific; hours, sec: a
+#   duration in seconds, shown in hours or seconds.
 TABLE_METRICS: list[tuple[str, str, str]] = [
     ("acc@t1", "acc@t1", "pct"),
     ("acc@t2", "acc@t2 (refine-all)", "pct"),
@@ -38,6 +39,11 @@ TABLE_METRICS: list[tuple[str, str, str]] = [
     ("test_flops_per_problem", "test-time FLOPs per problem (2·P·(prompt + generated), every turn)", "flops"),
     ("gen_tokens", "generated tokens (training, at the end)", "tok"),
     ("flops", "FLOPs (training, at the end)", "flops"),
+    ("wall_s", "wall time (training and evaluations, as logged on the run's machine)", "hours"),
+    ("eval_s", "of it in evaluations", "hours"),
+    ("train_step_s", "training step (mean)", "sec"),
+    ("train_gen_tok_per_s", "generated tok/s (training rollouts)", "num"),
+    ("train_tok_per_s", "trained tok/s (updates)", "num"),
 ]
 #: accuracies with a CI by the cluster bootstrap: (metric, per-problem turn)
 CI_METRICS = (("acc@t1", "t1"), ("acc@t2", "t2"), ("acc@t2_null", "t2_null"))
@@ -55,8 +61,9 @@ METRIC_GROUPS = (
 )
 #: the accuracies of the headline table (with their intervals and step-0 values)
 HEADLINE = tuple(key for key, _ in CI_METRICS)
-#: the training totals, shown apart from the metrics of the final evaluation
-TOTALS = ("gen_tokens", "flops")
+#: the training totals and the run time (:mod:`mlmt_bench.report.run_time`), shown apart from the metrics of the
+#: final evaluation
+TOTALS = ("gen_tokens", "flops", "wall_s", "eval_s", "train_step_s", "train_gen_tok_per_s", "train_tok_per_s")
 #: what a report says above the shared bases that several seeds started from (compare.shared_bases):
 #: its title and text
 SHARED_BASE = ("One checkpoint for every seed (METHOD v4)",
@@ -91,6 +98,10 @@ def fmt(value: float | None, kind: str) -> str:
         return fmt_count(value)
     if kind == "flops":
         return f"{value:.2e}"
+    if kind == "hours":
+        return f"{value / 3600:.2f} h"
+    if kind == "sec":
+        return f"{value:.1f} s"
     raise ValueError(kind)
 
 

@@ -67,7 +67,9 @@ FEEDBACK_CURVES = [
 ]
 #: cost columns of the final records: (key, header, format kind of formatting.fmt)
 COST = [("gen_tokens", "generated tokens", "tok"), ("trained_tokens", "trained tokens", "tok"),
-        ("flops", "FLOPs", "flops"), ("wall_s", "wall seconds", "num")]
+        ("flops", "FLOPs", "flops"), ("wall_s", "wall time", "hours"), ("eval_s", "of it in evaluations", "hours"),
+        ("train_step_s", "training step", "sec"), ("train_gen_tok_per_s", "generated tok/s (training)", "num"),
+        ("train_tok_per_s", "trained tok/s", "num")]
 #: an episode's turn text is cut after this many characters (a page of a runaway generation is enough)
 MAX_TURN_CHARS = 4000
 
@@ -543,7 +545,9 @@ def render_html(summary: dict[str, Any], loaded: dict[str, list[RunRecord]], acc
                 "No arm recorded feedback metrics (no critic or oracle feedback, or eval.feedback_metrics off)."),
         "<h2 id='cost'>Cost per method</h2>",
         "<p>Training totals at the end of each run (final record); mean ± std over seeds. FLOPs are the "
-        "METHOD.md v2 estimate (prompts, trained sequences and extra passes counted).</p>",
+        "METHOD.md v2 estimate (prompts, trained sequences and extra passes counted). Times are as logged on each "
+        "run's machine and load (wall time from the start of training, across resumes; tokens per second of "
+        "rollout and of update).</p>",
         _cost_table(summary, loaded),
         "<h2 id='episodes'>Example episodes where the arms disagree</h2>",
         "<p>Every problem of the final evaluation, with each arm's outcome on every seed and its logged episode, "

@@ -16,15 +16,16 @@ MemoryError.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any
 
 from mlmt_bench.errors import UserError
 from mlmt_bench.io.bounded_input import echo, echo_path, is_name, read_json, read_yaml_file
+from mlmt_bench.report.numbers import is_num as is_num  # re-exported: reports read it from here
+from mlmt_bench.report.run_time import RUN_TIME_KEYS, run_time
 from mlmt_bench.tracking import read_jsonl_lines
 
 # A run directory is ``<name>-<YYYYmmddTHHMMSSZ>`` with ``-<i>`` when two started the same second.
@@ -95,16 +96,6 @@ class RunRecord:
                 xs.append(float(x))
                 ys.append(float(y))
         return xs, ys
-
-
-def is_num(v: Any) -> TypeGuard[float]:  # float: an int too, to the type checker
-    """A finite int or float (not a bool, nor an integer too large for a float: 10**400)."""
-    if not isinstance(v, (int, float)) or isinstance(v, bool):
-        return False
-    try:
-        return math.isfinite(v)
-    except OverflowError:
-        return False
 
 
 #: a ``step`` of a log record must be an integer in [0, MAX_STEP) (a float that is one, e.g. 3.0, too)
@@ -211,6 +202,8 @@ def load_run(path: Path | str, at_flops: float | None = None) -> RunRecord:
         final = {**final, "value_ev_mean": float(sum(within) / len(within)) if within else None}
 
     final_step = final.get("step") if is_num(final.get("step")) else None
+    final = {**final, **run_time([rec for _, rec in records], int(final_step) if read_at and final_step is not None
+                                 else None)}
     trained = [train[s] for s in sorted(train) if read_at is None or final_step is None or s <= final_step]
     problems_at = _problems_by_step(log_file(path, "eval_problems.jsonl"))
     if problems_at:
@@ -333,7 +326,7 @@ def with_base_critic(run: RunRecord) -> RunRecord | None:
 
     def read(rec: dict[str, Any]) -> dict[str, Any]:
         own = {k: v for k, v in rec.items() if not k.startswith(BASE_CRITIC_PREFIX)
-               and k in ("kind", "step", "gen_tokens", "trained_tokens", "flops", "wall_s", "n", "value_ev_mean")}
+               and k in (*_OWN_KEYS, "value_ev_mean")}
         return {**own, **{k[len(BASE_CRITIC_PREFIX):]: v for k, v in rec.items() if k.startswith(BASE_CRITIC_PREFIX)}}
 
     def rows(by_pid: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -430,8 +423,8 @@ def group_runs(paths: list[Path]) -> dict[str, list[Path]]:
     return arms
 
 
-#: what a copy-channel row keeps of its run's records besides what it derives
-_OWN_KEYS = ("kind", "step", "gen_tokens", "trained_tokens", "flops", "wall_s", "n")
+#: what a base-critic or copy-channel row keeps of its run's records besides what it derives: the run's cost
+_OWN_KEYS = ("kind", "step", "gen_tokens", "trained_tokens", "flops", "wall_s", "n", *RUN_TIME_KEYS)
 
 
 def with_critic_solver(run: RunRecord) -> RunRecord | None:
