@@ -643,6 +643,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--benchmark-options is not JSON: {e}")
     if not isinstance(options, dict):
         p.error("--benchmark-options must be a JSON object, e.g. '{\"digits\": 1}'")
+    from mlmt_bench import registry
+
+    if args.benchmark not in registry.benchmarks:
+        p.error(f"unknown benchmark {args.benchmark!r}; registered: {', '.join(sorted(registry.benchmarks.names()))}")
 
     if args.only:  # child
         if args.reward == "both":
