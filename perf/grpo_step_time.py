@@ -643,10 +643,6 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--benchmark-options is not JSON: {e}")
     if not isinstance(options, dict):
         p.error("--benchmark-options must be a JSON object, e.g. '{\"digits\": 1}'")
-    from mlmt_bench import registry
-
-    if args.benchmark not in registry.benchmarks:
-        p.error(f"unknown benchmark {args.benchmark!r}; registered: {', '.join(sorted(registry.benchmarks.names()))}")
 
     if args.only:  # child
         if args.reward == "both":
@@ -654,6 +650,13 @@ def main(argv: list[str] | None = None) -> int:
         res = run_mlmt(args) if args.only == "mlmt" else run_trl(args)
         Path(args.child_out).write_text(json.dumps(res))
         return 0
+
+    from mlmt_bench.errors import UserError
+
+    try:
+        _problems(args)  # an unknown benchmark or options it refuses: one line here, not a traceback from a child
+    except UserError as e:
+        p.error(str(e))
 
     import torch
     import transformers
