@@ -4,7 +4,10 @@ DIR lives (the source runs gone), and that the shipped per-problem outcomes reco
 
 from __future__ import annotations
 
+import base64
+import csv
 import gzip
+import io
 import json
 import re
 import shutil
@@ -171,6 +174,40 @@ def test_the_shipped_outcomes_recompute_the_table(experiment, tmp_path):
         _, lo, hi, _ = twoway_bootstrap([[float(o[p]) for p in pids] for o in outcomes[a]], n_boot=10_000, seed=0)
         assert cell.startswith(f"{np.mean([np.mean(list(o.values())) for o in outcomes[a]]) * 100:.1f}% "
                                f"[{100 * lo:.1f}, {100 * hi:.1f}]")
+
+
+def test_the_arms_that_refine_are_also_tested_against_grpo_with_the_same_test_time_help(experiment, tmp_path):
+    """METHOD v3's like-for-like comparison is in the report itself: each arm that refines after its
+    own critic against ``grpo + base critic``, Holm over those arms alone; grpo's derived rows and
+    grpo itself are not in that family, and the differences are the ones `--baseline 'grpo + base
+    critic'` gives."""
+    summary = _published(experiment, tmp_path / "pub")
+    help_ = summary["equal_help"]
+    assert help_["baseline"] == "grpo + base critic" and help_["holm_family"] == ["mlmt", "self_correct"]
+    # mlmt: 7/8 and 8/8 right; grpo + base critic: [1, 1, 1, 0, 0, 0, 0, s] (3/8 and 4/8)
+    assert help_["paired"]["mlmt"]["per_seed_diff"] == {"0": 0.5, "1": 0.5}
+    assert help_["paired"]["mlmt"]["mcnemar"]["0"] == {"b": 4, "c": 0, "p_value": 0.125}
+    md = (tmp_path / "pub" / "comparison.md").read_text()
+    section = md.split("## Against grpo + base critic (equal test-time help)\n", 1)[1].split("\n## ", 1)[0]
+    assert "Holm-adjusted over the 2 arms compared with grpo + base critic" in section
+    assert [line.split(" | ")[0] for line in section.splitlines() if line.startswith("| ")][1:] == [
+        "| mlmt", "| self_correct"]
+    assert "(and, a separate family, over the 2 arms compared with grpo + base critic)" in md
+    page = (tmp_path / "pub" / "index.html").read_text()
+    assert "id='equal-help'" in page
+    csv_b64 = re.search(r'<a download="metrics.csv" href="data:[^;]+;base64,([A-Za-z0-9+/=]+)">', page)[1]
+    rows = {r["arm"]: r for r in csv.DictReader(io.StringIO(base64.b64decode(csv_b64).decode()))}
+    assert float(rows["mlmt"]["acc@t2_minus_grpo + base critic"]) == pytest.approx(0.5)
+    assert rows["grpo"]["acc@t2_minus_grpo + base critic"] == ""  # grpo refines after no critic of its own
+
+    alone = _cli("--json", "report", str(experiment), "--out", str(tmp_path / "alone"), "--baseline",
+                 "grpo + base critic")
+    assert alone.exit_code == 0, alone.output
+    alone_paired = json.loads(alone.stdout)["paired"]
+    for arm in help_["holm_family"]:
+        assert {k: help_["paired"][arm][k] for k in ("diff", "lo", "hi", "p_value", "mde")} == {
+            k: alone_paired[arm][k] for k in ("diff", "lo", "hi", "p_value", "mde")}
+    assert json.loads(alone.stdout)["equal_help"] is None  # no "+ base critic" row of that baseline
 
 
 def test_only_the_episodes_the_report_reads_are_shipped(experiment, tmp_path):

@@ -186,9 +186,12 @@ def versus_baseline(loaded: dict[str, list[RunRecord]], baseline: str) -> dict[s
 
 def statistics_text(summary: dict[str, Any]) -> str:
     """The paragraph (Markdown) that says how the report's statistics are computed (METHOD v3)."""
-    st, baseline = summary["statistics"], summary["baseline"]
+    st, baseline, help_ = summary["statistics"], summary["baseline"], summary.get("equal_help")
     holm = (f"; for a difference from {baseline}, the Holm-adjusted p over the {len(st['holm_family'])} arms "
             "compared with it" if baseline is not None else "")
+    if help_:
+        holm += (f" (and, a separate family, over the {len(help_['holm_family'])} arms compared with "
+                 f"{help_['baseline']})")
     spread = ("the seeds of the runs listed above share one base, so there it is RL sampling, data order and the "
               "value model's initialisation only" if summary.get("shared_bases")
               else "each seed has its own base, so it includes initialisation")
@@ -205,7 +208,19 @@ def statistics_text(summary: dict[str, Any]) -> str:
 
 def against_text(summary: dict[str, Any]) -> str:
     """The paragraph (Markdown) above the table of differences from the baseline."""
-    baseline, k = summary["baseline"], len(summary["statistics"]["holm_family"])
+    return _against_text(summary["baseline"], len(summary["statistics"]["holm_family"]))
+
+
+def equal_help_text(help_: dict[str, Any]) -> str:
+    """The paragraph (Markdown) above the table of differences from ``<baseline> + base critic``
+    (a summary's ``equal_help``)."""
+    return (f"The like-for-like comparison (METHOD v3, equal test-time help): {help_['baseline']} gets a critique "
+            "and a refinement at test time, from the frozen starting checkpoint as its critic, so it is compared "
+            "here with each arm that refines after its own critic. "
+            + _against_text(help_["baseline"], len(help_["holm_family"])))
+
+
+def _against_text(baseline: str, k: int) -> str:
     return (f"Difference = arm − {baseline} in final acc@t2 on the same seeds and problems (the arm's seed-s run "
             f"against {baseline}'s, problem by problem): its two-way bootstrap 95% CI and p-value, the p "
             f"Holm-adjusted over the {k} arms compared with {baseline} (* marks p (Holm) < {ALPHA}), and the MDE "

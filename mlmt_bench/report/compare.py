@@ -10,7 +10,8 @@ Output, written atomically into an output directory:
   count of seeds that reached it); against the baseline, the paired difference with its two-way
   CI, bootstrap p, Holm-adjusted p over the arms compared with it, minimum detectable effect and
   per-seed differences, the v2 sign-flip test over problems as a labelled secondary, and an exact
-  McNemar test per seed.
+  McNemar test per seed; the same against ``<baseline> + base critic`` (equal test-time help) for
+  the arms that refine after their own critic, where the baseline's runs logged that row.
 - ``acc_vs_tokens.png``: eval acc@t2 against generated tokens and against FLOPs.
 - ``index.html``: all of it and more in one self-contained page (:mod:`mlmt_bench.report.html`).
 
@@ -153,6 +154,29 @@ def _reach(results: list[RunRecord], target: float, x_key: str) -> dict[str, Any
             "at_start": at_start, "median": float(statistics.median(reached)) if reached else None}
 
 
+def _versus(loaded: dict[str, list[RunRecord]], baseline: str) -> dict[str, dict[str, Any]]:
+    """Every other arm of ``loaded`` − ``baseline``: :func:`analysis.versus_baseline` with the
+    McNemar test per seed."""
+    return {arm: {**rec, "mcnemar": _mcnemar(loaded[arm], loaded[baseline])}
+            for arm, rec in analysis.versus_baseline(loaded, baseline).items()}
+
+
+def _equal_help(loaded: dict[str, list[RunRecord]], baseline: str | None) -> dict[str, Any] | None:
+    """The arms that refine after their own critic (their final evaluation logged turn transitions)
+    against ``<baseline> + base critic``, the baseline with the same test-time help (METHOD v3):
+    ``{"baseline", "paired", "holm_family"}``; None when the baseline has no such row or no arm
+    refines."""
+    helped = f"{baseline} + base critic"
+    if baseline is None or helped not in loaded:
+        return None
+    refining = [a for a in own_arms(loaded) if a != baseline and any("i->c" in r.final for r in loaded[a])]
+    if not refining:
+        return None
+    paired = _versus({helped: loaded[helped], **{a: loaded[a] for a in refining}}, helped)
+    return {"baseline": helped, "paired": paired,
+            "holm_family": [a for a, p in paired.items() if p.get("n_problems")]}
+
+
 def _mcnemar(arm_runs: list[RunRecord], base_runs: list[RunRecord]) -> dict[Any, dict[str, Any]]:
     """Exact McNemar of final acc@t2 per seed, the arm's seed-s run against the baseline's, on the
     problems both evaluated (never pooled over seeds)."""
@@ -186,13 +210,17 @@ def _statistics_notes(summary: dict[str, Any]) -> list[str]:
         if g.get("interval") == PROBLEMS:
             notes.append(f"{arm}, gain over step 0: {g['why']}; it falls back to the v2 bootstrap over problems "
                          "of seed-averaged differences.")
-    for arm, p in summary["paired"].items():
-        if p.get("interval") == PROBLEMS:
-            notes.append(f"{arm} − {summary['baseline']}: not on the same seeds and problems ({p['why']}); the "
-                         f"difference falls back to the v2 bootstrap over the {p['n_problems']} problems both "
-                         "evaluated of seed-averaged correctness, which leaves out seed-to-seed variation.")
-        elif not p.get("n_problems"):
-            notes.append(f"{arm} − {summary['baseline']}: no difference ({p.get('why') or 'no common problems'}).")
+    contrasts = [(summary["baseline"], summary["paired"])]
+    if summary.get("equal_help"):
+        contrasts.append((summary["equal_help"]["baseline"], summary["equal_help"]["paired"]))
+    for baseline, paired in contrasts:
+        for arm, p in paired.items():
+            if p.get("interval") == PROBLEMS:
+                notes.append(f"{arm} − {baseline}: not on the same seeds and problems ({p['why']}); the "
+                             f"difference falls back to the v2 bootstrap over the {p['n_problems']} problems both "
+                             "evaluated of seed-averaged correctness, which leaves out seed-to-seed variation.")
+            elif not p.get("n_problems"):
+                notes.append(f"{arm} − {baseline}: no difference ({p.get('why') or 'no common problems'}).")
     return notes
 
 
@@ -251,7 +279,11 @@ def build_comparison(
               "paired": {arm: analysis.paired records ("n_problems", "n_seeds", "diff", "lo", "hi",
                          "se", "p_value" (two-way bootstrap), "p_holm", "mde", "per_seed_diff":
                          {seed: diff}, "sign_flip_p" (v2, secondary), "interval", "why") with
-                         "mcnemar": {seed: {b, c, p_value}}}}
+                         "mcnemar": {seed: {b, c, p_value}}},
+              "equal_help": {"baseline": "<baseline> + base critic", "paired": as "paired", for the
+                             arms that refine after their own critic, "holm_family"} (METHOD v3:
+                             the comparison at equal test-time help) or None when the baseline's runs
+                             have no ``+ base critic`` row}
     (accuracies as fractions; McNemar b = arm right & baseline wrong, c = arm wrong & baseline right;
     "interval": "two-way", "one seed" or "problems", the v2 fallback when runs cannot be crossed as
     seeds × problems, "why" saying why).
@@ -318,9 +350,9 @@ def build_comparison(
         summary["arms"][arm]["reach"] = ({x: _reach(results, target, x) for x in ("gen_tokens", "flops")}
                                          if target is not None else None)
     if baseline is not None:
-        for arm, rec in analysis.versus_baseline(loaded, baseline).items():
-            summary["paired"][arm] = {**rec, "mcnemar": _mcnemar(loaded[arm], loaded[baseline])}
+        summary["paired"] = _versus(loaded, baseline)
     summary["statistics"]["holm_family"] = [a for a, p in summary["paired"].items() if p.get("n_problems")]
+    summary["equal_help"] = _equal_help(loaded, baseline)
     notes += _statistics_notes(summary)
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -566,23 +598,11 @@ def render_markdown(summary: dict[str, Any]) -> str:
     lines += ["## Final metrics", ""] + _metric_tables(summary)
 
     if baseline is not None:
-        lines += [f"## Against {baseline}", "", analysis.against_text(summary), ""]
-        prow: list[list[str]] = []
-        for arm, p in summary["paired"].items():
-            if not p.get("n_problems"):
-                prow.append([arm, "0", DASH, DASH, DASH, DASH, DASH, DASH, p.get("why") or "no common problems"])
-                continue
-            mc = "; ".join(f"s{seed}: {m['b']}/{m['c']}, p = {_fmt_p(m['p_value'])}"
-                           for seed, m in sorted(p["mcnemar"].items()))
-            prow.append([arm, _fmt_pair_units(p), _fmt_pp_ci(p) + _interval_tag(p), _fmt_p(p["p_value"]),
-                         _fmt_p(p["p_holm"]) + _mark(p["p_holm"]), _fmt_mde(p), _fmt_per_seed(p),
-                         _fmt_p(p["sign_flip_p"]), mc or DASH])
-        if prow:
-            lines += [_md_table(["arm", "seeds × problems", "difference (95% CI)", "p", "p (Holm)", "MDE",
-                                 "per-seed differences (pp)", "sign-flip p (secondary: conditional on these seeds)",
-                                 "McNemar b/c per seed"], prow), ""]
-        else:
-            lines += ["(no other arm)", ""]
+        lines += [f"## Against {baseline}", "", analysis.against_text(summary), "", _paired_md(summary["paired"]), ""]
+    if summary.get("equal_help"):
+        help_ = summary["equal_help"]
+        lines += [f"## Against {help_['baseline']} (equal test-time help)", "", analysis.equal_help_text(help_), "",
+                  _paired_md(help_["paired"]), ""]
 
     if summary["notes"]:
         lines += ["## Notes", ""] + [f"- {n}" for n in summary["notes"]] + [""]
@@ -593,6 +613,25 @@ def render_markdown(summary: dict[str, Any]) -> str:
     # arm names, titles and paths come from data (a published experiment.json): a control character
     # or bidi override in them is written escaped, never raw into a file someone will `cat`
     return "\n".join(printable(line) for line in "\n".join(lines).split("\n"))
+
+
+def _paired_md(paired: dict[str, dict[str, Any]]) -> str:
+    """The Markdown table of differences from one baseline (a summary's ``paired``)."""
+    prow: list[list[str]] = []
+    for arm, p in paired.items():
+        if not p.get("n_problems"):
+            prow.append([arm, "0", DASH, DASH, DASH, DASH, DASH, DASH, p.get("why") or "no common problems"])
+            continue
+        mc = "; ".join(f"s{seed}: {m['b']}/{m['c']}, p = {_fmt_p(m['p_value'])}"
+                       for seed, m in sorted(p["mcnemar"].items()))
+        prow.append([arm, _fmt_pair_units(p), _fmt_pp_ci(p) + _interval_tag(p), _fmt_p(p["p_value"]),
+                     _fmt_p(p["p_holm"]) + _mark(p["p_holm"]), _fmt_mde(p), _fmt_per_seed(p),
+                     _fmt_p(p["sign_flip_p"]), mc or DASH])
+    if not prow:
+        return "(no other arm)"
+    return _md_table(["arm", "seeds × problems", "difference (95% CI)", "p", "p (Holm)", "MDE",
+                      "per-seed differences (pp)", "sign-flip p (secondary: conditional on these seeds)",
+                      "McNemar b/c per seed"], prow)
 
 
 def check_baseline(baseline: str, arms: list[str]) -> None:

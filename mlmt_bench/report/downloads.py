@@ -4,7 +4,8 @@ downloads embedded in the page (``data:`` URLs, so the page stays one self-conta
 - ``metrics.csv``: one row per arm: its seeds, every metric of the table as the mean and sample
   std over seeds (fractions, not percentages), the 95% intervals of acc@t1 / acc@t2 / acc@t2
   after g∅ and what they resampled, the gain over the arm's own step 0 and the difference from
-  the baseline with their intervals and p-values (Holm-adjusted for the difference).
+  the baseline (and from ``<baseline> + base critic``, where the report has that comparison) with
+  their intervals and p-values (Holm-adjusted for the differences).
 - ``outcomes.csv.gz``: one row per run and problem of the final evaluation (the evaluation read,
   under ``--at-flops``): arm, seed, run (as the report shows it), problem id and 0/1 for t1, t2,
   t2 after g∅ (empty when not measured). Gzip without a timestamp: the same runs give the same bytes.
@@ -34,12 +35,16 @@ def _csv(rows: list[list[Any]]) -> bytes:
 
 def metrics_csv(summary: dict[str, Any]) -> bytes:
     """``metrics.csv`` of a :func:`~mlmt_bench.report.compare.build_comparison` summary."""
-    baseline = summary.get("baseline")
+    contrasts = []  # (baseline, its paired records): the baseline, then <baseline> + base critic
+    if summary.get("baseline") is not None:
+        contrasts.append((summary["baseline"], summary["paired"]))
+    if summary.get("equal_help"):
+        contrasts.append((summary["equal_help"]["baseline"], summary["equal_help"]["paired"]))
     keys = [key for key, _, _ in TABLE_METRICS if any(key in s["metrics"] for s in summary["arms"].values())]
     header = ["arm", "seeds"] + [f"{k}_{m}" for k in keys for m in ("mean", "std")]
     header += [f"{k}_ci_{m}" for k, _ in CI_METRICS for m in ("lo", "hi", "interval")]
     header += ["gain_acc@t2", *(f"gain_acc@t2_{s}" for _, s in _CHANGE)]
-    if baseline is not None:
+    for baseline, _ in contrasts:
         header += [f"acc@t2_minus_{baseline}", *(f"acc@t2_minus_{baseline}_{s}" for _, s in _CHANGE[:2]),
                    f"acc@t2_minus_{baseline}_p_holm"]
     rows: list[list[Any]] = [header]
@@ -49,8 +54,8 @@ def metrics_csv(summary: dict[str, Any]) -> bytes:
         row += [(s["ci"].get(k) or {}).get(m) for k, _ in CI_METRICS for m in ("lo", "hi", "interval")]
         g = s.get("gain") or {}
         row += [g.get("mean"), *(g.get(k) for k, _ in _CHANGE)]
-        if baseline is not None:
-            p = summary["paired"].get(arm) or {}
+        for _, paired in contrasts:
+            p = paired.get(arm) or {}
             row += [p.get("diff"), p.get("lo"), p.get("hi"), p.get("p_holm")]
         rows.append(row)
     return _csv(rows)

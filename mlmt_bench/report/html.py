@@ -7,12 +7,12 @@ Sections: the method × metric table (mean ± std over seeds, 95% two-way bootst
 and problems (METHOD.md v3), gains and differences with their bootstrap p-values, the differences
 from the baseline Holm-adjusted and with their MDE, marked when p < 0.05), the paired tests
 against the baseline (per-seed differences, the v2 sign-flip test as a labelled secondary,
-McNemar per seed), each run's final accuracy per seed (linked to its run directory when the
-report holds it), accuracy against generated tokens and FLOPs, the turn transitions, the
-feedback metrics over training, cost per method, and example episodes on problems where the arms
-disagree; the table and every run's per-problem outcomes as CSV downloads (``data:`` links,
-:mod:`mlmt_bench.report.downloads`). Every text that comes from a run (model outputs above all) is
-escaped.
+McNemar per seed) and against ``<baseline> + base critic`` (equal test-time help), each run's
+final accuracy per seed (linked to its run directory when the report holds it), accuracy against
+generated tokens and FLOPs, the turn transitions, the feedback metrics over training, cost per
+method, and example episodes on problems where the arms disagree; the table and every run's
+per-problem outcomes as CSV downloads (``data:`` links, :mod:`mlmt_bench.report.downloads`).
+Every text that comes from a run (model outputs above all) is escaped.
 """
 
 from __future__ import annotations
@@ -294,9 +294,10 @@ def _reach_key(reach: dict[str, Any] | None) -> float:
     return math.nan if reach["median"] is None else float(reach["median"])
 
 
-def _paired_table(summary: dict[str, Any]) -> str:
+def _paired_table(paired: dict[str, dict[str, Any]]) -> str:
+    """The table of differences from one baseline (a summary's ``paired``)."""
     rows = []
-    for arm, p in summary["paired"].items():
+    for arm, p in paired.items():
         if not p.get("n_problems"):
             rows.append(f"<tr><th>{esc(arm)}</th><td class='num'>0</td>"
                         f"<td colspan='7'>{esc(p.get('why') or 'no common problems')}</td></tr>")
@@ -507,7 +508,11 @@ def render_html(summary: dict[str, Any], loaded: dict[str, list[RunRecord]], acc
     ]
     if baseline is not None:
         sections += [f"<h2 id='baseline'>Against {esc(baseline)}</h2>",
-                     f"<p>{_md_inline(analysis.against_text(summary))}</p>", _paired_table(summary)]
+                     f"<p>{_md_inline(analysis.against_text(summary))}</p>", _paired_table(summary["paired"])]
+    if summary.get("equal_help"):
+        help_ = summary["equal_help"]
+        sections += [f"<h2 id='equal-help'>Against {esc(help_['baseline'])} (equal test-time help)</h2>",
+                     f"<p>{_md_inline(analysis.equal_help_text(help_))}</p>", _paired_table(help_["paired"])]
     sections += [
         "<h2 id='curves'>Accuracy against training cost</h2>",
         _figure(_img(acc_png, "eval acc@t2 against generated tokens, one panel per arm, and against FLOPs"),
