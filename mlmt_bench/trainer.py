@@ -111,8 +111,8 @@ class Trainer:
                 announce(progress, f"evaluated step {at}: {n}/{n} problems (100%) in {took}, acc@t1 "
                                    f"{rec['acc@t1']:.1%}, acc@t2 {rec['acc@t2']:.1%}")
 
-        if self.counters.step == 0:
-            run_eval(final=self.done())
+        if self.eval_due() and self.dist.any(self.dist.is_main and not self.evaluated_here()):
+            run_eval(final=self.done())  # step 0, or a resume from a checkpoint whose evaluation did not finish
         while not self.done():
             step = self.counters.step
             problems = self.batch(step)
@@ -154,10 +154,10 @@ class Trainer:
             say(f"train step {self.counters.step} r={stats.get('reward_mean', 0):.2f} tok={self.counters.gen_tokens}")
             self.warn_truncation(trained, stats)
             last = self.done()
-            if last or (self.spec.eval.every and self.counters.step % self.spec.eval.every == 0):
-                run_eval(final=last)
             if last or (t.checkpoint_every and self.counters.step % t.checkpoint_every == 0):
-                self.save_checkpoint()
+                self.save_checkpoint()  # before the evaluation: a crash in it resumes into it, not before the step
+            if self.eval_due():
+                run_eval(final=last)
         final = self.run_dir.metrics()
         evals = [r for r in final if r["kind"] == "eval"]
         summary = {**evals[-1], "kind": "final"} if evals else {"kind": "final", **self._counters()}
@@ -521,6 +521,18 @@ class Trainer:
     def _params(self, role: str) -> int:
         p = self.policies.get(role)
         return p.n_params if p is not None else 0
+
+    def eval_due(self) -> bool:
+        """Whether the step reached (``counters.step``) is evaluated: step 0, the last step, and every
+        ``eval.every`` steps."""
+        every, step = self.spec.eval.every, self.counters.step
+        return step == 0 or self.done() or bool(every and step % every == 0)
+
+    def evaluated_here(self) -> bool:
+        """Whether the run directory holds an evaluation of the step reached (a resumed run whose
+        checkpoint was saved before an evaluation that then finished)."""
+        step = self.counters.step
+        return any(r.get("kind") == "eval" and r.get("step") == step for r in self.run_dir.metrics())
 
     def done(self) -> bool:
         """``train.steps`` taken, or a budget (generated tokens, FLOPs) spent."""

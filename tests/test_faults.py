@@ -295,6 +295,39 @@ def test_resume_with_no_intact_checkpoint_is_one_line(killed_run):
     assert _manifest(killed_run)["status"] == "running"
 
 
+def test_a_crash_in_the_final_evaluation_resumes_into_it_without_redoing_a_step(finished_run, tiny_ckpt, tmp_path,
+                                                                                 monkeypatch):
+    """The checkpoint of a step is saved before its evaluation: a run that dies while evaluating its
+    last step resumes from that step's checkpoint and only evaluates (a final evaluation can take
+    longer than several steps); the logs then equal an uninterrupted run's, every record once."""
+    from mlmt_bench import runner
+    from mlmt_bench.trainer import Trainer
+
+    real = Trainer._evaluate_once
+
+    def dies_at_step_2(self, *args, **kwargs):
+        if self.counters.step == 2:
+            raise RuntimeError("the machine went away")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "_evaluate_once", dies_at_step_2)
+    out = tmp_path / "runs"
+    with pytest.raises(RuntimeError, match="went away"):
+        runner.run(load_run_spec(_write(tmp_path, _spec(tiny_ckpt, out, checkpoint_every=1))), progress=False)
+    (run,) = out.iterdir()
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000001", "step-000002"]
+    monkeypatch.setattr(Trainer, "_evaluate_once", real)
+    resume_ok(run)
+    assert _manifest(run)["resumed_from"] == ["step-000002"]
+
+    def records(r: Path) -> list[tuple]:
+        return [(m["kind"], m["step"], m.get("acc@t2"), m.get("gen_tokens"))
+                for m in map(json.loads, (r / "metrics.jsonl").read_text().splitlines())]
+
+    assert records(run) == records(finished_run)  # train 1, 2 once; eval 0, 2 once; final
+    assert [k for k, *_ in records(run)] == ["eval", "train", "train", "eval", "final"]
+
+
 # ---------------------------------------------------------------------------------------------
 # 4. an edited spec.resolved.yaml
 
