@@ -216,7 +216,8 @@ def equal_help_text(help_: dict[str, Any]) -> str:
     (a summary's ``equal_help``)."""
     return (f"The like-for-like comparison (METHOD v3, equal test-time help): {help_['baseline']} gets a critique "
             "and a refinement at test time, from the frozen starting checkpoint as its critic, so it is compared "
-            "here with each arm that refines after its own critic. "
+            "here with each arm that answers with a refinement (a second turn, after its own critic's feedback, "
+            "an oracle's or g∅). "
             + _against_text(help_["baseline"], len(help_["holm_family"])))
 
 

@@ -11,7 +11,7 @@ Output, written atomically into an output directory:
   CI, bootstrap p, Holm-adjusted p over the arms compared with it, minimum detectable effect and
   per-seed differences, the v2 sign-flip test over problems as a labelled secondary, and an exact
   McNemar test per seed; the same against ``<baseline> + base critic`` (equal test-time help) for
-  the arms that refine after their own critic, where the baseline's runs logged that row.
+  the arms that answer with a refinement (a second turn), where the baseline's runs logged that row.
 - ``acc_vs_tokens.png``: eval acc@t2 against generated tokens and against FLOPs.
 - ``index.html``: all of it and more in one self-contained page (:mod:`mlmt_bench.report.html`).
 
@@ -162,7 +162,7 @@ def _versus(loaded: dict[str, list[RunRecord]], baseline: str) -> dict[str, dict
 
 
 def _equal_help(loaded: dict[str, list[RunRecord]], baseline: str | None) -> dict[str, Any] | None:
-    """The arms that refine after their own critic (their final evaluation logged turn transitions)
+    """The arms that answer with a refinement (a second turn: their final evaluation logged turn transitions)
     against ``<baseline> + base critic``, the baseline with the same test-time help (METHOD v3):
     ``{"baseline", "paired", "holm_family"}``; None when the baseline has no such row or no arm
     refines."""
@@ -281,7 +281,7 @@ def build_comparison(
                          {seed: diff}, "sign_flip_p" (v2, secondary), "interval", "why") with
                          "mcnemar": {seed: {b, c, p_value}}},
               "equal_help": {"baseline": "<baseline> + base critic", "paired": as "paired", for the
-                             arms that refine after their own critic, "holm_family"} (METHOD v3:
+                             arms that answer with a refinement, "holm_family"} (METHOD v3:
                              the comparison at equal test-time help) or None when the baseline's runs
                              have no ``+ base critic`` row}
     (accuracies as fractions; McNemar b = arm right & baseline wrong, c = arm wrong & baseline right;
