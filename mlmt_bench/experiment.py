@@ -156,9 +156,10 @@ def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool
             with RayExecutor(ray, num_cpus=cpus, num_gpus=ray_gpus) as pool:
                 _run_parallel(jobs, exp.name, pool.slots(), finished, progress, pool)
         elif workers == 1:
-            for job in jobs:
+            for i, job in enumerate(jobs):
                 if progress:
-                    tell(f"[{n_done + 1}/{total}] {job.arm} seed {job.seed}")
+                    tell(f"[{n_done + 1}/{total}] {job.arm} seed {job.seed}"
+                         + _to_go_text(record["wall_s"], [j.arm for j in jobs[i:]]))
                 finished(job, *_run_job(job, exp.name, progress))
         else:
             _run_parallel(jobs, exp.name, workers, finished, progress)
@@ -173,6 +174,35 @@ def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool
     record["comparison"] = summary["files"]
     atomic_write_text(exp_dir / "experiment.json", json.dumps(record, indent=2))
     return {"run_dir": str(exp_dir), "experiment": record, "comparison": summary}
+
+
+def time_to_go(wall_s: dict[str, float], pending: list[str]) -> tuple[float, int] | None:
+    """Wall seconds that the ``pending`` runs (one entry per run: its arm) take one after another,
+    each at its arm's mean over the finished runs in ``wall_s`` (an experiment record's
+    ``{"<arm>/s<seed>": seconds}``; its ``total`` is no run), an arm with none at the mean of all
+    of them; with the number of finished runs that pace is from. None before any run has finished."""
+    by_arm: dict[str, list[float]] = {}
+    for key, seconds in wall_s.items():
+        arm, sep, seed = key.rpartition("/s")
+        if sep and seed.isdigit():
+            by_arm.setdefault(arm, []).append(float(seconds))
+    done = [s for runs in by_arm.values() for s in runs]
+    if not done:
+        return None
+    overall = sum(done) / len(done)
+    return sum(sum(by_arm[a]) / len(by_arm[a]) if a in by_arm else overall for a in pending), len(done)
+
+
+def _to_go_text(wall_s: dict[str, float], pending: list[str]) -> str:
+    """`` (N runs to go: about 5 h 10 min at the pace of the K finished, one after another)``, or ""."""
+    from mlmt_bench.io.progress import duration
+
+    est = time_to_go(wall_s, pending)
+    if est is None:
+        return ""
+    seconds, n = est
+    return (f" ({len(pending)} run{'s' if len(pending) > 1 else ''} to go: about {duration(seconds)} at the pace of "
+            f"the {n} finished, one after another)")
 
 
 def _publish(exp_dir: Path, out: Path, progress: bool, n_runs: int) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import minimal_spec
 from mlmt_bench.errors import UserError
-from mlmt_bench.experiment import run_experiment
+from mlmt_bench.experiment import run_experiment, time_to_go
 from mlmt_bench.machine.cpus import cpu_budget
 from mlmt_bench.spec import load_experiment
 
@@ -105,6 +105,29 @@ def test_resume_keeps_finished_runs_and_does_only_the_missing_ones(exp_spec, tmp
     assert _files(kept) == before  # the finished run is not touched
     redone = json.loads((exp_dir / names[1] / "manifest.json").read_text())
     assert redone["seed"] == 1 and redone["status"] == "completed"
+
+
+def test_time_to_go_is_each_pending_run_at_its_arms_mean_pace():
+    wall = {"grpo/s0": 3600.0, "grpo/s1": 5400.0, "mlmt/s0": 7200.0, "total": 99999.0, "mlmt/sx": 1.0}
+    # grpo at (3600 + 5400) / 2 = 4500 s; mlmt 7200 s; an arm with no finished run at the mean of all three, 5400 s
+    assert time_to_go(wall, ["grpo", "mlmt", "oracle"]) == (4500 + 7200 + 5400, 3)
+    assert time_to_go({"total": 10.0}, ["grpo"]) is None
+    assert time_to_go(wall, []) == (0, 3)
+
+
+def test_a_sequential_experiment_says_how_long_its_remaining_runs_take_at_the_pace_so_far(exp_spec, tmp_path, capsys):
+    path = exp_spec(a=1e-4)
+    out = run_experiment(*load_experiment(path), progress=False)
+    exp_dir = tmp_path / "runs" / os.path.basename(out["run_dir"])
+    record = json.loads((exp_dir / "experiment.json").read_text())
+    shutil.rmtree(exp_dir / record["arms"]["a"][1])  # as if killed during the second run: it logged no wall time
+    record["arms"]["a"] = record["arms"]["a"][:1]
+    record["wall_s"] = {"a/s0": 7380.0}
+    (exp_dir / "experiment.json").write_text(json.dumps(record))
+    capsys.readouterr()
+    run_experiment(*load_experiment(path), progress=True, resume=exp_dir)
+    err = capsys.readouterr().err
+    assert "[2/2] a seed 1 (1 run to go: about 2 h 03 min at the pace of the 1 finished, one after another)" in err
 
 
 def test_resume_marks_a_run_that_died_before_its_first_checkpoint_abandoned_and_redoes_it(exp_spec, tmp_path):
