@@ -177,8 +177,8 @@ def test_the_shipped_outcomes_recompute_the_table(experiment, tmp_path):
 
 
 def test_the_arms_that_refine_are_also_tested_against_grpo_with_the_same_test_time_help(experiment, tmp_path):
-    """METHOD v3's like-for-like comparison is in the report itself: each arm that refines after its
-    own critic against ``grpo + base critic``, Holm over those arms alone; grpo's derived rows and
+    """METHOD v3's like-for-like comparison is in the report itself: each arm that answers with a
+    refinement against ``grpo + base critic``, Holm over those arms alone; grpo's derived rows and
     grpo itself are not in that family, and the differences are the ones `--baseline 'grpo + base
     critic'` gives."""
     summary = _published(experiment, tmp_path / "pub")
