@@ -88,7 +88,12 @@ class OneBase:
     def activate(self, name: str) -> None:
         """Make adapter ``name`` the one the LoRA layers apply (no-op when it already is)."""
         if self.active != name:
-            self.model.set_adapter(name)
+            # the tuner's set_adapter, not PeftModel's: since peft 0.22 PeftModel.set_adapter reshards
+            # every FSDP2 unit first, which inside mlmt_bench.fsdp.gathered() (one process generating
+            # alone) leaves the root's weights sharded mid-evaluation; _fix_grads sets requires_grad on
+            # the sharded parameters themselves (reindex), which that reshard exists to reach
+            self.model.base_model.set_adapter(name)
+            self.model.active_adapter = name
             self._fix_grads()
             self.active = name
 
