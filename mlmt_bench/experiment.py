@@ -131,6 +131,10 @@ def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool
         raise UserError(f"--resume {exp_dir}: every arm × seed of {exp.name!r} has finished; nothing to resume "
                         f"(to re-render its comparison: mlmt-bench report {exp_dir})")
     _check_cached_bases(jobs, record, exp_dir)
+    if jobs and ray is None:  # before hours of runs that would not join (Ray's workers: checked as each ends)
+        from mlmt_bench.tracking import package_versions
+
+        join_versions(record, package_versions(), "this environment", f"experiment {exp_dir}", sets=False)
     total, n_done = len(arms) * len(exp.seeds), len(arms) * len(exp.seeds) - len(jobs)
 
     def finished(job: _Job, run_name: str, wall_s: float) -> None:
@@ -366,6 +370,8 @@ def join_base(record: dict[str, Any], manifest: dict[str, Any], run_name: str, w
     on another machine, or unpinned) is refused with one line. Likewise a pretrained model's warm
     start: every run of one warm-start key must have loaded the same weights (``record["warm_starts"]``)."""
     _join_warm_start(record, manifest, run_name, where)
+    join_versions(record, manifest.get("versions") or {},
+                  f"run {run_name} ({manifest.get('arm')}, seed {manifest.get('seed')})", where)
     base = manifest.get("base")
     if not base:
         return
@@ -394,6 +400,30 @@ def _join_warm_start(record: dict[str, Any], manifest: dict[str, Any], run_name:
                         f"of the experiment loaded {_short(have['sha256'])} (a warm start built on another machine); "
                         "it does not join the experiment: ship the first one (mlmt_bench.warmstart."
                         "shipped_warm_starts) and redo the run, or start a new experiment")
+
+
+#: the packages whose version can change what a run computes (its sampling, arithmetic or grading);
+#: an experiment's runs agree on each one that both sides have installed
+COMPUTING_PACKAGES = ("torch", "transformers", "peft", "accelerate", "tokenizers", "math-verify", "vllm")
+
+
+def join_versions(record: dict[str, Any], versions: dict[str, str], who: str, where: str,
+                  sets: bool = True) -> None:
+    """Admit one set of package versions (``who``'s: a run's manifest ``versions``, or this
+    environment's before runs start in it, ``sets=False``: checked, never recorded) into the
+    experiment. The first run's set ``record["versions"]`` (:data:`COMPUTING_PACKAGES` only); a set
+    that differs in any package both have is refused with one line naming each difference and the
+    ``pip install`` that restores the experiment's. A run without recorded versions joins unchecked."""
+    mine = {k: versions[k] for k in COMPUTING_PACKAGES if versions.get(k)}
+    if not mine or ("versions" not in record and not sets):
+        return
+    have = record.setdefault("versions", {"packages": mine, "from": who})
+    differ = sorted(k for k in mine if k in have["packages"] and have["packages"][k] != mine[k])
+    if differ:
+        said = ", ".join(f"{k} {mine[k]} where the experiment has {have['packages'][k]}" for k in differ)
+        pins = " ".join(f"{k}=={have['packages'][k]}" for k in differ)
+        raise UserError(f"{where}: {who} has {said} (from {have['from']}); one experiment computes with one set of "
+                        f"versions: pip install {pins}, or start a new experiment")
 
 
 def _short(sha: str | None) -> str:

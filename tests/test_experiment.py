@@ -11,7 +11,7 @@ import pytest
 
 from conftest import minimal_spec
 from mlmt_bench.errors import UserError
-from mlmt_bench.experiment import run_experiment, time_to_go
+from mlmt_bench.experiment import join_base, run_experiment, time_to_go
 from mlmt_bench.machine.cpus import cpu_budget
 from mlmt_bench.spec import load_experiment
 
@@ -528,7 +528,6 @@ def test_every_run_of_an_experiment_must_load_one_warm_start_checkpoint():
     """METHOD v4: one checkpoint for every seed. A run whose warm start (same key) has other
     weights, e.g. rebuilt on another CPU, is refused in one line naming both hashes and the run
     that set them; a run without a warm start, or of another key, joins."""
-    from mlmt_bench.experiment import join_base
 
     record: dict = {}
     first = {"arm": "grpo", "seed": 0, "warm_start": {"key": "k" * 16, "sha256": "a" * 64}}
@@ -574,3 +573,57 @@ def test_a_run_finished_in_another_cpu_dtype_does_not_join_the_rest(exp_spec, tm
     exp.seeds = [0]
     with pytest.raises(UserError, match="nothing to resume"):  # the finished run is kept: the dtypes agree
         run_experiment(exp, arms, progress=False, resume=exp_dir)
+
+
+def test_every_run_of_an_experiment_computes_with_one_set_of_package_versions():
+    """A peft release changed what a shared-base run does between two sessions of one experiment:
+    the first run's versions (computing packages only) are the experiment's; a run or an
+    environment with another version of one of them is refused in one line naming each difference
+    and the pip install that restores the experiment's; packages one side lacks, packages that
+    compute nothing (optuna) and a run without versions join; an environment is checked, never
+    recorded."""
+    from mlmt_bench.experiment import join_versions
+
+    record: dict = {}
+    ran = {"python": "3.11.7", "torch": "2.13.0+cpu", "peft": "0.21.2", "transformers": "5.25.0", "optuna": "5.1.0"}
+    join_base(record, {"arm": "grpo", "seed": 0, "versions": ran}, "grpo-s0", "E")
+    assert record["versions"] == {"packages": {"torch": "2.13.0+cpu", "transformers": "5.25.0", "peft": "0.21.2"},
+                                  "from": "run grpo-s0 (grpo, seed 0)"}
+    join_base(record, {"arm": "mlmt", "seed": 0, "versions": {**ran, "optuna": "6.0", "python": "3.11.9"}}, "m", "E")
+    join_versions(record, {"torch": "2.13.0+cpu", "vllm": "0.32.0"}, "this environment", "E", sets=False)
+    empty: dict = {}
+    join_versions(empty, ran, "this environment", "E", sets=False)  # checked against nothing: not recorded
+    assert empty == {}
+    join_base(record, {"arm": "old", "seed": 0}, "old-s0", "E")
+    assert record["versions"]["packages"] == {"torch": "2.13.0+cpu", "transformers": "5.25.0", "peft": "0.21.2"}
+    later = {**ran, "peft": "0.22.0", "transformers": "5.26.0"}
+    with pytest.raises(UserError, match=r"^experiment D: this environment has peft 0\.22\.0 where the experiment has "
+                                        r"0\.21\.2, transformers 5\.26\.0 where the experiment has 5\.25\.0 \(from "
+                                        r"run grpo-s0 \(grpo, seed 0\)\); one experiment computes with one set of "
+                                        r"versions: pip install peft==0\.21\.2 transformers==5\.25\.0, or start a new "
+                                        r"experiment$"):
+        join_versions(record, later, "this environment", "experiment D")
+    with pytest.raises(UserError, match=r"^--resume D: run x-s1 \(x, seed 1\) has peft 0\.22\.0 where"):
+        join_base(record, {"arm": "x", "seed": 1, "versions": later}, "x-s1", "--resume D")
+
+
+def test_a_resume_in_an_environment_with_other_versions_is_refused_before_any_run(exp_spec, tmp_path,
+                                                                                  monkeypatch):
+    """The experiment's finished run ran with another peft than this environment has: the resume
+    is refused before its missing run starts, and nothing in the experiment changes."""
+    from mlmt_bench import tracking
+
+    exp, arms = load_experiment(exp_spec(a=1e-4))
+    exp.seeds = [0]
+    exp_dir = Path(run_experiment(exp, arms, progress=False)["run_dir"])
+    (run,) = [p.parent for p in exp_dir.glob("*/manifest.json")]
+    assert json.loads((exp_dir / "experiment.json").read_text())["versions"]["packages"]["torch"]
+    installed = tracking.package_versions()
+    monkeypatch.setattr(tracking, "package_versions", lambda: {**installed, "peft": "99.0"})
+    before = {p: p.read_bytes() for p in exp_dir.rglob("*") if p.is_file()}
+    exp, arms = load_experiment(exp_spec(a=1e-4))
+    exp.seeds = [0, 1]
+    with pytest.raises(UserError, match=rf"this environment has peft 99\.0 where the experiment has "
+                                        rf"{installed['peft']} \(from run {run.name} \(a, seed 0\)\)"):
+        run_experiment(exp, arms, progress=False, resume=exp_dir)
+    assert {p: p.read_bytes() for p in exp_dir.rglob("*") if p.is_file()} == before
