@@ -581,8 +581,11 @@ class RunDir:
         return read_jsonl(path) if path.exists() else []
 
     def truncate_logs_after(self, step: int) -> None:
-        """On resume: drop log lines written after the checkpoint at ``step`` (they will be redone)."""
-        for name in ("metrics.jsonl", "samples.jsonl", "eval_problems.jsonl"):
+        """On resume: drop log lines written after the checkpoint at ``step`` (they will be redone),
+        and the per-problem rows and samples of an evaluation of ``step`` whose metrics record was
+        never written (the trainer writes that record last; the resumed run evaluates again)."""
+        evaluated = False
+        for name in ("metrics.jsonl", "samples.jsonl", "eval_problems.jsonl"):  # metrics first: it decides
             path = self.path / name
             if not path.exists():
                 continue
@@ -593,7 +596,9 @@ class RunDir:
                 if isinstance(at, bool) or not isinstance(at, (int, float)) or not kind:  # the trainer reads both
                     raise UserError(f"{_shown(path)}:{lineno}: expected a JSON object with a numeric 'step'"
                                     + (" and a 'kind'" if name == "metrics.jsonl" else ""))
-                if at <= step:
+                if name == "metrics.jsonl":
+                    evaluated = evaluated or (at == step and r["kind"] == "eval")
+                if at < step or at == step and (evaluated or name == "metrics.jsonl"):
                     kept.append(r)
             atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
 

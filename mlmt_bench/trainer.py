@@ -304,11 +304,11 @@ class Trainer:
                                    res.gen_tokens)  # METHOD v4: test-time compute beside training's
         record = {"kind": "eval", **self._counters(), **res.metrics, "test_flops_eval": test_flops, **extra,
                   **memory.TRACKER.take(("eval",))}
-        self.run_dir.log_metrics(record)
         self.run_dir.log_eval_problems([{"step": self.counters.step, "gen_tokens": self.counters.gen_tokens, **row}
                                         for row in rows])
         for s in res.samples:
             self.run_dir.log_sample({"step": self.counters.step, **s})
+        self.run_dir.log_metrics(record)  # last: the record says the evaluation's rows are all written
         if self.on_eval is not None:
             self.on_eval(record)
         self.dist.barrier()

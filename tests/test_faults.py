@@ -295,28 +295,36 @@ def test_resume_with_no_intact_checkpoint_is_one_line(killed_run):
     assert _manifest(killed_run)["status"] == "running"
 
 
+@pytest.mark.parametrize("where", ["generating", "between its rows and its record"])
 def test_a_crash_in_the_final_evaluation_resumes_into_it_without_redoing_a_step(finished_run, tiny_ckpt, tmp_path,
-                                                                                 monkeypatch):
+                                                                                 monkeypatch, where):
     """The checkpoint of a step is saved before its evaluation: a run that dies while evaluating its
     last step resumes from that step's checkpoint and only evaluates (a final evaluation can take
-    longer than several steps); the logs then equal an uninterrupted run's, every record once."""
+    longer than several steps); the logs then equal an uninterrupted run's, every record and every
+    per-problem row once, also when it died after writing the evaluation's rows but before its
+    metrics record (written last: the resume drops those rows and evaluates again)."""
     from mlmt_bench import runner
+    from mlmt_bench.tracking import RunDir
     from mlmt_bench.trainer import Trainer
 
-    real = Trainer._evaluate_once
+    target, attr = (Trainer, "_evaluate_once") if where == "generating" else (RunDir, "log_metrics")
+    real = getattr(target, attr)
 
     def dies_at_step_2(self, *args, **kwargs):
-        if self.counters.step == 2:
+        step = self.counters.step if where == "generating" else args[0].get("step")
+        if step == 2 and (where == "generating" or args[0].get("kind") == "eval"):
             raise RuntimeError("the machine went away")
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(Trainer, "_evaluate_once", dies_at_step_2)
+    monkeypatch.setattr(target, attr, dies_at_step_2)
     out = tmp_path / "runs"
     with pytest.raises(RuntimeError, match="went away"):
         runner.run(load_run_spec(_write(tmp_path, _spec(tiny_ckpt, out, checkpoint_every=1))), progress=False)
     (run,) = out.iterdir()
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000001", "step-000002"]
-    monkeypatch.setattr(Trainer, "_evaluate_once", real)
+    rows_at_2 = [r for r in map(json.loads, (run / "eval_problems.jsonl").read_text().splitlines()) if r["step"] == 2]
+    assert len(rows_at_2) == (0 if where == "generating" else 2)  # eval_limit 2
+    monkeypatch.setattr(target, attr, real)
     resume_ok(run)
     assert _manifest(run)["resumed_from"] == ["step-000002"]
 
@@ -324,8 +332,12 @@ def test_a_crash_in_the_final_evaluation_resumes_into_it_without_redoing_a_step(
         return [(m["kind"], m["step"], m.get("acc@t2"), m.get("gen_tokens"))
                 for m in map(json.loads, (r / "metrics.jsonl").read_text().splitlines())]
 
+    def rows(r: Path) -> list[str]:
+        return (r / "eval_problems.jsonl").read_text().splitlines()
+
     assert records(run) == records(finished_run)  # train 1, 2 once; eval 0, 2 once; final
     assert [k for k, *_ in records(run)] == ["eval", "train", "train", "eval", "final"]
+    assert rows(run) == rows(finished_run) and len(rows(run)) == 4  # 2 problems at steps 0 and 2, once each
 
 
 # ---------------------------------------------------------------------------------------------
