@@ -589,3 +589,20 @@ def test_plan_counts_what_the_evaluations_generate(tiny_ckpt, tmp_path, monkeypa
     tokens = plan["run"]["eval_tokens"]
     assert (backend.prefill, backend.generated) == (sum(tokens["prefill"].values()),
                                                     sum(tokens["generated"].values()))
+
+
+def test_an_experiment_plan_ends_with_its_runs_and_their_time_one_after_another(write_spec):
+    """Every arm's estimate once per seed, in the JSON and as the plan's last line."""
+    solver = {"model": "hf", "path": "Qwen/Qwen2.5-0.5B-Instruct", "dtype": "bfloat16"}
+    base = {**minimal_spec(), "policies": {"solver": solver}}
+    spec = write_spec({"name": "e", "base": base, "seeds": [0, 1, 2], "budget": "none",
+                       "arms": {"a": {"train": {"steps": 3}}, "b": {"train": {"steps": 7}}}}, "exp.yaml")
+    res = runner.invoke(app, ["--json", "plan", str(spec), "--device", "h200"])
+    assert res.exit_code == 0, res.stderr
+    plan = json.loads(res.stdout)
+    each = {arm: p["time"]["total_s"] for arm, p in plan["arms"].items()}
+    assert plan["runs"] == 6 and each["b"] > each["a"] > 0
+    assert plan["total_s"] == pytest.approx(3 * (each["a"] + each["b"]))
+    text = runner.invoke(app, ["plan", str(spec), "--device", "h200"]).stdout.strip().splitlines()
+    assert text[-1].startswith("== experiment e: 2 arms x 3 seeds = 6 runs; time (estimate) ")
+    assert "one after another (each arm's estimate x 3 seeds" in text[-1]

@@ -168,7 +168,11 @@ def plan_spec(path: Path, overrides: list[str], device: str = "auto", gpus: int 
     if isinstance(loaded, tuple):
         exp, arms = loaded
         plans = {arm: plan_run(s, dev, gpus, table) for arm, s in arms.items()}
-        return {"kind": "experiment", "spec": str(path), "name": exp.name, "arms": plans,
+        timed = all(p["time"]["available"] for p in plans.values())
+        return {"kind": "experiment", "spec": str(path), "name": exp.name, "arms": plans, "seeds": list(exp.seeds),
+                "runs": len(plans) * len(exp.seeds),
+                # one after another: every arm's estimate once per seed (None: an arm has no estimate)
+                "total_s": sum(p["time"]["total_s"] for p in plans.values()) * len(exp.seeds) if timed else None,
                 "fits": all(p["memory"]["fits"] for p in plans.values())}
     result = plan_run(loaded, dev, gpus, table)
     return {"kind": "run", "spec": str(path), **result, "fits": result["memory"]["fits"]}

@@ -36,7 +36,13 @@ def _dur(s: float) -> str:
 
 def render(result: dict[str, Any]) -> str:
     if result["kind"] == "experiment":
-        return "\n\n".join(f"== arm {arm}\n" + _render_run(p, result["spec"]) for arm, p in result["arms"].items())
+        arms = "\n\n".join(f"== arm {arm}\n" + _render_run(p, result["spec"]) for arm, p in result["arms"].items())
+        n_arms, n_seeds = len(result["arms"]), len(result["seeds"])
+        total = (f"time (estimate) {_dur(result['total_s'])} one after another (each arm's estimate x {n_seeds} "
+                 "seeds; estimates from measured throughput, not bounds)" if result["total_s"] is not None
+                 else "no time estimate: an arm has none (above)")
+        return (f"{arms}\n\n== experiment {result['name']}: {n_arms} arms x {n_seeds} seeds = {result['runs']} runs; "
+                f"{total}")
     return _render_run(result, result["spec"])
 
 
