@@ -24,7 +24,7 @@ from mlmt_bench.io.notes import tell, warn
 from mlmt_bench.machine.cpus import cpu_budget
 from mlmt_bench.spec import ExperimentSpec, RunSpec
 from mlmt_bench.trackers import close_group
-from mlmt_bench.tracking import atomic_write_text, fresh_stamped_dir
+from mlmt_bench.tracking import atomic_write_text, computing_versions, fresh_stamped_dir
 
 
 def check_equal_budgets(exp: ExperimentSpec, arms: dict[str, RunSpec]) -> None:
@@ -402,19 +402,15 @@ def _join_warm_start(record: dict[str, Any], manifest: dict[str, Any], run_name:
                         "shipped_warm_starts) and redo the run, or start a new experiment")
 
 
-#: the packages whose version can change what a run computes (its sampling, arithmetic or grading);
-#: an experiment's runs agree on each one that both sides have installed
-COMPUTING_PACKAGES = ("torch", "transformers", "peft", "accelerate", "tokenizers", "math-verify", "vllm")
-
-
 def join_versions(record: dict[str, Any], versions: dict[str, str], who: str, where: str,
                   sets: bool = True) -> None:
     """Admit one set of package versions (``who``'s: a run's manifest ``versions``, or this
     environment's before runs start in it, ``sets=False``: checked, never recorded) into the
-    experiment. The first run's set ``record["versions"]`` (:data:`COMPUTING_PACKAGES` only); a set
+    experiment. The first run's set ``record["versions"]`` (the computing packages only,
+    :data:`mlmt_bench.tracking.COMPUTING_PACKAGES`); a set
     that differs in any package both have is refused with one line naming each difference and the
     ``pip install`` that restores the experiment's. A run without recorded versions joins unchecked."""
-    mine = {k: versions[k] for k in COMPUTING_PACKAGES if versions.get(k)}
+    mine = computing_versions(versions)
     if not mine or ("versions" not in record and not sets):
         return
     have = record.setdefault("versions", {"packages": mine, "from": who})

@@ -302,6 +302,17 @@ def git_sha(cwd: Path | None = None) -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
+#: the packages whose version can change what a run computes (its sampling, arithmetic or
+#: grading): an experiment's runs agree on them (mlmt_bench.experiment.join_versions) and the
+#: step-0 memo keys on them (mlmt_bench.io.eval_memo.memo_key)
+COMPUTING_PACKAGES = ("torch", "transformers", "peft", "accelerate", "tokenizers", "math-verify", "vllm")
+
+
+def computing_versions(versions: dict[str, str]) -> dict[str, str]:
+    """The :data:`COMPUTING_PACKAGES` of ``versions`` (as :func:`package_versions` gives them) that are installed."""
+    return {k: versions[k] for k in COMPUTING_PACKAGES if versions.get(k)}
+
+
 def package_versions() -> dict[str, str]:
     versions = {"python": platform.python_version()}
     for name in _TRACKED_PACKAGES:

@@ -51,6 +51,20 @@ def test_the_key_tells_cpus_of_one_name_with_other_kernels_apart(monkeypatch):
     assert len({here, other_isa, eval_memo.memo_key(parts)}) == 3
 
 
+def test_the_key_tells_package_versions_that_compute_apart(monkeypatch):
+    """peft 0.21.2 and 0.22.0 may run the same weights differently: another version of a package
+    that computes is another key; one that computes nothing (optuna) is not."""
+    from mlmt_bench import tracking
+
+    installed = tracking.package_versions()
+    parts = {"what": "step 0"}
+    here = eval_memo.memo_key(parts)
+    monkeypatch.setattr(tracking, "package_versions", lambda: {**installed, "optuna": "0.0.1"})
+    assert eval_memo.memo_key(parts) == here
+    monkeypatch.setattr(tracking, "package_versions", lambda: {**installed, "peft": "0.0.1"})
+    assert eval_memo.memo_key(parts) != here
+
+
 def test_evaluate_once_reads_a_stored_result_and_slices_its_episodes(tmp_path):
     calls = []
 

@@ -12,9 +12,10 @@ What the key holds (:func:`memo_key`): each actor's weights as :func:`weights_id
 (the sha256 of every parameter outside LoRA adapters, and refused while any adapter's B is not
 zero), its config, tokenizer and chat template; the program, the problems (id, prompt, answer),
 the sampling, the evaluation options and the spec's benchmark, feedback and backend sections;
-the CPU, the torch version and a fingerprint of mlmt-bench's own source. Only greedy evaluations
-are kept (a sampled one draws on the run's random state). ``eval.memo: false`` or
-``MLMT_BENCH_EVAL_MEMO=0`` turns it off; the memo is a cache, so a wiped machine only evaluates again.
+the CPU, the versions of torch, transformers, peft and the other packages that compute, and a
+fingerprint of mlmt-bench's own source. Only greedy evaluations are kept (a sampled one draws on
+the run's random state). ``eval.memo: false`` or ``MLMT_BENCH_EVAL_MEMO=0`` turns it off; the
+memo is a cache, so a wiped machine only evaluates again.
 
 A run's manifest names the keys it read (``eval_memo``) and stored (``eval_memo_stored``);
 ``report --raw`` publishes those entries with the runs (``eval-memo/<key>.json.gz``) and
@@ -114,7 +115,8 @@ def actor_identity(actor: Any) -> dict[str, Any] | None:
 
 def memo_key(parts: dict[str, Any]) -> str:
     """sha256 of ``parts`` (JSON, keys sorted; anything not JSON by its repr) with the format, the
-    code fingerprint, the CPU and the torch version. The CPU is its model name, the instruction set
+    code fingerprint, the CPU and the versions of the packages that compute (torch, transformers,
+    peft, ...: :data:`mlmt_bench.tracking.COMPUTING_PACKAGES`). The CPU is its model name, the instruction set
     torch dispatches its kernels on and its bfloat16 instructions: one model name can cover several
     generations ("AMD EPYC" is a Zen 3 with AVX2 only and a Zen 4 with AVX-512 on this project's
     machines), whose kernels round differently."""
@@ -124,8 +126,9 @@ def memo_key(parts: dict[str, Any]) -> str:
 
     from mlmt_bench.machine.cpus import bf16_instructions
     from mlmt_bench.machine.reproducible import cpu_model
+    from mlmt_bench.tracking import computing_versions, package_versions
 
-    payload = {"format": _FORMAT, "code": code_fingerprint(), "torch": torch.__version__,
+    payload = {"format": _FORMAT, "code": code_fingerprint(), "versions": computing_versions(package_versions()),
                "cpu": [cpu_model(), platform.machine(), torch.backends.cpu.get_cpu_capability(),
                        *bf16_instructions()], **parts}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=repr).encode()).hexdigest()
