@@ -119,8 +119,12 @@ def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool
                 tell(f"restored {n_memo} step-0 evaluation(s) into the memo from {report_dir}")
     exp_dir, record = _open_experiment(exp, arms, resume)
     if restore:
+        from mlmt_bench.report.publish import restore_wall_s
+
         for report_dir in restore:
             names = restore_runs(report_dir, exp_dir, exp.name)
+            for key, wall in restore_wall_s(report_dir, arms).items():  # the runs' own pace, on any machine
+                record["wall_s"].setdefault(key, wall)
             if progress:
                 tell(f"restored {len(names)} finished run(s) of {exp.name} from {report_dir}")
     t_start = time.perf_counter()

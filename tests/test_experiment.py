@@ -627,3 +627,30 @@ def test_a_resume_in_an_environment_with_other_versions_is_refused_before_any_ru
                                         rf"{installed['peft']} \(from run {run.name} \(a, seed 0\)\)"):
         run_experiment(exp, arms, progress=False, resume=exp_dir)
     assert {p: p.read_bytes() for p in exp_dir.rglob("*") if p.is_file()} == before
+
+
+def test_a_restored_experiment_keeps_the_wall_time_of_each_published_run(exp_spec, tmp_path):
+    """The published record's `wall_s` of each run comes back with `--restore` (the runs' pace on
+    a fresh machine: the start line's time to go, and the record published again); entries of
+    other arms, "total" and values that are no wall time are left out."""
+    from mlmt_bench.report.publish import restore_wall_s
+
+    exp, arms = load_experiment(exp_spec(a=1e-4))
+    exp.seeds = [0]
+    run_experiment(exp, arms, progress=False, publish=tmp_path / "published")
+    published = json.loads((tmp_path / "published" / "experiment.json").read_text())["wall_s"]
+    assert set(published) == {"a/s0"}
+    exp.seeds = [0, 1]
+    out = run_experiment(exp, arms, progress=False, restore=[tmp_path / "published"])
+    walls = json.loads((Path(out["run_dir"]) / "experiment.json").read_text())["wall_s"]
+    assert walls["a/s0"] == published["a/s0"] and walls["a/s1"] > 0
+
+    odd = tmp_path / "odd"
+    (odd / "runs").mkdir(parents=True)
+    (odd / "experiment.json").write_text(json.dumps({"wall_s": {
+        "a/s0": 12.5, "a/s1": 7, "b/s0": 3.0, "total": 99.0, "a/sx": 1.0, "a/s2": -1.0, "a/s3": True, "a/s4": "9",
+        "a/s5": float("nan")}}))
+    assert restore_wall_s(odd, ["a"]) == {"a/s0": 12.5, "a/s1": 7.0}
+    (odd / "experiment.json").write_text("[1, 2]")
+    with pytest.raises(UserError, match="experiment.json is not a JSON object"):
+        restore_wall_s(odd, ["a"])
