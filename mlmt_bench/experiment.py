@@ -122,8 +122,9 @@ def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool
         from mlmt_bench.report.publish import restore_wall_s
 
         for report_dir in restore:
+            walls = restore_wall_s(report_dir, arms)  # read (and refused) before any run is copied in
             names = restore_runs(report_dir, exp_dir, exp.name)
-            for key, wall in restore_wall_s(report_dir, arms).items():  # the runs' own pace, on any machine
+            for key, wall in walls.items():  # the runs' own pace, on any machine
                 record["wall_s"].setdefault(key, wall)
             if progress:
                 tell(f"restored {len(names)} finished run(s) of {exp.name} from {report_dir}")

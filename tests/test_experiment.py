@@ -649,8 +649,16 @@ def test_a_restored_experiment_keeps_the_wall_time_of_each_published_run(exp_spe
     (odd / "runs").mkdir(parents=True)
     (odd / "experiment.json").write_text(json.dumps({"wall_s": {
         "a/s0": 12.5, "a/s1": 7, "b/s0": 3.0, "total": 99.0, "a/sx": 1.0, "a/s2": -1.0, "a/s3": True, "a/s4": "9",
-        "a/s5": float("nan")}}))
+        "a/s5": float("nan"), "a/s\u00b2": 1.0}}))
     assert restore_wall_s(odd, ["a"]) == {"a/s0": 12.5, "a/s1": 7.0}
     (odd / "experiment.json").write_text("[1, 2]")
     with pytest.raises(UserError, match="experiment.json is not a JSON object"):
         restore_wall_s(odd, ["a"])
+    broken = tmp_path / "broken"  # the published report with its record replaced: its run is not copied in
+    shutil.copytree(tmp_path / "published", broken)
+    (broken / "experiment.json").write_text("[1, 2]")
+    before = set(Path(exp.output_dir).iterdir())
+    with pytest.raises(UserError, match="experiment.json is not a JSON object; nothing restored"):
+        run_experiment(exp, arms, progress=False, restore=[broken])
+    (new,) = set(Path(exp.output_dir).iterdir()) - before
+    assert not list(new.glob("*/manifest.json"))

@@ -340,7 +340,8 @@ def restore_wall_s(report_dir: Path, arms: Iterable[str]) -> dict[str, float]:
     walls = record.get("wall_s")
     known = set(arms)
     return {k: float(v) for k, v in (walls.items() if isinstance(walls, dict) else [])
-            if isinstance(k, str) and k.rpartition("/s")[0] in known and k.rpartition("/s")[2].isdigit()
+            if isinstance(k, str) and k.rpartition("/s")[0] in known and k.rpartition("/s")[2].isascii()
+            and k.rpartition("/s")[2].isdigit()
             and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0}
 
 
