@@ -11,6 +11,7 @@ import dataclasses
 import datetime as _dt
 import gc
 import json
+import math
 import multiprocessing
 import time
 from collections.abc import Callable
@@ -122,10 +123,12 @@ def run_experiment(exp: ExperimentSpec, arms: dict[str, RunSpec], progress: bool
         from mlmt_bench.report.publish import restore_wall_s
 
         for report_dir in restore:
-            walls = restore_wall_s(report_dir, arms)  # read (and refused) before any run is copied in
+            walls = restore_wall_s(report_dir)  # read (and refused) before any run is copied in
             names = restore_runs(report_dir, exp_dir, exp.name)
             for key, wall in walls.items():  # the runs' own pace, on any machine
-                record["wall_s"].setdefault(key, wall)
+                if _arm_of(key) in arms and isinstance(wall, (int, float)) and not isinstance(wall, bool) \
+                        and math.isfinite(wall) and wall >= 0:
+                    record["wall_s"].setdefault(key, float(wall))
             if progress:
                 tell(f"restored {len(names)} finished run(s) of {exp.name} from {report_dir}")
     t_start = time.perf_counter()
@@ -192,14 +195,23 @@ def time_to_go(wall_s: dict[str, float], pending: list[str]) -> tuple[float, int
     of them; with the number of finished runs that pace is from. None before any run has finished."""
     by_arm: dict[str, list[float]] = {}
     for key, seconds in wall_s.items():
-        arm, sep, seed = key.rpartition("/s")
-        if sep and seed.isdigit():
+        arm = _arm_of(key)
+        if arm is not None:
             by_arm.setdefault(arm, []).append(float(seconds))
     done = [s for runs in by_arm.values() for s in runs]
     if not done:
         return None
     overall = sum(done) / len(done)
     return sum(sum(by_arm[a]) / len(by_arm[a]) if a in by_arm else overall for a in pending), len(done)
+
+
+def _arm_of(key: Any) -> str | None:
+    """The arm of an experiment record's ``wall_s`` key ``"<arm>/s<seed>"``; None for another key
+    (``total``, or anything a published record may hold)."""
+    if not isinstance(key, str):
+        return None
+    arm, sep, seed = key.rpartition("/s")
+    return arm if sep and seed.isascii() and seed.isdigit() else None
 
 
 def _to_go_text(wall_s: dict[str, float], pending: list[str]) -> str:

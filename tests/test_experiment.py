@@ -647,13 +647,17 @@ def test_a_restored_experiment_keeps_the_wall_time_of_each_published_run(exp_spe
 
     odd = tmp_path / "odd"
     (odd / "runs").mkdir(parents=True)
-    (odd / "experiment.json").write_text(json.dumps({"wall_s": {
-        "a/s0": 12.5, "a/s1": 7, "b/s0": 3.0, "total": 99.0, "a/sx": 1.0, "a/s2": -1.0, "a/s3": True, "a/s4": "9",
+    (odd / "experiment.json").write_text(json.dumps({"wall_s": {  # seeds this experiment does not run
+        "a/s7": 12.5, "a/s8": 7, "b/s7": 3.0, "total": 99.0, "a/sx": 1.0, "a/s2": -1.0, "a/s3": True, "a/s4": "9",
         "a/s5": float("nan"), "a/s\u00b2": 1.0}}))
-    assert restore_wall_s(odd, ["a"]) == {"a/s0": 12.5, "a/s1": 7.0}
+    exp.seeds = [0]
+    out = run_experiment(exp, arms, progress=False, restore=[odd])
+    walls = json.loads((Path(out["run_dir"]) / "experiment.json").read_text())["wall_s"]
+    assert walls["a/s7"] == 12.5 and walls["a/s8"] == 7.0 and walls["a/s0"] > 0
+    assert set(walls) == {"a/s7", "a/s8", "a/s0", "total"}  # "total": this experiment's own
     (odd / "experiment.json").write_text("[1, 2]")
     with pytest.raises(UserError, match="experiment.json is not a JSON object"):
-        restore_wall_s(odd, ["a"])
+        restore_wall_s(odd)
     broken = tmp_path / "broken"  # the published report with its record replaced: its run is not copied in
     shutil.copytree(tmp_path / "published", broken)
     (broken / "experiment.json").write_text("[1, 2]")
