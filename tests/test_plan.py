@@ -21,6 +21,7 @@ from conftest import minimal_spec
 from mlmt_bench.cli import app
 from mlmt_bench.models.configs import shape_from_registry_file, shape_of_path, shape_of_preset
 from mlmt_bench.models.policy_spec import LoraSpec
+from mlmt_bench.plan import text as plan_text
 from mlmt_bench.spec import validate_run
 from support import build_trainer
 
@@ -592,7 +593,9 @@ def test_plan_counts_what_the_evaluations_generate(tiny_ckpt, tmp_path, monkeypa
 
 
 def test_an_experiment_plan_ends_with_its_runs_and_their_time_one_after_another(write_spec):
-    """Every arm's estimate once per seed, in the JSON and as the plan's last line."""
+    """Every arm's estimate once per seed, less the step-0 evaluations seeds after the first read from the
+    eval memo (a pretrained model's weights are every seed's), in the JSON and as the plan's last line;
+    with eval.memo off, every seed evaluates."""
     solver = {"model": "hf", "path": "Qwen/Qwen2.5-0.5B-Instruct", "dtype": "bfloat16"}
     base = {**minimal_spec(), "policies": {"solver": solver}}
     spec = write_spec({"name": "e", "base": base, "seeds": [0, 1, 2], "budget": "none",
@@ -601,8 +604,39 @@ def test_an_experiment_plan_ends_with_its_runs_and_their_time_one_after_another(
     assert res.exit_code == 0, res.stderr
     plan = json.loads(res.stdout)
     each = {arm: p["time"]["total_s"] for arm, p in plan["arms"].items()}
-    assert plan["runs"] == 6 and each["b"] > each["a"] > 0
-    assert plan["total_s"] == pytest.approx(3 * (each["a"] + each["b"]))
+    step0 = {arm: p["time"]["per_eval_s"] for arm, p in plan["arms"].items()}
+    assert plan["runs"] == 6 and each["b"] > each["a"] > 0 and step0["a"] > 0
+    assert all(p["step0_memo"] for p in plan["arms"].values())
+    assert plan["memo_saved_s"] == pytest.approx(2 * (step0["a"] + step0["b"]))
+    assert plan["total_s"] == pytest.approx(3 * (each["a"] + each["b"]) - 2 * (step0["a"] + step0["b"]))
     text = runner.invoke(app, ["plan", str(spec), "--device", "h200"]).stdout.strip().splitlines()
     assert text[-1].startswith("== experiment e: 2 arms x 3 seeds = 6 runs; time (estimate) ")
-    assert "one after another (each arm's estimate x 3 seeds" in text[-1]
+    assert ("one after another (each arm's estimate x 3 seeds, less "
+            f"{plan_text._dur(plan['memo_saved_s'])} of step-0 evaluations that seeds after the first read from "
+            "the eval memo; ") in text[-1]
+
+    res = runner.invoke(app, ["--json", "plan", str(spec), "--device", "h200", "--set", "eval.memo=false"])
+    plan = json.loads(res.stdout)
+    assert plan["memo_saved_s"] == 0 and not plan["arms"]["a"]["step0_memo"]
+    assert plan["total_s"] == pytest.approx(3 * sum(p["time"]["total_s"] for p in plan["arms"].values()))
+    text = runner.invoke(app, ["plan", str(spec), "--device", "h200", "--set", "eval.memo=false"]).stdout
+    assert "one after another (each arm's estimate x 3 seeds; estimates from measured throughput" in text
+
+
+@pytest.mark.parametrize(("changes", "shared"), [
+    ({}, True),  # a pretrained model: every seed's weights
+    ({"eval": {"temperature": 0.7}}, False),  # a sampled evaluation draws on the run's random state
+    ({"eval": {"memo": False}}, False),
+    ({"policies": {"solver": {"model": "tiny"}}, "base": {}}, False),  # a shared base seeded by the run's seed
+    ({"policies": {"solver": {"model": "tiny"}}, "base": {"seed": 10}}, True),  # a base with its own seed
+])
+def test_step0_memo_across_seeds_needs_greedy_memoised_seed_free_weights(changes, shared):
+    from mlmt_bench import registry
+    from mlmt_bench.plan import planned_policies, step0_memo_across_seeds
+
+    spec = validate_run(minimal_spec(**{"policies": {"solver": {"model": "hf", "path": "Qwen/Qwen2.5-0.5B-Instruct"}},
+                                        **changes}), "spec")
+    algorithm = registry.algorithms.get(spec.algorithm.name)(spec.algorithm.validated_params(), spec.train.steps)
+    policies = planned_policies(spec, algorithm)
+    assert (step0_memo_across_seeds(spec, policies, gpus=1) is not None) == shared
+    assert step0_memo_across_seeds(spec, policies, gpus=2) is None  # several processes may shard (FSDP)

@@ -33,6 +33,12 @@ Reported, per GPU (a process under data parallelism gets ``problems_per_step / g
   attempts of a problem, K feedbacks of an attempt, the refinements of one feedback, or of one
   attempt where a rule writes its feedbacks), its FLOPs stay the nominal count of trained tokens.
 
+An experiment's time is every arm's estimate once per seed, less the step-0 evaluations the eval
+memo (:mod:`mlmt_bench.io.eval_memo`) reads rather than runs: an arm's seeds after the first, when its
+step-0 evaluation is greedy and memoised and its policies start from weights no seed changes
+(:func:`step0_memo_across_seeds`). Arms that share a step-0 evaluation with another arm are still
+counted once each, so the total stays on the high side.
+
 A spec whose estimated peak exceeds the device's memory is refused (one-line error, exit 2)
 unless ``--force``.
 
@@ -151,9 +157,32 @@ def plan_run(spec: RunSpec, device: Device, gpus: int = 1, table: dict[str, Any]
                 "train_flops": train_total.flops(model_params), "eval_flops": eval_total.flops(model_params)},
         "memory": memory,
         "time": time_est,
+        "step0_memo": step0_memo_across_seeds(spec, policies, gpus),
         "upper_bounds": "every turn runs to its max_new_tokens; every trained turn is trained "
                         "(zero-advantage groups are skipped in practice)",
     }
+
+
+def step0_memo_across_seeds(spec: RunSpec, policies: dict[str, Any], gpus: int) -> str | None:
+    """Why the seeds after an experiment's first read this run's step-0 evaluation from the eval memo
+    instead of running it, or None where they may not. ``policies``: :func:`planned_policies`' result.
+
+    They do when the evaluation is greedy with ``eval.memo`` on and the memo's directory on, in one
+    process (FSDP's shards are not keyed), and every policy's starting weights are the same for every
+    seed: loaded from a path or a warm start, or a shared base with its own ``base.seed`` (one without
+    takes the run's). A LoRA adapter is no obstacle: it starts at zero (:func:`eval_memo.weights_identity`).
+    """
+    from mlmt_bench.io import eval_memo
+    from mlmt_bench.models.factory import model_factory
+
+    if spec.eval.temperature or not spec.eval.memo or eval_memo.default_dir() is None or gpus != 1:
+        return None
+    for p in policies.values():
+        if p.shared or not model_factory(p.spec.model).starts_from_base(p.spec):
+            continue
+        if spec.base is None or spec.base.get("seed") is None:
+            return None  # each seed builds its own base: the weights differ
+    return "greedy, memoised, and every policy starts from weights no seed changes"
 
 
 def plan_spec(path: Path, overrides: list[str], device: str = "auto", gpus: int = 1) -> dict[str, Any]:
@@ -169,10 +198,14 @@ def plan_spec(path: Path, overrides: list[str], device: str = "auto", gpus: int 
         exp, arms = loaded
         plans = {arm: plan_run(s, dev, gpus, table) for arm, s in arms.items()}
         timed = all(p["time"]["available"] for p in plans.values())
+        # one after another: every arm's estimate once per seed, less the step-0 evaluations that seeds after the
+        # first read from the eval memo (None: an arm has no estimate)
+        memo_s = sum(p["time"]["per_eval_s"] for p in plans.values() if p["step0_memo"]) * (len(exp.seeds) - 1)
         return {"kind": "experiment", "spec": str(path), "name": exp.name, "arms": plans, "seeds": list(exp.seeds),
                 "runs": len(plans) * len(exp.seeds),
-                # one after another: every arm's estimate once per seed (None: an arm has no estimate)
-                "total_s": sum(p["time"]["total_s"] for p in plans.values()) * len(exp.seeds) if timed else None,
+                "total_s": sum(p["time"]["total_s"] for p in plans.values()) * len(exp.seeds) - memo_s
+                if timed else None,
+                "memo_saved_s": memo_s if timed else None,
                 "fits": all(p["memory"]["fits"] for p in plans.values())}
     result = plan_run(loaded, dev, gpus, table)
     return {"kind": "run", "spec": str(path), **result, "fits": result["memory"]["fits"]}

@@ -38,8 +38,10 @@ def render(result: dict[str, Any]) -> str:
     if result["kind"] == "experiment":
         arms = "\n\n".join(f"== arm {arm}\n" + _render_run(p, result["spec"]) for arm, p in result["arms"].items())
         n_arms, n_seeds = len(result["arms"]), len(result["seeds"])
+        memo = (f", less {_dur(result['memo_saved_s'])} of step-0 evaluations that seeds after the first read from "
+                "the eval memo" if result["total_s"] is not None and result["memo_saved_s"] else "")
         total = (f"time (estimate) {_dur(result['total_s'])} one after another (each arm's estimate x {n_seeds} "
-                 "seeds; estimates from measured throughput, not bounds)" if result["total_s"] is not None
+                 f"seeds{memo}; estimates from measured throughput, not bounds)" if result["total_s"] is not None
                  else "no time estimate: an arm has none (above)")
         return (f"{arms}\n\n== experiment {result['name']}: {n_arms} arms x {n_seeds} seeds = {result['runs']} runs; "
                 f"{total}")
