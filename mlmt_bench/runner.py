@@ -22,7 +22,7 @@ from mlmt_bench.errors import UserError
 from mlmt_bench.io.notes import note, tell, warn
 from mlmt_bench.machine.cpus import cpu_budget
 from mlmt_bench.spec import RunSpec, dump_yaml, load_any, load_run_spec
-from mlmt_bench.tracking import NO_SPACE, RunDir
+from mlmt_bench.tracking import NO_SPACE, RunDir, code_fingerprint
 from mlmt_bench.types import PromptTemplates
 from mlmt_bench.verifiers.io import build_verifier
 
@@ -530,6 +530,20 @@ def resume_run(path: Path | str, progress: bool = True) -> dict[str, Any]:
         run_dir.unlock()  # held by now only when the resume failed before training
 
 
+def _other_code(manifest: dict[str, Any], checkpoint: str | None) -> list[str]:
+    """The warning a resume prints when this mlmt-bench's source is not the one the run started with
+    (the manifest's ``code``; runs from before it was recorded are not compared): what follows the
+    checkpoint runs this code, with its defaults for any setting the run's ``spec.resolved.yaml``
+    predates. Every resume's code is kept in the manifest's ``resumed_code``."""
+    started, now = manifest.get("code"), code_fingerprint()
+    if not isinstance(started, str) or started == now:
+        return []
+    after = f"after {checkpoint}" if checkpoint else "from the start"
+    return [f"warning: this run started with other mlmt-bench code (source sha256 {started[:12]}, this one "
+            f"{now[:12]}); what it computes {after} comes from this code, with its defaults for any setting the run's "
+            "spec.resolved.yaml does not name (manifest: resumed_code)"]
+
+
 def _resume(run_dir: RunDir, spec: RunSpec, dist: Any, notes: list[str], progress: bool) -> dict[str, Any]:
     from mlmt_bench.machine.dist import NullRunDir
 
@@ -543,8 +557,11 @@ def _resume(run_dir: RunDir, spec: RunSpec, dist: Any, notes: list[str], progres
         ckpt = _load_newest_intact(trainer, run_dir, notes)
         writer.truncate_logs_after(trainer.counters.step if ckpt is not None else -1)
         unhashed = {} if "spec_sha256" in manifest else {"spec_sha256": run_dir.spec_sha256()}
+        notes.extend(_other_code(manifest, ckpt.name if ckpt is not None else None))
+        resumed_code = manifest.get("resumed_code")
+        resumed_code = resumed_code if isinstance(resumed_code, list) else []
         writer.update_manifest(status="running", resumed_from=manifest.get("resumed_from", []) + [
-            ckpt.name if ckpt is not None else None], **unhashed)
+            ckpt.name if ckpt is not None else None], resumed_code=resumed_code + [code_fingerprint()], **unhashed)
         if dist.is_main:
             from mlmt_bench.trackers import Axes
 

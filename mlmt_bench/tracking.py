@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -293,6 +294,17 @@ def fresh_stamped_dir(parent: Path, name: str) -> Path:
     raise UserError(f"{parent}: could not create a fresh directory for {name} (1000 taken this second)")
 
 
+@functools.cache
+def code_fingerprint() -> str:
+    """sha256 over mlmt-bench's own ``*.py`` files (path and bytes), hex: what code a run ran, even from
+    a checkout with uncommitted changes (its ``git_sha`` does not say) or an installed wheel (none)."""
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 def git_sha(cwd: Path | None = None) -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd or Path(__file__).parent,
@@ -404,6 +416,7 @@ class RunDir:
             "start_time": utc_now(),
             "end_time": None,
             "git_sha": git_sha(),
+            "code": code_fingerprint(),
             "host": socket.gethostname(),
             "platform": platform.platform(),
             "argv": sys.argv,

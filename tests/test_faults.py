@@ -287,6 +287,31 @@ def test_resume_falls_back_to_the_newest_intact_checkpoint(finished_run, killed_
     assert redone.keys() == two.keys() and all(redone[k].equal(two[k]) for k in two)  # ... exactly as the first time
 
 
+@pytest.mark.parametrize("started_with", ["this code", "other code", "no record"])
+def test_a_resume_records_its_code_and_warns_when_the_run_started_with_other_code(killed_run, started_with):
+    """The manifest's ``code`` (mlmt-bench's source sha256) from the start; each resume appends its own to
+    ``resumed_code`` and, when the start's differs, warns that what follows the checkpoint is this code's."""
+    from mlmt_bench.tracking import code_fingerprint
+
+    m = _manifest(killed_run)
+    assert m["code"] == code_fingerprint()
+    if started_with == "other code":
+        m["code"] = "0" * 64
+    elif started_with == "no record":
+        del m["code"]
+    (killed_run / "manifest.json").write_text(json.dumps(m, indent=2))
+    err = resume_ok(killed_run)
+    warned = [line for line in err.splitlines() if "started with other mlmt-bench code" in line]
+    if started_with == "other code":
+        assert warned == [f"warning: this run started with other mlmt-bench code (source sha256 000000000000, this one "
+                          f"{code_fingerprint()[:12]}); what it computes after step-000002 comes from this code, with "
+                          "its defaults for any setting the run's spec.resolved.yaml does not name (manifest: "
+                          "resumed_code)"]
+    else:
+        assert warned == []
+    assert _manifest(killed_run)["resumed_code"] == [code_fingerprint()]
+
+
 def test_resume_with_no_intact_checkpoint_is_one_line(killed_run):
     for step in ("step-000001", "step-000002"):
         _truncate_state(killed_run / "checkpoints" / step)

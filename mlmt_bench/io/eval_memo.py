@@ -13,9 +13,9 @@ What the key holds (:func:`memo_key`): each actor's weights as :func:`weights_id
 zero), its config, tokenizer and chat template; the program, the problems (id, prompt, answer),
 the sampling, the evaluation options and the spec's benchmark, feedback and backend sections;
 the CPU, the versions of torch, transformers, peft and the other packages that compute, and a
-fingerprint of mlmt-bench's own source. Only greedy evaluations are kept (a sampled one draws on
-the run's random state). ``eval.memo: false`` or ``MLMT_BENCH_EVAL_MEMO=0`` turns it off; the
-memo is a cache, so a wiped machine only evaluates again.
+fingerprint of mlmt-bench's own source (:func:`mlmt_bench.tracking.code_fingerprint`). Only greedy
+evaluations are kept (a sampled one draws on the run's random state). ``eval.memo: false`` or
+``MLMT_BENCH_EVAL_MEMO=0`` turns it off; the memo is a cache, so a wiped machine only evaluates again.
 
 A run's manifest names the keys it read (``eval_memo``) and stored (``eval_memo_stored``);
 ``report --raw`` publishes those entries with the runs (``eval-memo/<key>.json.gz``) and
@@ -27,7 +27,6 @@ evaluations instead of repeating them.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
 import os
@@ -68,16 +67,6 @@ def entry_path(key: str, directory: Path | None = None) -> Path | None:
     :func:`default_dir`); None when the memo is off."""
     directory = Path(directory) if directory is not None else default_dir()
     return None if directory is None else directory / f"{key}.json"
-
-
-@functools.cache
-def code_fingerprint() -> str:
-    """sha256 over mlmt-bench's own ``*.py`` files (path and bytes): a change of code changes every key."""
-    root = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    return h.hexdigest()
 
 
 def weights_identity(model: Any) -> str | None:
@@ -126,7 +115,7 @@ def memo_key(parts: dict[str, Any]) -> str:
 
     from mlmt_bench.machine.cpus import bf16_instructions
     from mlmt_bench.machine.reproducible import cpu_model
-    from mlmt_bench.tracking import computing_versions, package_versions
+    from mlmt_bench.tracking import code_fingerprint, computing_versions, package_versions
 
     payload = {"format": _FORMAT, "code": code_fingerprint(), "versions": computing_versions(package_versions()),
                "cpu": [cpu_model(), platform.machine(), torch.backends.cpu.get_cpu_capability(),
