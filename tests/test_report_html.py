@@ -17,7 +17,7 @@ from mlmt_bench.report.episodes import find_disagreements
 from mlmt_bench.report.html import esc
 from mlmt_bench.report.page_script import CSP, SORT_JS
 from mlmt_bench.report.runs import load_run
-from mlmt_bench.report.svg import Series, bar_chart, line_chart, nice_ticks, padded
+from mlmt_bench.report.svg import Interval, Series, bar_chart, forest_chart, line_chart, nice_ticks, padded
 from support import episode as _episode, make_run
 
 # Model output that would run script, load an image or break the page if it were not escaped;
@@ -76,13 +76,18 @@ def test_index_html_content_and_escaping(experiment, tmp_path):
     page = (out / "index.html").read_text(encoding="utf-8")
     assert summary["files"]["index.html"] == str(out / "index.html")
     # self-contained: no script but the table sorter, which the page's policy alone lets run; no
-    # external reference; the PNG embedded, the other figures inline SVG: 5 feedback-metric panels
-    # (mlmt's eval records have them), the transition bars and the training dynamics: reward and KL
-    # of both arms, the response length of mlmt's alone (grpo's row says it logged none)
+    # external reference; the PNG embedded, the other figures inline SVG: the forest chart of the
+    # differences from grpo, 5 feedback-metric panels (mlmt's eval records have them), the transition
+    # bars and the training dynamics: reward and KL of both arms, the response length of mlmt's alone
+    # (grpo's row says it logged none)
     assert page.count("<script") == 1 and f"<script>{SORT_JS}</script>" in page
     assert f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">" in page
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)
-    assert len(re.findall(r'<img src="data:image/png;base64,', page)) == 1 and page.count("<svg ") == 5 + 1 + 5
+    assert len(re.findall(r'<img src="data:image/png;base64,', page)) == 1 and page.count("<svg ") == 1 + 5 + 1 + 5
+    # the forest chart: mlmt's one row, its +75.0 pp significant (a filled dot), in the baseline's section
+    forest = re.search(r'<svg [^>]*aria-label="final acc@t2 − grpo \(points\)".*?</svg>', page).group(0)
+    assert page.index(forest) > page.index("<h2 id='baseline'>") and forest.count("<circle") == 1
+    assert re.search(r'<circle [^>]*fill="#ff7f0e" stroke="#ff7f0e"[^>]*><title>mlmt: \+75\.0 pp \[', forest)
     assert page.count("<p class=sub>not logged</p>") == 1
     # every run-supplied text escaped: the title and the model's output
     assert "<title>toy &lt;b&gt;</title>" in page and "toy <b>" not in page
@@ -285,6 +290,28 @@ def test_svg_charts_ticks_bands_and_escaping():
     assert "<script" not in bars and bars.count('fill="#1f77b4"') == 1 and bars.count("<path") == 1
 
 
+def test_forest_chart_rows_against_zero():
+    """One row per finite interval, top to bottom in order; the dot at the estimate, filled when
+    marked; the dashed zero line inside the axis even when every interval lies on one side of it."""
+    nasty = '</svg><script>alert(1)</script>'
+    rows = [Interval("up", "#111111", 5.0, 2.0, 8.0, marked=True, tip=nasty),
+            Interval(nasty, "#222222", -1.0, -4.0, 2.0),
+            Interval("nan", "#333333", float("nan"), 0.0, 1.0)]
+    chart = forest_chart(rows, x_label="acc@t2 − grpo (points)")
+    assert "<script" not in chart and chart.count("</svg>") == 1 and chart.count("<circle") == 2
+    dots = re.findall(r'<circle cx="([\d.]+)" cy="([\d.]+)" r="4" fill="(#\w+)" stroke="(#\w+)"', chart)
+    (ux, uy, ufill, _), (dx, dy, dfill, dstroke) = dots
+    zero = float(re.search(r'<line x1="([\d.]+)" x2="\1" [^>]*stroke-dasharray', chart).group(1))
+    assert float(ux) > zero > float(dx) and float(uy) < float(dy)  # "up" right of zero and on top
+    assert ufill == "#111111" and (dfill, dstroke) == ("#fff", "#222222")
+    one_sided = forest_chart([Interval("a", "#111111", 5.0, 2.0, 8.0)], x_label="x")
+    frame = re.search(r'<rect x="(\d+)" y="\d+" width="(\d+)"', one_sided)
+    left, width = int(frame.group(1)), int(frame.group(2))
+    zero = float(re.search(r'<line x1="([\d.]+)" x2="\1" [^>]*stroke-dasharray', one_sided).group(1))
+    assert left <= zero <= left + width
+    assert forest_chart([Interval("nan", "#333333", float("nan"), 0.0, 1.0)], x_label="x") is None
+
+
 CHROMIUM = find_chromium()
 
 
@@ -297,7 +324,8 @@ def test_index_html_in_headless_chromium(experiment, tmp_path):
         "hostile_shown_as_text": "document.body.innerText.includes('<script>console.error(\"injected\")</script>')",
         "significant_cells": "document.querySelectorAll('td.sig').length",
         "tables": "document.querySelectorAll('table').length",
-        # every inline SVG figure laid out at a readable size and holding its marks
+        # every inline SVG figure (the forest chart against grpo, 5 feedback panels, the transition bars)
+        # laid out at a readable size and holding its marks
         "svgs_drawn": "[...document.querySelectorAll('figure > svg, .panels > svg')].map(s =>"
                       " s.getBoundingClientRect().width > 300"
                       " && s.querySelectorAll('polyline, rect[fill^=\"#\"]').length > 0)",
@@ -328,7 +356,7 @@ def test_index_html_in_headless_chromium(experiment, tmp_path):
     # tables: the headline, turns, feedback, cost to reach grpo's accuracy, per seed, against grpo,
     # cost (the runs' specs hold only a name: no table of what each arm is)
     assert report.probes == {"scripts": 1, "hostile_shown_as_text": True, "significant_cells": 3, "tables": 7,
-                             "svgs_drawn": [True] * 6, "dynamics": [True] * 5, "fits": [True, True],
+                             "svgs_drawn": [True] * 7, "dynamics": [True] * 5, "fits": [True, True],
                              "body_visible": True, "first_column_stays": [True, True]}
     assert report.screenshot[:8] == b"\x89PNG\r\n\x1a\n" and len(report.screenshot) > 50_000
 

@@ -316,6 +316,22 @@ def _paired_table(paired: dict[str, dict[str, Any]]) -> str:
             "<th>McNemar b/c per seed</th></tr>" + "".join(rows) + "</table></div>")
 
 
+def _forest(paired: dict[str, dict[str, Any]], baseline: str, loaded: dict[str, list[RunRecord]]) -> str:
+    """The differences of a paired table as a forest chart: each arm's difference from ``baseline``
+    in points with its 95% interval, filled where its Holm-adjusted p is below α; the arm's colour
+    as in the other charts (its place in ``loaded``)."""
+    order = list(loaded)
+    rows = [svg.Interval(arm, svg.arm_color(order.index(arm) if arm in order else i), 100 * p["diff"],
+                         100 * p["lo"], 100 * p["hi"], bool(mark(p["p_holm"])),
+                         f"{arm}: {fmt_pp_ci(p)}{interval_tag(p)}, p (Holm) = {fmt_p(p['p_holm'])}")
+            for i, (arm, p) in enumerate(paired.items()) if p.get("n_problems")]
+    return _figure(svg.forest_chart(rows, x_label=f"final acc@t2 − {baseline} (points)"),
+                   f"Each arm's difference from {esc(baseline)} in final acc@t2 (the table above): dot, the "
+                   "difference; bar, its 95% two-way bootstrap interval over seeds and problems (over problems "
+                   "alone with one seed); filled, p (Holm) &lt; 0.05; dashed, no difference.",
+                   f"No arm shares problems with {baseline}.")
+
+
 def _inside(path: str | None) -> bool:
     """Whether a run path as the report shows it lies inside the report's directory (a link to it works
     wherever the report is copied)."""
@@ -508,11 +524,13 @@ def render_html(summary: dict[str, Any], loaded: dict[str, list[RunRecord]], acc
     ]
     if baseline is not None:
         sections += [f"<h2 id='baseline'>Against {esc(baseline)}</h2>",
-                     f"<p>{_md_inline(analysis.against_text(summary))}</p>", _paired_table(summary["paired"])]
+                     f"<p>{_md_inline(analysis.against_text(summary))}</p>", _paired_table(summary["paired"]),
+                     _forest(summary["paired"], baseline, loaded)]
     if summary.get("equal_help"):
         help_ = summary["equal_help"]
         sections += [f"<h2 id='equal-help'>Against {esc(help_['baseline'])} (equal test-time help)</h2>",
-                     f"<p>{_md_inline(analysis.equal_help_text(help_))}</p>", _paired_table(help_["paired"])]
+                     f"<p>{_md_inline(analysis.equal_help_text(help_))}</p>", _paired_table(help_["paired"]),
+                     _forest(help_["paired"], help_["baseline"], loaded)]
     sections += [
         "<h2 id='curves'>Accuracy against training cost</h2>",
         _figure(_img(acc_png, "eval acc@t2 against generated tokens, one panel per arm, and against FLOPs"),

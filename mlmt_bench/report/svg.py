@@ -1,4 +1,5 @@
-"""Small inline-SVG charts for the HTML report: line charts with bands and grouped bar charts.
+"""Small inline-SVG charts for the HTML report: line charts with bands, grouped bar charts and forest
+charts (differences with their intervals).
 
 matplotlib takes about a second of CPU per multi-panel figure (text layout and rasterising);
 these are strings, built in milliseconds, and stay sharp at any zoom. Colours follow
@@ -88,6 +89,8 @@ def tick_label(v: float) -> str:
 
 #: a title's characters per pixel of width at its font size (12 px), on the safe side, and its line height
 _TITLE_CHAR_PX, _TITLE_LINE_PX = 6.8, 14
+#: pixels per character of a row label at 11 px (a forest chart's left margin fits its longest label)
+_LABEL_CHAR_PX = 6.2
 
 
 class _Frame:
@@ -232,6 +235,46 @@ def bar_chart(categories: list[str], series: list[Series], *, y_label: str, titl
             body.append(f'<text x="{x + bar / 2:.1f}" y="{label_y:.1f}" font-size="9" text-anchor="middle">'
                         f"{y:.1f}</text>")
     return f.svg(body, title or y_label)
+
+
+@dataclass
+class Interval:
+    """One row of a forest chart: an estimate with its interval, filled when ``marked`` (significant)."""
+
+    label: str
+    color: str
+    estimate: float
+    lo: float
+    hi: float
+    marked: bool = False
+    tip: str = ""
+
+
+def forest_chart(rows: list[Interval], *, x_label: str, title: str = "", width: int = 640) -> str | None:
+    """Intervals as horizontal bars with a dot at the estimate, one row each, against a dashed line at
+    0 (no difference); a marked row's dot is filled, an unmarked one's hollow. Rows with a non-finite
+    number are left out; None when none is left."""
+    kept = [r for r in rows if all(math.isfinite(v) for v in (r.estimate, r.lo, r.hi))]
+    if not kept:
+        return None
+    lo, hi = min([0.0] + [r.lo for r in kept]), max([0.0] + [r.hi for r in kept])
+    row_px, label_px = 20, min(300, 16 + int(_LABEL_CHAR_PX * max(len(r.label) for r in kept)))
+    top = 24 if title else 8
+    f = _Frame(width, top + row_px * len(kept) + 36, padded(lo, hi), (0.0, float(len(kept))), left=label_px,
+               top=top, title=title, y_ticks=[])
+    body = f.axes(x_label, "")
+    zero = f.px(0.0)
+    body.append(f'<line x1="{zero:.1f}" x2="{zero:.1f}" y1="{f.y0}" y2="{f.y1}" stroke="#666" '
+                'stroke-dasharray="4 3"/>')
+    for i, r in enumerate(kept):
+        y = f.py(len(kept) - i - 0.5)  # the first row on top
+        fill = r.color if r.marked else "#fff"
+        body.append(f'<text x="{f.x0 - 6}" y="{y + 3.5:.1f}" font-size="11" text-anchor="end">{esc(r.label)}</text>'
+                    f'<line x1="{f.px(r.lo):.1f}" x2="{f.px(r.hi):.1f}" y1="{y:.1f}" y2="{y:.1f}" '
+                    f'stroke="{r.color}" stroke-width="2"/>'
+                    f'<circle cx="{f.px(r.estimate):.1f}" cy="{y:.1f}" r="4" fill="{fill}" stroke="{r.color}" '
+                    f'stroke-width="1.6"><title>{esc(r.tip or r.label)}</title></circle>')
+    return f.svg(body, title or x_label)
 
 
 def legend(items: list[tuple[str, str]]) -> str:
