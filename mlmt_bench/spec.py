@@ -187,7 +187,8 @@ class TrainSpec(_Spec):
                                 "and its rows' completions after its KV cache (a group's G samples share one prompt): "
                                 "the same log-probs and gradients up to float rounding, fewer tokens read; a "
                                 "micro-batch then counts distinct prompts × longest prompt + rows × longest "
-                                "completion against micro_batch_tokens; off under FSDP and gradient checkpointing; "
+                                "completion against micro_batch_tokens; off (read and counted row by row) under "
+                                "FSDP and gradient checkpointing; "
                                 "false: every row reads its prompt (perf/share_prompts_train.py measures both)")
     grad_clip: float = Field(1.0, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)

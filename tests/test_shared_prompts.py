@@ -122,6 +122,36 @@ def test_a_reference_and_a_checkpointed_model_read_the_plain_way(tiny_ckpt, tiny
     torch.testing.assert_close(logp[mask], plain[mask], atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_micro_batch_holds_the_budget_of_the_tokens_its_forward_reads(tiny_ckpt, monkeypatch, checkpointing):
+    """Counted as the forward reads them: with prompts read once, distinct prompts × longest prompt +
+    rows × longest completion; under gradient checkpointing (which reads every row whole) rows ×
+    longest row, so that a micro-batch never holds more than ``micro_batch_tokens`` of what it reads."""
+    from mlmt_bench.algorithms import update
+
+    spec = PolicySpec(model="tiny", path=str(tiny_ckpt), gradient_checkpointing=checkpointing)
+    policy = build_policy("solver", spec, str(tiny_ckpt))
+    policy.model.train()
+    items = _groups(prompts=4, group=6, seed=3)
+    budget = 90
+    seen = []
+    real = update.LossConfig.logprobs
+
+    def logprobs(self, model, mb, pad_id, **kw):
+        seen.append([len(it.prompt_ids) + len(it.ids) for it in mb])
+        return real(self, model, mb, pad_id, **kw)
+
+    monkeypatch.setattr(update.LossConfig, "logprobs", logprobs)
+    cfg = LossConfig(0.2, 0.2, "token_mean", 1, 1, 1.0, micro_batch_tokens=budget, share_prompts=True)
+    assert cfg.shares(policy.model) is not checkpointing
+    update_policy(policy, torch.optim.SGD(policy.trainable_parameters(), lr=0.0), None, items, cfg)
+    plain = [len(mb) * max(mb) for mb in seen]
+    if checkpointing:
+        assert all(t <= budget or len(mb) == 1 for t, mb in zip(plain, seen)), seen
+    else:  # rows sharing a prompt: more of them in a micro-batch than the plain count would allow
+        assert max(plain) > budget, seen
+
+
 def test_prompt_group_batches_keep_groups_together_within_the_budget():
     items = _groups(prompts=6, group=4, seed=1)
     assert prompt_group_batches(items, None) == [list(range(24))]  # everything fits: in order

@@ -18,7 +18,7 @@ from mlmt_bench.machine import memory
 from mlmt_bench.machine.dist import Dist
 from mlmt_bench.models.forward import completion_logits, padded_batch, seq_len, sequence_logprobs, split
 from mlmt_bench.models.frozen_cast import drop_cached_casts
-from mlmt_bench.models.shared_prompts import prompt_group_batches, shared_prompt_logprobs
+from mlmt_bench.models.shared_prompts import prompt_group_batches, reads_prompts_once, shared_prompt_logprobs
 
 __all__ = ["LossConfig", "TrainItem", "padded_batch", "sequence_logprobs", "update_policy"]
 
@@ -55,13 +55,19 @@ class LossConfig:
     loss_options: dict[str, float] = field(default_factory=dict)  # the loss's own options
     share_prompts: bool = False  # read each distinct prompt of a micro-batch once (models/shared_prompts.py)
 
+    def shares(self, model: Any) -> bool:
+        """Whether ``model``'s update reads each distinct prompt of a micro-batch once: asked for, and
+        not under FSDP (every forward of a sharded model is a collective, and the shared path runs
+        one or two of them depending on the micro-batch: its processes' counts would differ) or
+        gradient checkpointing (:func:`reads_prompts_once`). It decides the forward and, so that a
+        micro-batch holds what ``micro_batch_tokens`` allows of the tokens actually read, the split."""
+        return self.share_prompts and not is_sharded(model) and reads_prompts_once(model)
+
     def logprobs(self, model: Any, items: list[TrainItem], pad_id: int, **kw: Any) -> Any:
         """Per-token log-probs, mask (and entropy) of ``items``: the shared-prompt forward in its
-        completion layout, or the plain one; one of the two for every pass of an update. Not
-        shared under FSDP: every forward of a sharded model is a collective, and the shared path
-        runs one or two of them depending on the micro-batch (its processes' counts would differ)."""
-        shared = self.share_prompts and not is_sharded(model)
-        return (shared_prompt_logprobs if shared else sequence_logprobs)(model, items, pad_id, **kw)
+        completion layout where :meth:`shares`, else the plain one; one of the two for every pass of
+        an update."""
+        return (shared_prompt_logprobs if self.shares(model) else sequence_logprobs)(model, items, pad_id, **kw)
 
 
 def _is_auxiliary(item: TrainItem) -> bool:
@@ -148,7 +154,7 @@ def _plan_batches(model: Any, items: list[TrainItem], cfg: LossConfig, dist: Any
     rl_items = [it for it in items if not _is_auxiliary(it)]
     aux_items = [it for it in items if _is_auxiliary(it)]
     rows = -(-max(len(items), 1) // cfg.grad_accum)
-    if cfg.share_prompts:
+    if cfg.shares(model):
         batches = [[rl_items[i] for i in mb] for mb in prompt_group_batches(rl_items, cfg.micro_batch_tokens, rows)]
     else:
         batches = split(rl_items, seq_len, cfg.micro_batch_tokens, max_rows=rows) if rl_items else []

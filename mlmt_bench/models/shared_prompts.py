@@ -161,6 +161,13 @@ def _checkpointed(model: Any) -> bool:
     return any(getattr(m, "gradient_checkpointing", False) is True for m in _base(model).modules())
 
 
+def reads_prompts_once(model: Any) -> bool:
+    """Whether :func:`shared_prompt_logprobs` reads ``model``'s policy log-probs with each prompt once
+    (False: gradient checkpointing is on, and it reads every row whole, the plain way); micro-batches
+    must then be counted the way it reads them (:func:`prompt_group_batches`, else the plain split)."""
+    return not _checkpointed(model)
+
+
 def _cache_keyword(model: Any) -> str:
     """``cache`` where the model's forward names it (transformers ≥ 5.25), else ``past_key_values``."""
     return _forward_cache_keyword(type(_base(model)))  # type: ignore[arg-type]
