@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from conftest import minimal_spec
 from mlmt_bench.cli import app
 from mlmt_bench.models.configs import shape_from_registry_file, shape_of_path, shape_of_preset
-from mlmt_bench.models.policy_spec import LoraSpec
+from mlmt_bench.models.policy_spec import LoraSpec, PolicySpec
 from mlmt_bench.plan import text as plan_text
 from mlmt_bench.spec import validate_run
 from support import build_trainer
@@ -263,22 +263,30 @@ def test_extra_forward_passes_are_counted(tiny_ckpt):
 # memory
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["plain", "prompts-read-once"])
 @pytest.mark.parametrize("preset,dtype", [("tiny-2m", torch.float32), ("tiny-2m", torch.bfloat16),
                                           ("tiny-8m", torch.float32)])
-def test_activation_estimate_is_calibrated_against_autograd(preset, dtype):
+def test_activation_estimate_is_calibrated_against_autograd(preset, dtype, shared):
     """What the plan counts per trained token (activations + the float32 log-softmax it keeps)
-    against the bytes of the tensors autograd saves for backward in the trainer's forward."""
+    against the bytes of the tensors autograd saves for backward in the trainer's forward: the plain
+    one (every row whole) and the one that reads each distinct prompt once (train.share_prompts), whose
+    micro-batch the plan counts as the prompts, the completions and the prompts' keys and values
+    gathered to every row (plan/memory.py training_candidate)."""
     from mlmt_bench.algorithms.update import TrainItem, sequence_logprobs
     from mlmt_bench.models import cpu_attention
+    from mlmt_bench.models.shared_prompts import shared_prompt_logprobs
     from mlmt_bench.models.tiny import build_tiny_model
     from mlmt_bench.models.tokenizer import build_char_tokenizer
-    from mlmt_bench.plan.memory import act_bytes_per_token
+    from mlmt_bench.plan.memory import MicroBatch, act_bytes_per_token, training_candidate
+    from mlmt_bench.plan.work import PlannedPolicy
 
     tok = build_char_tokenizer()
-    model = build_tiny_model(preset, tok, 0).to(dtype)
+    model = build_tiny_model(preset, tok, 0).to(dtype).train()
     shape = shape_of_preset(preset)
-    rows, prompt, new = 8, 30, 40
-    items = [TrainItem(list(range(10, 10 + prompt)), list(range(20, 20 + new)), 1.0) for _ in range(rows)]
+    prompts, group, prompt, new = 2, 4, 30, 40
+    rows = prompts * group
+    items = [TrainItem([10 + k, *range(11, 10 + prompt)], list(range(20, 20 + new)), 1.0)
+             for k in range(prompts) for _ in range(group)]
     storages: dict[int, int] = {}
 
     def pack(t):
@@ -286,10 +294,17 @@ def test_activation_estimate_is_calibrated_against_autograd(preset, dtype):
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        sequence_logprobs(model, items, tok.pad_token_id)
+        (shared_prompt_logprobs if shared else sequence_logprobs)(model, items, tok.pad_token_id)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved = sum(v for k, v in storages.items() if k not in params)
     b = torch.finfo(dtype).bits // 8
+    if shared:
+        policy = PlannedPolicy("solver", PolicySpec(model="tiny", dtype=str(dtype).removeprefix("torch.")), shape, 0,
+                               True)
+        _, lines = training_candidate(policy, MicroBatch(rows, new, new, prompts, prompt))
+        estimate = next(v for k, v in lines.items() if k.startswith("activations")) + rows * new * shape.vocab * 4
+        assert 1.0 <= estimate / saved <= 1.3, estimate / saved
+        return
     estimate = rows * (prompt + new) * act_bytes_per_token(shape, b, False) + rows * (new + 1) * shape.vocab * 4
     if dtype in cpu_attention._FAILED:
         # this CPU's flash kernel cannot run in this dtype under the pin (models/cpu_attention.py): the
@@ -299,6 +314,34 @@ def test_activation_estimate_is_calibrated_against_autograd(preset, dtype):
         assert (b + 2) * entries < saved - estimate <= (b + 4) * entries, (saved, estimate, entries)
         return
     assert 1.0 <= estimate / saved <= 1.3, estimate / saved
+
+
+def test_micro_batches_are_counted_as_the_update_reads_them():
+    """With prompts read once a turn's ``siblings`` share one (G attempts of a problem): two groups of
+    four rows fit 2 × 30 + 8 × 40 = 380 tokens, and split into their groups at 379; read whole, 8 rows
+    of 70 tokens take 560, so 379 holds 5 of them."""
+    from mlmt_bench.plan.memory import MicroBatch, micro_batch_shapes
+    from mlmt_bench.plan.work import Turn
+
+    turns = [Turn("attempt", "solver", 8, 30.0, 40, siblings=4)]
+    assert micro_batch_shapes(turns, ["solver"], 1, 380, shared=True) == [MicroBatch(8, 40, 40, 2, 30)]
+    assert micro_batch_shapes(turns, ["solver"], 1, 379, shared=True) == [MicroBatch(4, 40, 40, 1, 30)] * 2
+    assert micro_batch_shapes(turns, ["solver"], 1, 379) == [MicroBatch(5, 70, 40), MicroBatch(3, 70, 40)]
+    assert micro_batch_shapes(turns, ["critic"], 1, 379, shared=True) == []
+
+
+def test_gradient_checkpointing_reads_every_prompt_whole_in_the_plan_too(write_spec):
+    """A model with gradient checkpointing does not share prompts (update.LossConfig.shares): the plan
+    counts its update reading every trained token."""
+    solver = {"model": "hf", "path": "Qwen/Qwen2.5-0.5B-Instruct", "dtype": "bfloat16"}
+    for checkpointing, shared in ((False, True), (True, False)):
+        policy = {**solver, "gradient_checkpointing": checkpointing}
+        spec = write_spec({**minimal_spec(), "policies": {"solver": policy}}, f"ckpt-{checkpointing}.yaml")
+        res = runner.invoke(app, ["--json", "plan", str(spec), "--device", "h200"])
+        assert res.exit_code == 0, res.stderr
+        tokens = json.loads(res.stdout)["per_step"]["tokens"]
+        assert (tokens["read"]["solver"] < tokens["trained"]["solver"]) is shared
+        assert tokens["read"]["solver"] <= tokens["trained"]["solver"]
 
 
 def test_a_spec_that_does_not_fit_is_refused_unless_forced(write_spec):

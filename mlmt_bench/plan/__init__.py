@@ -22,8 +22,10 @@ Reported, per GPU (a process under data parallelism gets ``problems_per_step / g
   hf static decode: its KV-cache budget; hf generate: the KV cache of the largest call), and the
   larger of the generation phase (prefill activations, KV of plain generate) and the training
   phase (activations of the largest micro-batch as ``train.micro_batch_tokens`` and
-  ``grad_accum`` split the update, checkpointed with ``gradient_checkpointing``, and the float32
-  log-softmax over the vocabulary of the trained positions) and the log-prob phase before it
+  ``grad_accum`` split the update, checkpointed with ``gradient_checkpointing``; with
+  ``train.share_prompts`` those of the distinct prompts read once, the completions, and the prompts'
+  keys and values gathered to every row; and the float32 log-softmax over the vocabulary of the
+  trained positions) and the log-prob phase before it
   (π_ref / π_old logits), plus a fixed runtime overhead. Not included: allocator
   fragmentation, the learned value's feature pass, vLLM's own compile workspace, DAPO dynamic
   sampling's extra rounds, other processes. Treat it as ±30 %.
@@ -31,7 +33,8 @@ Reported, per GPU (a process under data parallelism gets ``problems_per_step / g
   model; the nearest model size on the device is scaled by parameter count); the update is timed on
   the tokens it reads (with ``train.share_prompts`` a prompt once for the turns that share it: G
   attempts of a problem, K feedbacks of an attempt, the refinements of one feedback, or of one
-  attempt where a rule writes its feedbacks), its FLOPs stay the nominal count of trained tokens.
+  attempt where a rule writes its feedbacks; not on a model with gradient checkpointing, which reads
+  every row whole), its FLOPs stay the nominal count of trained tokens.
 
 An experiment's time is every arm's estimate once per seed, less the step-0 evaluations the eval
 memo (:mod:`mlmt_bench.io.eval_memo`) reads rather than runs: an arm's seeds after the first, when its
@@ -64,6 +67,7 @@ from mlmt_bench.plan.work import (
     evaluations,
     planned_policies,
     prompt_lengths,
+    sharing_roles,
     step_turns,
     step_work,
     trained_sequences,
@@ -101,7 +105,7 @@ def plan_run(spec: RunSpec, device: Device, gpus: int = 1, table: dict[str, Any]
         feedback = next((t for t in turns if t.kind == "feedback"), None)
         if refine is not None and feedback is not None:
             value_tokens = feedback.count * refine.prompt
-    step = step_work(turns, trained, params, value_tokens, spec.train.share_prompts)
+    step = step_work(turns, trained, params, value_tokens, sharing_roles(spec, policies))
     model_params = {r: p.shape.params for r, p in policies.items()}
 
     gen_per_step = sum(step.generated.values()) * gpus

@@ -13,10 +13,12 @@ before it) and :func:`runtime_item`.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from mlmt_bench.plan.throughput import GB, Device
-from mlmt_bench.plan.work import PlannedPolicy, Turn
+from mlmt_bench.plan.work import PlannedPolicy, Turn, sharing_roles
 
 if TYPE_CHECKING:
     from mlmt_bench.algorithms.params import LossParams
@@ -46,21 +48,46 @@ def logit_bytes_per_token(shape: Any, b: int) -> float:
     return shape.vocab * (4 + b + 8)
 
 
-def micro_batch_shapes(trained: list[Turn], roles: list[str], grad_accum: int,
-                   mb_tokens: int | None) -> list[tuple[int, float, float]]:
-    """(rows, padded length, logit positions per row) of each micro-batch of an update over the
-    trained sequences of ``roles``, split as the update splits them (models/forward.py:
-    at most ``train.micro_batch_tokens`` padded tokens and at least ``grad_accum`` micro-batches)."""
-    from mlmt_bench.models.forward import micro_batches
+@dataclass(frozen=True)
+class MicroBatch:
+    """One micro-batch of an update: ``rows`` sequences padded to ``length`` tokens, ``logit_pos``
+    trained positions a row; read with each prompt once (``prompts`` > 0: that many distinct prompts
+    padded to ``prompt_len``, the completions after them, ``length`` the longest completion)."""
 
-    seqs = [(t.prompt, t.new) for t in trained if t.role in roles for _ in range(t.count)]
-    if not seqs:
+    rows: int
+    length: float
+    logit_pos: float
+    prompts: int = 0
+    prompt_len: float = 0.0
+
+
+def micro_batch_shapes(trained: list[Turn], roles: list[str], grad_accum: int,
+                       mb_tokens: int | None, shared: bool = False) -> list[MicroBatch]:
+    """Each micro-batch of an update over the trained sequences of ``roles``, split as the update
+    splits them: at most ``train.micro_batch_tokens`` padded tokens and at least ``grad_accum``
+    micro-batches, the tokens counted as the forward reads them (``shared``: each distinct prompt once,
+    ``models/shared_prompts.prompt_group_batches``, a turn's ``siblings`` sharing one; else whole rows,
+    ``models/forward.micro_batches``). The auxiliary turns ("sft", "distill") are read whole."""
+    from mlmt_bench.models.forward import micro_batches
+    from mlmt_bench.models.shared_prompts import prompt_group_batches
+
+    rows = [t for t in trained if t.role in roles for _ in range(t.count)]
+    if not rows:
         return []
-    lengths = [int(math.ceil(p + n)) for p, n in seqs]
-    out: list[tuple[int, float, float]] = []
-    for mb in micro_batches(lengths, mb_tokens, max_rows=-(-len(seqs) // grad_accum)):
-        length = max(lengths[i] for i in mb)
-        out.append((len(mb), length, length - min(seqs[i][0] for i in mb)))
+    cap = -(-len(rows) // grad_accum)
+    whole = [t for t in rows if not shared or t.auxiliary]
+    lengths = [int(math.ceil(t.prompt + t.new)) for t in whole]
+    out = [MicroBatch(len(mb), max(lengths[i] for i in mb), max(lengths[i] for i in mb)
+                      - min(whole[i].prompt for i in mb)) for mb in micro_batches(lengths, mb_tokens, max_rows=cap)]
+    items: list[SimpleNamespace] = []
+    for k, t in enumerate(t for t in trained if t.role in roles and shared and not t.auxiliary):
+        pad = [0] * max(0, int(math.ceil(t.prompt)) - 2)
+        for row in range(t.count):  # rows of one group share a prompt: its first two tokens say which
+            items.append(SimpleNamespace(prompt_ids=[k, row // max(1, t.siblings), *pad], ids=[0] * max(1, t.new)))
+    for mb in prompt_group_batches(items, mb_tokens, cap) if items else []:
+        prompt_len = max(len(items[i].prompt_ids) for i in mb)
+        width = max(len(items[i].ids) for i in mb)
+        out.append(MicroBatch(len(mb), width, width, len({tuple(items[i].prompt_ids) for i in mb}), prompt_len))
     return out
 
 
@@ -156,16 +183,23 @@ def update_roles(p: PlannedPolicy, policies: dict[str, PlannedPolicy]) -> list[s
     return [r for r, q in policies.items() if (q is p or (q.shared and p.role == "solver")) and q.trains]
 
 
-def training_candidate(p: PlannedPolicy, rows: int, length: float, logit_pos: float) -> tuple[float, dict[str, float]]:
-    """Bytes of one micro-batch's forward and backward (``rows`` × ``length`` padded tokens,
-    ``logit_pos`` trained positions a row): the activations autograd keeps and the logits with
-    their float32 log-softmax. (total, its lines)."""
+def training_candidate(p: PlannedPolicy, mb: MicroBatch) -> tuple[float, dict[str, float]]:
+    """Bytes of one micro-batch's forward and backward: the activations autograd keeps and the logits
+    with their float32 log-softmax. Read with each prompt once, the activations are those of the
+    distinct prompts and of the completions, plus the prompts' keys and values gathered to every row
+    (its KV cache, kept for the completions' attention). (total, its lines)."""
     ckpt = p.spec.gradient_checkpointing
-    act = rows * length * act_bytes_per_token(p.shape, p.bytes, ckpt)
-    logits = rows * logit_pos * logit_bytes_per_token(p.shape, p.bytes)
-    return act + logits, {
-        f"activations ({p.role}, {rows} sequences x {int(length)} tokens{', checkpointed' if ckpt else ''})": act,
-        f"logits + float32 log-softmax ({p.role})": logits}
+    per_token = act_bytes_per_token(p.shape, p.bytes, ckpt)
+    logits = mb.rows * mb.logit_pos * logit_bytes_per_token(p.shape, p.bytes)
+    if not mb.prompts:
+        act = mb.rows * mb.length * per_token
+        what = f"{mb.rows} sequences x {int(mb.length)} tokens{', checkpointed' if ckpt else ''}"
+    else:
+        cache = mb.rows * mb.prompt_len * 2 * p.shape.kv_dim * p.shape.layers * p.bytes
+        act = (mb.prompts * mb.prompt_len + mb.rows * mb.length) * per_token + cache
+        what = (f"{mb.prompts} prompts x {int(mb.prompt_len)} tokens read once, {mb.rows} completions x "
+                f"{int(mb.length)} tokens after them")
+    return act + logits, {f"activations ({p.role}, {what})": act, f"logits + float32 log-softmax ({p.role})": logits}
 
 
 def logprob_candidate(p: PlannedPolicy, rows: int, logit_pos: float) -> tuple[float, dict[str, float]]:
@@ -191,12 +225,13 @@ def update_items(spec: RunSpec, params: LossParams, policies: dict[str, PlannedP
     extra_pass = params.needs_reference() or params.loss_terms().epochs > 1
     train: list[tuple[float, dict[str, float]]] = []
     logprobs: list[tuple[float, dict[str, float]]] = []
+    shared = sharing_roles(spec, policies)
     for p in distinct_models(policies):
         shapes = micro_batch_shapes(trained, update_roles(p, policies), spec.train.grad_accum,
-                                    spec.train.micro_batch_tokens)
-        train += [training_candidate(p, rows, length, pos) for rows, length, pos in shapes]
+                                    spec.train.micro_batch_tokens, p.role in shared)
+        train += [training_candidate(p, mb) for mb in shapes]
         if extra_pass:
-            logprobs += [logprob_candidate(p, rows, pos) for rows, _, pos in shapes]
+            logprobs += [logprob_candidate(p, mb.rows, mb.logit_pos) for mb in shapes]
     return [*(("training", what, nbytes) for what, nbytes in largest(train).items()),
             *(("logprobs", what, nbytes) for what, nbytes in largest(logprobs).items())]
 

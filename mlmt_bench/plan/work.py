@@ -10,6 +10,7 @@ trainer counts them (:class:`Work`), all as upper bounds (every turn runs to its
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -122,6 +123,15 @@ class Work:
                                   for r, v in self.generated.items()),
                 "training": sum(cost.training_flops(params[r], int(v)) for r, v in self.trained.items()),
                 "forward": sum(cost.forward_flops(params[r], int(v)) for r, v in self.forward.items())}
+
+
+def sharing_roles(spec: RunSpec, policies: dict[str, PlannedPolicy]) -> frozenset[str]:
+    """The roles whose update reads each distinct prompt of a micro-batch once (``train.share_prompts``),
+    as ``update.LossConfig.shares`` decides it: not on a model with gradient checkpointing. (Nor under
+    FSDP, which a plan does not know of: there it counts the sharing the run will not do.)"""
+    if not spec.train.share_prompts:
+        return frozenset()
+    return frozenset(r for r, p in policies.items() if not p.spec.gradient_checkpointing)
 
 
 def planned_policies(spec: RunSpec, algorithm: Any) -> dict[str, PlannedPolicy]:
@@ -264,14 +274,14 @@ def trained_sequences(turns: list[Turn], policies: dict[str, PlannedPolicy], len
 
 
 def step_work(turns: list[Turn], trained: list[Turn], params: LossParams | None, value_contexts: float,
-              share_prompts: bool = False) -> Work:
+              share_roles: Collection[str] = ()) -> Work:
     """Tokens of one step as the trainer counts them: prefill and generated per generated turn;
     trained sequences (prompt + completion) every epoch; extra forward passes over them once each
     for π_ref (β > 0, or self_correct's β₂) and π_old (epochs > 1), except over auxiliary ones
     (the update computes neither for "sft" / "distill" items), and a distillation teacher's pass
     over each "distill" turn in its own context; ``value_contexts`` tokens for the learned
     value's features (METHOD.md v2). ``read``: what the update reads of the trained sequences, a
-    prompt once per ``siblings`` sequences with ``share_prompts``."""
+    prompt once per ``siblings`` sequences for a role in ``share_roles`` (:func:`sharing_roles`)."""
     w = Work()
     for t in turns:
         w.add("prefill", t.role, t.count * t.prompt)
@@ -283,7 +293,7 @@ def step_work(turns: list[Turn], trained: list[Turn], params: LossParams | None,
         seq = t.count * (t.prompt + t.new)
         w.add("trained", t.role, seq * epochs)
         # the auxiliary terms ("sft", "distill") read every row whole (update._auxiliary_sum)
-        if share_prompts and not t.auxiliary:
+        if t.role in share_roles and not t.auxiliary:
             first = (t.role, t.context or t.kind) not in prompts_read
             prompts_read.add((t.role, t.context or t.kind))
             read = t.count * t.new + (t.count / t.siblings * t.prompt if first else 0.0)
