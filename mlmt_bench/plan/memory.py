@@ -75,10 +75,14 @@ def micro_batch_shapes(trained: list[Turn], roles: list[str], grad_accum: int,
     if not rows:
         return []
     cap = -(-len(rows) // grad_accum)
-    whole = [t for t in rows if not shared or t.auxiliary]
-    lengths = [int(math.ceil(t.prompt + t.new)) for t in whole]
-    out = [MicroBatch(len(mb), max(lengths[i] for i in mb), max(lengths[i] for i in mb)
-                      - min(whole[i].prompt for i in mb)) for mb in micro_batches(lengths, mb_tokens, max_rows=cap)]
+    out = []
+    # the auxiliary rows in micro-batches of their own, as the update splits them; with them the policy-loss
+    # rows when read whole
+    for whole in ([t for t in rows if t.auxiliary], [t for t in rows if not (shared or t.auxiliary)]):
+        lengths = [int(math.ceil(t.prompt + t.new)) for t in whole]
+        for mb in micro_batches(lengths, mb_tokens, max_rows=cap):
+            length = max(lengths[i] for i in mb)
+            out.append(MicroBatch(len(mb), length, length - min(whole[i].prompt for i in mb)))
     items: list[SimpleNamespace] = []
     for k, t in enumerate(t for t in trained if t.role in roles and shared and not t.auxiliary):
         pad = [0] * max(0, int(math.ceil(t.prompt)) - 2)
