@@ -449,3 +449,19 @@ def test_a_run_untrained_within_the_flops_budget_is_flagged_in_the_table(tmp_pat
     res = CliRunner().invoke(app, ["report", str(a), str(b), "--at-flops", "1.05e9", "-o", str(tmp_path / "cli")])
     assert res.exit_code == 0, res.stderr
     assert "warning: mlmt: no evaluation after step 0 within 1.05e+09 FLOPs" in res.stderr
+
+
+def test_an_arm_fed_by_the_oracle_is_noted_as_an_upper_bound(arms, tmp_path):
+    """Every run of mlmt took its feedback from the rule-based oracle (manifest roles.feedback): the report
+    says it is a bound, not a method; an arm fed by its critic is not called one."""
+    for path in arms["mlmt"]:
+        manifest = json.loads((path / "manifest.json").read_text())
+        (path / "manifest.json").write_text(json.dumps({**manifest, "roles": {"solver": "trained",
+                                                                                "feedback": "oracle"}}))
+    (path := arms["self_correct"][0] / "manifest.json").write_text(json.dumps(
+        {**json.loads(path.read_text()), "roles": {"solver": "trained", "feedback": "critic"}}))
+    summary = build_comparison(arms, tmp_path / "o", baseline="grpo")
+    bound = [n for n in summary["notes"] if "rule-based oracle" in n]
+    assert len(bound) == 1 and bound[0].startswith("mlmt (and the rows derived from its runs): ")
+    assert "an upper bound on what feedback can do, not a method" in bound[0]
+    assert bound[0] in (tmp_path / "o" / "comparison.md").read_text()

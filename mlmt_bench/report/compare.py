@@ -306,6 +306,7 @@ def build_comparison(
     notes = list(notes or [])
     notes += _read_at_notes(loaded, at_flops) if at_flops is not None else []
     notes += _value_notes(loaded)
+    notes += _bound_notes(loaded)
     for arm, results in loaded.items():
         for r in results:
             if not r.has_final and at_flops is None:
@@ -369,6 +370,17 @@ def build_comparison(
     summary["files"] = {"comparison.md": str(md_path), "acc_vs_tokens.png": str(png_path),
                         "index.html": str(html_path), "problems.html": str(problems_path)}
     return summary
+
+
+def _bound_notes(loaded: dict[str, list[RunRecord]]) -> list[str]:
+    """An arm whose every run took its feedback from the benchmark's rule-based oracle (the manifest's
+    ``roles.feedback``), which knows the answer, is an upper bound and not a method (METHOD: oracle_feedback)."""
+    bounds = [arm for arm, results in own_arms(loaded).items()
+              if results and all((r.manifest.get("roles") or {}).get("feedback") == "oracle" for r in results)]
+    return [f"{arm} (and the rows derived from its runs): its feedback, in training and at test time, comes from the "
+            "benchmark's rule-based oracle, which knows the answer (manifest: roles.feedback = oracle): an upper "
+            "bound on what feedback can do, not a method; it is compared and counted in the Holm families like the "
+            "other arms." for arm in bounds]
 
 
 def _value_notes(loaded: dict[str, list[RunRecord]]) -> list[str]:
