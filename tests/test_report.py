@@ -465,3 +465,24 @@ def test_an_arm_fed_by_the_oracle_is_noted_as_an_upper_bound(arms, tmp_path):
     assert len(bound) == 1 and bound[0].startswith("mlmt (and the rows derived from its runs): ")
     assert "an upper bound on what feedback can do, not a method" in bound[0]
     assert bound[0] in (tmp_path / "o" / "comparison.md").read_text()
+
+
+def test_runs_of_other_mlmt_bench_code_are_named(arms, tmp_path):
+    """One note lists which runs ran which source (manifest code and resumed_code); runs that all ran one
+    source, or recorded none, get none."""
+    def set_code(path, **fields):
+        (path / "manifest.json").write_text(json.dumps({**json.loads((path / "manifest.json").read_text()), **fields}))
+
+    summary = build_comparison(arms, tmp_path / "none", baseline="grpo")
+    assert not [n for n in summary["notes"] if "versions of mlmt-bench's source" in n]
+    for paths in arms.values():
+        for path in paths:
+            set_code(path, code="a" * 64)
+    summary = build_comparison(arms, tmp_path / "one", baseline="grpo")
+    assert not [n for n in summary["notes"] if "versions of mlmt-bench's source" in n]
+    set_code(arms["mlmt"][1], resumed_code=["b" * 64, "`not a sha`"])
+    set_code(arms["mlmt"][0], resumed_code="c" * 64)  # not a list: not read
+    summary = build_comparison(arms, tmp_path / "two", baseline="grpo")
+    (note,) = [n for n in summary["notes"] if "versions of mlmt-bench's source" in n]
+    assert note == ("The runs ran 2 versions of mlmt-bench's source (manifest: code, resumed_code): `aaaaaaaaaaaa` "
+                    "(grpo s0, grpo s1, mlmt s0, mlmt s1, self_correct s0); `bbbbbbbbbbbb` (mlmt s1).")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 from pathlib import Path
 from typing import Any
@@ -307,6 +308,7 @@ def build_comparison(
     notes += _read_at_notes(loaded, at_flops) if at_flops is not None else []
     notes += _value_notes(loaded)
     notes += _bound_notes(loaded)
+    notes += _code_notes(loaded)
     for arm, results in loaded.items():
         for r in results:
             if not r.has_final and at_flops is None:
@@ -381,6 +383,27 @@ def _bound_notes(loaded: dict[str, list[RunRecord]]) -> list[str]:
             "benchmark's rule-based oracle, which knows the answer (manifest: roles.feedback = oracle): an upper "
             "bound on what feedback can do, not a method; it is compared and counted in the Holm families like the "
             "other arms." for arm in bounds]
+
+
+#: a manifest's ``code``: the hex sha256 of mlmt-bench's source (tracking.code_fingerprint)
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def _code_notes(loaded: dict[str, list[RunRecord]]) -> list[str]:
+    """Where the runs compared ran more than one version of mlmt-bench's source (the manifest's ``code`` at the
+    start and ``resumed_code`` at each resume; runs from before it was recorded say nothing): which runs ran
+    which, so that a difference between arms is not read as one between methods alone."""
+    ran: dict[str, list[str]] = {}
+    for arm, results in own_arms(loaded).items():
+        for r in results:
+            resumed = r.manifest.get("resumed_code")
+            codes = [r.manifest.get("code"), *(resumed if isinstance(resumed, list) else [])]
+            for code in dict.fromkeys(c for c in codes if isinstance(c, str) and SHA256_HEX.fullmatch(c)):
+                ran.setdefault(code, []).append(f"{arm} s{r.seed}")
+    if len(ran) < 2:
+        return []
+    return ["The runs ran " + str(len(ran)) + " versions of mlmt-bench's source (manifest: code, resumed_code): "
+            + "; ".join(f"`{code[:12]}` ({', '.join(runs)})" for code, runs in ran.items()) + "."]
 
 
 def _value_notes(loaded: dict[str, list[RunRecord]]) -> list[str]:
