@@ -377,8 +377,11 @@ def build_comparison(
 def _bound_notes(loaded: dict[str, list[RunRecord]]) -> list[str]:
     """An arm whose every run took its feedback from the benchmark's rule-based oracle (the manifest's
     ``roles.feedback``), which knows the answer, is an upper bound and not a method (METHOD: oracle_feedback)."""
-    bounds = [arm for arm, results in own_arms(loaded).items()
-              if results and all((r.manifest.get("roles") or {}).get("feedback") == "oracle" for r in results)]
+    def oracle_fed(r: RunRecord) -> bool:
+        roles = r.manifest.get("roles")
+        return isinstance(roles, dict) and roles.get("feedback") == "oracle"
+
+    bounds = [arm for arm, results in own_arms(loaded).items() if results and all(map(oracle_fed, results))]
     return [f"{arm} (and the rows derived from its runs): its feedback, in training and at test time, comes from the "
             "benchmark's rule-based oracle, which knows the answer (manifest: roles.feedback = oracle): an upper "
             "bound on what feedback can do, not a method; it is compared and counted in the Holm families like the "
