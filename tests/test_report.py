@@ -158,7 +158,7 @@ def test_paired_difference_two_way_holm_mde_and_mcnemar_per_seed(arms, tmp_path)
     sc_row = table_row(against, "self_correct")
     assert sc_row[0] == "4 problems (seed means)" and sc_row[1].startswith("-12.5 pp [")
     assert sc_row[1].endswith("(problems only: seed means)") and sc_row[5] == "s0 -25.0"
-    assert "two-way bootstrap" in md and "Holm-adjusted over the 2 arms compared with grpo" in md
+    assert "two-way bootstrap" in md and "Holm-adjusted over the 2 methods compared with grpo" in md
     assert "secondary: conditional on these seeds" in md and "METHOD.md v3" in md and "METHOD.md v2" not in md
 
 
@@ -463,8 +463,16 @@ def test_an_arm_fed_by_the_oracle_is_noted_as_an_upper_bound(arms, tmp_path):
     summary = build_comparison(arms, tmp_path / "o", baseline="grpo")
     bound = [n for n in summary["notes"] if "rule-based oracle" in n]
     assert len(bound) == 1 and bound[0].startswith("mlmt (and the rows derived from its runs): ")
-    assert "an upper bound on what feedback can do, not a method" in bound[0]
-    assert bound[0] in (tmp_path / "o" / "comparison.md").read_text()
+    assert "an upper bound on what feedback can do, not a method, so it is compared with the baseline but left " \
+           "out of the Holm families" in bound[0]
+    md = (tmp_path / "o" / "comparison.md").read_text()
+    assert bound[0] in md
+    # compared, with its own p, but no Holm p: the family is the one method left, whose Holm p is its p
+    assert summary["statistics"]["holm_family"] == ["self_correct"]
+    assert summary["paired"]["mlmt"]["p_holm"] is None and summary["paired"]["mlmt"]["p_value"] is not None
+    sc = summary["paired"]["self_correct"]
+    assert sc["p_holm"] == sc["p_value"]
+    assert table_row(md.split("## Against grpo")[1], "mlmt")[3] == "–"
 
 
 def test_runs_of_other_mlmt_bench_code_are_named(arms, tmp_path):

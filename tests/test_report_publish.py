@@ -98,7 +98,9 @@ def test_a_published_report_holds_its_raw_data_and_rerenders_byte_for_byte_anywh
     assert summary["published"]["bytes"] < 1_000_000 and not summary["published"]["over_limit"]
     # the JSON summary carries the v3 statistics
     assert summary["statistics"]["analysis"].startswith("two-way") and summary["statistics"]["n_boot"] == 10_000
-    assert summary["statistics"]["holm_family"] == ["grpo + base critic", "mlmt", "self_correct"]
+    # Holm over the methods (METHOD v3): not over grpo's own test-time variant, grpo + base critic
+    assert summary["statistics"]["holm_family"] == ["mlmt", "self_correct"]
+    assert summary["paired"]["grpo + base critic"]["p_holm"] is None
     assert {"p_holm", "mde", "sign_flip_p", "per_seed_diff"} <= set(summary["paired"]["mlmt"])
     assert summary["paired"]["mlmt"]["per_seed_diff"] == {"0": 0.625, "1": 0.75}  # 7/8 and 8/8 against 2/8
     record = json.loads((pub / "experiment.json").read_text())
@@ -189,10 +191,10 @@ def test_the_arms_that_refine_are_also_tested_against_grpo_with_the_same_test_ti
     assert help_["paired"]["mlmt"]["mcnemar"]["0"] == {"b": 4, "c": 0, "p_value": 0.125}
     md = (tmp_path / "pub" / "comparison.md").read_text()
     section = md.split("## Against grpo + base critic (equal test-time help)\n", 1)[1].split("\n## ", 1)[0]
-    assert "Holm-adjusted over the 2 arms compared with grpo + base critic" in section
+    assert "Holm-adjusted over the 2 methods compared with grpo + base critic" in section
     assert [line.split(" | ")[0] for line in section.splitlines() if line.startswith("| ")][1:] == [
         "| mlmt", "| self_correct"]
-    assert "(and, a separate family, over the 2 arms compared with grpo + base critic)" in md
+    assert "(and, a separate family, over the 2 methods compared with grpo + base critic)" in md
     page = (tmp_path / "pub" / "index.html").read_text()
     assert "id='equal-help'" in page
     csv_b64 = re.search(r'<a download="metrics.csv" href="data:[^;]+;base64,([A-Za-z0-9+/=]+)">', page)[1]

@@ -22,6 +22,7 @@ same on every machine.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -150,11 +151,13 @@ def gain(results: list[RunRecord]) -> dict[str, Any] | None:
     return {**rec, "mean": rec["diff"], "std": std, "per_seed": per_seed}
 
 
-def versus_baseline(loaded: dict[str, list[RunRecord]], baseline: str) -> dict[str, dict[str, Any]]:
+def versus_baseline(loaded: dict[str, list[RunRecord]], baseline: str,
+                    family: Collection[str] | None = None) -> dict[str, dict[str, Any]]:
     """Every other arm − ``baseline`` in final acc@t2: :func:`paired` records plus ``p_holm``, the
-    Holm-adjusted ``p_value`` over the arms with a difference (their order in ``loaded``). The arms
-    on the baseline's seeds and problems share one set of draws (``compare_methods``); the others
-    fall back as :func:`paired` says."""
+    Holm-adjusted ``p_value`` over the arms of ``family`` with a difference (their order in ``loaded``;
+    None: every arm), None for an arm outside it (METHOD v3: Holm over the methods compared with one
+    baseline, not over its controls and bounds). The arms on the baseline's seeds and problems share one
+    set of draws (``compare_methods``); the others fall back as :func:`paired` says."""
     base = seed_rows(loaded[baseline])
     out: dict[str, dict[str, Any]] = {}
     crossed: dict[str, np.ndarray] = {}
@@ -178,8 +181,11 @@ def versus_baseline(loaded: dict[str, list[RunRecord]], baseline: str) -> dict[s
         cm = twoway.compare_methods({baseline: base_arr, **crossed}, baseline, N_BOOT, ALPHA, POWER, BOOT_SEED)
         for arm in crossed:
             out[arm] = _two_way_record(cm["methods"][arm]["vs_baseline"], seeds, int(cm["n_problems"]))
-    family = [a for a, rec in out.items() if rec.get("n_problems")]
-    for arm, p in zip(family, holm_adjust([out[a]["p_value"] for a in family])):
+    adjusted = [a for a, rec in out.items() if rec.get("n_problems") and (family is None or a in family)]
+    for rec in out.values():
+        if rec.get("n_problems"):
+            rec["p_holm"] = None
+    for arm, p in zip(adjusted, holm_adjust([out[a]["p_value"] for a in adjusted])):
         out[arm]["p_holm"] = p
     return out
 
@@ -187,11 +193,14 @@ def versus_baseline(loaded: dict[str, list[RunRecord]], baseline: str) -> dict[s
 def statistics_text(summary: dict[str, Any]) -> str:
     """The paragraph (Markdown) that says how the report's statistics are computed (METHOD v3)."""
     st, baseline, help_ = summary["statistics"], summary["baseline"], summary.get("equal_help")
-    holm = (f"; for a difference from {baseline}, the Holm-adjusted p over the {len(st['holm_family'])} arms "
+    holm = (f"; for a difference from {baseline}, the Holm-adjusted p over the {len(st['holm_family'])} methods "
             "compared with it" if baseline is not None else "")
     if help_:
-        holm += (f" (and, a separate family, over the {len(help_['holm_family'])} arms compared with "
+        holm += (f" (and, a separate family, over the {len(help_['holm_family'])} methods compared with "
                  f"{help_['baseline']})")
+    if baseline is not None:
+        holm += ("; the other rows (an arm's test-time variants and controls, upper bounds) have no Holm p: they "
+                 "are not methods (METHOD v3: Holm over the methods compared with one baseline)")
     spread = ("the seeds of the runs listed above share one base, so there it is RL sampling, data order and the "
               "value model's initialisation only" if summary.get("shared_bases")
               else "each seed has its own base, so it includes initialisation")
@@ -224,7 +233,8 @@ def equal_help_text(help_: dict[str, Any]) -> str:
 def _against_text(baseline: str, k: int) -> str:
     return (f"Difference = arm − {baseline} in final acc@t2 on the same seeds and problems (the arm's seed-s run "
             f"against {baseline}'s, problem by problem): its two-way bootstrap 95% CI and p-value, the p "
-            f"Holm-adjusted over the {k} arms compared with {baseline} (* marks p (Holm) < {ALPHA}), and the MDE "
+            f"Holm-adjusted over the {k} methods compared with {baseline} (* marks p (Holm) < {ALPHA}; – for a row "
+            "that is not a method), and the MDE "
             f"(80% power, α = 0.05). Per-seed differences: the arm's acc@t2 − {baseline}'s on each seed, in "
             "points. Secondary, conditional on these seeds: the v2 sign-flip permutation test over problems of "
             "the seed-averaged differences (it leaves out seed-to-seed variation). McNemar: exact, per seed "

@@ -155,11 +155,23 @@ def _reach(results: list[RunRecord], target: float, x_key: str) -> dict[str, Any
             "at_start": at_start, "median": float(statistics.median(reached)) if reached else None}
 
 
-def _versus(loaded: dict[str, list[RunRecord]], baseline: str) -> dict[str, dict[str, Any]]:
-    """Every other arm of ``loaded`` − ``baseline``: :func:`analysis.versus_baseline` with the
-    McNemar test per seed."""
+def _versus(loaded: dict[str, list[RunRecord]], baseline: str, methods: list[str]) -> dict[str, dict[str, Any]]:
+    """Every other arm of ``loaded`` − ``baseline``: :func:`analysis.versus_baseline`, Holm over
+    ``methods``, with the McNemar test per seed."""
     return {arm: {**rec, "mcnemar": _mcnemar(loaded[arm], loaded[baseline])}
-            for arm, rec in analysis.versus_baseline(loaded, baseline).items()}
+            for arm, rec in analysis.versus_baseline(loaded, baseline, methods).items()}
+
+
+def method_arms(loaded: dict[str, list[RunRecord]], baseline: str) -> list[str]:
+    """The arms compared with ``baseline`` that are methods, the family Holm adjusts over (METHOD v3):
+    every arm of its own runs but the baseline and the upper bounds (:func:`oracle_bounds`); not the rows
+    derived from an arm's runs (its base-critic, unredacted and second-solver rows)."""
+    bounds = oracle_bounds(loaded)
+    return [a for a in own_arms(loaded) if a != baseline and a not in bounds]
+
+
+def _holm_family(paired: dict[str, dict[str, Any]]) -> list[str]:
+    return [a for a, p in paired.items() if p.get("n_problems") and p.get("p_holm") is not None]
 
 
 def _equal_help(loaded: dict[str, list[RunRecord]], baseline: str | None) -> dict[str, Any] | None:
@@ -173,9 +185,9 @@ def _equal_help(loaded: dict[str, list[RunRecord]], baseline: str | None) -> dic
     refining = [a for a in own_arms(loaded) if a != baseline and any("i->c" in r.final for r in loaded[a])]
     if not refining:
         return None
-    paired = _versus({helped: loaded[helped], **{a: loaded[a] for a in refining}}, helped)
-    return {"baseline": helped, "paired": paired,
-            "holm_family": [a for a, p in paired.items() if p.get("n_problems")]}
+    paired = _versus({helped: loaded[helped], **{a: loaded[a] for a in refining}}, helped,
+                     [a for a in method_arms(loaded, baseline) if a in refining])
+    return {"baseline": helped, "paired": paired, "holm_family": _holm_family(paired)}
 
 
 def _mcnemar(arm_runs: list[RunRecord], base_runs: list[RunRecord]) -> dict[Any, dict[str, Any]]:
@@ -353,8 +365,8 @@ def build_comparison(
         summary["arms"][arm]["reach"] = ({x: _reach(results, target, x) for x in ("gen_tokens", "flops")}
                                          if target is not None else None)
     if baseline is not None:
-        summary["paired"] = _versus(loaded, baseline)
-    summary["statistics"]["holm_family"] = [a for a, p in summary["paired"].items() if p.get("n_problems")]
+        summary["paired"] = _versus(loaded, baseline, method_arms(loaded, baseline))
+    summary["statistics"]["holm_family"] = _holm_family(summary["paired"])
     summary["equal_help"] = _equal_help(loaded, baseline)
     notes += _statistics_notes(summary)
 
@@ -374,18 +386,22 @@ def build_comparison(
     return summary
 
 
-def _bound_notes(loaded: dict[str, list[RunRecord]]) -> list[str]:
-    """An arm whose every run took its feedback from the benchmark's rule-based oracle (the manifest's
-    ``roles.feedback``), which knows the answer, is an upper bound and not a method (METHOD: oracle_feedback)."""
+def oracle_bounds(loaded: dict[str, list[RunRecord]]) -> list[str]:
+    """The arms whose every run took its feedback from the benchmark's rule-based oracle (the manifest's
+    ``roles.feedback``), which knows the answer: upper bounds, not methods (METHOD: oracle_feedback)."""
     def oracle_fed(r: RunRecord) -> bool:
         roles = r.manifest.get("roles")
         return isinstance(roles, dict) and roles.get("feedback") == "oracle"
 
-    bounds = [arm for arm, results in own_arms(loaded).items() if results and all(map(oracle_fed, results))]
+    return [arm for arm, results in own_arms(loaded).items() if results and all(map(oracle_fed, results))]
+
+
+def _bound_notes(loaded: dict[str, list[RunRecord]]) -> list[str]:
+    """What a reader must know of each :func:`oracle_bounds` arm."""
     return [f"{arm} (and the rows derived from its runs): its feedback, in training and at test time, comes from the "
             "benchmark's rule-based oracle, which knows the answer (manifest: roles.feedback = oracle): an upper "
-            "bound on what feedback can do, not a method; it is compared and counted in the Holm families like the "
-            "other arms." for arm in bounds]
+            "bound on what feedback can do, not a method, so it is compared with the baseline but left out of the "
+            "Holm families." for arm in oracle_bounds(loaded)]
 
 
 #: a manifest's ``code``: the hex sha256 of mlmt-bench's source (tracking.code_fingerprint)
