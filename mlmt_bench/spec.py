@@ -59,6 +59,8 @@ _M = TypeVar("_M", bound=BaseModel)
 # ``MAX_LORA_RANK``          16,384 (``lora.r``): the hidden size of the largest models
 #                            (defined with ``LoraSpec``, :mod:`mlmt_bench.models.policy_spec`).
 # ``MAX_THREADS``            1,024 torch CPU threads (``train.threads``).
+# ``MAX_STEPS``              10,000,000 training steps (``train.steps``): large RL runs take
+#                            10^3-10^5; the trainer derives per-step seeds from it.
 # =========================  ===================================================================
 #
 # Every float of a spec must be finite: ``.inf`` and ``.nan`` are refused in typed fields
@@ -69,6 +71,7 @@ MAX_PROBLEMS_PER_STEP = 100_000
 MAX_SEQUENCES_PER_STEP = 1 << 20
 MAX_SEED = 2**32 - 1
 MAX_THREADS = 1024
+MAX_STEPS = 10_000_000
 
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 
@@ -175,7 +178,7 @@ class AlgorithmSpec(_Spec):
 
 
 class TrainSpec(_Spec):
-    steps: int = Field(20, ge=0)
+    steps: int = Field(20, ge=0, le=MAX_STEPS)
     problems_per_step: int = Field(8, ge=1, le=MAX_PROBLEMS_PER_STEP)
     grad_accum: int = Field(1, ge=1, description="at least this many micro-batches per update")
     micro_batch_tokens: int | None = Field(

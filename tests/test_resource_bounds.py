@@ -116,6 +116,7 @@ def test_grid_count_is_computed_not_listed():
     ("algorithm.params.dynamic_sampling_rounds=1000000", "must be ≤ 64"),
     ("policies.solver.lora.r=1000000000", "policies.solver.lora.r: must be ≤ 16384"),
     ("train.threads=1000000000", "train.threads: must be ≤ 1024"),
+    ("train.steps=" + "1" + "0" * 400, "train.steps: must be ≤ 10000000"),  # a run that never ends
 ])
 def test_sizes_past_their_limit_are_refused_at_validation(tmp_path, override, fragment):
     one_line_error(["validate", str(run_spec_file(tmp_path)), "--set", override], fragment)
@@ -142,7 +143,8 @@ def test_mlmt_counts_and_value_model_are_bounded(tmp_path):
 def test_the_limits_themselves_are_valid(tmp_path):
     p = run_spec_file(tmp_path)
     cli_ok(["validate", str(p), "--set", "backend.max_new_tokens=131072", "--set", "train.problems_per_step=256",
-            "--set", "algorithm.params.group_size=4096"])  # 256 × 4096 = 2^20 sequences: exactly the limit
+            "--set", "algorithm.params.group_size=4096", "--set", "train.steps=10000000"])  # 256 × 4096 = 2^20
+    # sequences: exactly the limit
     one_line_error(["validate", str(p), "--set", "train.problems_per_step=257", "--set",
                     "algorithm.params.group_size=4096"], "= 1,052,672 sequences per step")
 
