@@ -303,6 +303,11 @@ def test_activation_estimate_is_calibrated_against_autograd(preset, dtype, share
                                True)
         _, lines = training_candidate(policy, MicroBatch(rows, new, new, prompts, prompt))
         estimate = next(v for k, v in lines.items() if k.startswith("activations")) + rows * new * shape.vocab * 4
+        if dtype in cpu_attention._FAILED:  # the math backend's attention matrices, as below: the prompts' and
+            # the completions' against prompt + completion, which the plan does not count
+            entries = shape.layers * shape.heads * (prompts * prompt ** 2 + rows * new * (prompt + new))
+            assert 0 < saved - estimate <= (b + 4) * entries, (saved, estimate, entries)
+            return
         assert 1.0 <= estimate / saved <= 1.3, estimate / saved
         return
     estimate = rows * (prompt + new) * act_bytes_per_token(shape, b, False) + rows * (new + 1) * shape.vocab * 4
