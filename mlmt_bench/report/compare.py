@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import statistics
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from mlmt_bench.errors import UserError
+from mlmt_bench.io import eval_memo
 from mlmt_bench.io.bounded_input import printable
 from mlmt_bench.metrics.stats import mcnemar_exact, mean_std, reach_point
 from mlmt_bench.report import analysis
@@ -404,10 +404,6 @@ def _bound_notes(loaded: dict[str, list[RunRecord]]) -> list[str]:
             "Holm families." for arm in oracle_bounds(loaded)]
 
 
-#: a manifest's ``code``: the hex sha256 of mlmt-bench's source (tracking.code_fingerprint)
-SHA256_HEX = re.compile(r"[0-9a-f]{64}")
-
-
 def _code_notes(loaded: dict[str, list[RunRecord]]) -> list[str]:
     """Where the runs compared ran more than one version of mlmt-bench's source (the manifest's ``code`` at the
     start and ``resumed_code`` at each resume; runs from before it was recorded say nothing): which runs ran
@@ -417,7 +413,7 @@ def _code_notes(loaded: dict[str, list[RunRecord]]) -> list[str]:
         for r in results:
             resumed = r.manifest.get("resumed_code")
             codes = [r.manifest.get("code"), *(resumed if isinstance(resumed, list) else [])]
-            for code in dict.fromkeys(c for c in codes if isinstance(c, str) and SHA256_HEX.fullmatch(c)):
+            for code in dict.fromkeys(c for c in codes if isinstance(c, str) and eval_memo.KEY.fullmatch(c)):
                 ran.setdefault(code, []).append(f"{arm} s{r.seed}")
     if len(ran) < 2:
         return []
